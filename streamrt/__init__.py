@@ -1,0 +1,59 @@
+"""streamrt: stream-ordered accelerator programming in Python (CUDA/ACL semantics, cpu and cuda)."""
+
+from __future__ import annotations
+
+from . import errors
+from .blocking import free, free_host, malloc, malloc_host, memcpy, memset, read, write
+from .device import Device, current_device, device_count
+from .errors import (
+    BackendUnavailableError,
+    CaptureError,
+    CapturedEventError,
+    CaptureImplicitError,
+    CaptureInvalidatedError,
+    CaptureIsolationError,
+    CaptureMergeError,
+    CaptureUnjoinedError,
+    CaptureUnmatchedError,
+    CaptureUnsupportedError,
+    CaptureWrongThreadError,
+    ExecutorError,
+    GraphExecUpdateError,
+    IllegalStateError,
+    InvalidAddressError,
+    InvalidDeviceError,
+    InvalidHandleError,
+    InvalidTypeError,
+    InvalidValueError,
+    LaunchError,
+    NotReadyError,
+    NotSupportedError,
+    OutOfMemoryError,
+    SanitizerError,
+    StreamRTError,
+)
+from .kernel import Dim3, Kernel, KernelContext, kernel
+from .memory import MemPool, MemPoolAttr
+from .stream import Event, Stream, current_stream
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "__version__",
+    "errors",
+    # devices
+    "Device", "current_device", "device_count",
+    # streams, events, kernels
+    "Stream", "Event", "current_stream", "kernel", "Kernel", "KernelContext", "Dim3",
+    # memory
+    "malloc", "free", "malloc_host", "free_host", "memcpy", "memset", "read", "write",
+    "MemPool", "MemPoolAttr",
+    # errors
+    "StreamRTError", "InvalidValueError", "InvalidTypeError", "InvalidDeviceError",
+    "InvalidAddressError", "InvalidHandleError", "OutOfMemoryError", "NotReadyError",
+    "NotSupportedError", "IllegalStateError", "LaunchError", "BackendUnavailableError",
+    "CaptureError", "CaptureUnsupportedError", "CaptureInvalidatedError", "CaptureMergeError",
+    "CaptureUnmatchedError", "CaptureUnjoinedError", "CaptureIsolationError",
+    "CaptureImplicitError", "CapturedEventError", "CaptureWrongThreadError",
+    "GraphExecUpdateError", "ExecutorError", "SanitizerError",
+]

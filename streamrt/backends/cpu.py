@@ -1,0 +1,384 @@
+"""The cpu backend: a device with its own address space, one worker thread per stream.
+
+State and invariants:
+- Address space: every allocation (device memory of any cpu device, pinned host memory) is a
+  numpy ``uint8`` arena at an integer base address, 512-byte aligned, never 0, in a range per
+  device (``(index + 1) << 40``; pinned host memory at ``0x7F << 40``). Allocations never
+  overlap and are separated by a guard gap, so running off the end of one never lands in the
+  next. ``_allocs`` maps base -> allocation in a sorted dict: lookups are O(log n).
+- Views: ``array()`` caches numpy views by ``(ptr, shape, dtype, readonly)``; the cache is
+  dropped whenever an arena is released, so a cached view never outlives its allocation.
+- Queues: a worker thread pops ``(fn, args)`` pairs from a deque and runs them in order;
+  ``done`` counts completed operations. The worker sleeps only when the deque is empty, and a
+  host thread wakes it only when it is asleep (the common enqueue is a deque append).
+- Delay injection: ``STREAMRT_CPU_DELAY_US=N`` (or :func:`set_delay_us`) makes each worker
+  sleep a random 0..N microseconds before each operation, so that a missing ``wait`` in a
+  program turns into a wrong result instead of passing by luck.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from sortedcontainers import SortedDict
+
+from ..errors import InvalidAddressError, InvalidValueError, OutOfMemoryError
+from .base import Backend, DeviceImpl, Queue
+
+ALIGN = 512
+_GUARD = ALIGN  # gap between consecutive allocations
+HOST_DEVICE = -1  # device index of pinned host memory
+_NEVER = float("inf")
+
+
+def _round_up(n: int, a: int = ALIGN) -> int:
+    return (n + a - 1) // a * a
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise InvalidValueError(f"environment variable {name}={raw!r} is not an integer") from None
+
+
+_delay_us = _env_int("STREAMRT_CPU_DELAY_US", 0)
+
+
+def set_delay_us(us: int) -> int:
+    """Set the worker delay injection (0 = off); returns the previous value."""
+    global _delay_us
+    prev, _delay_us = _delay_us, int(us)
+    return prev
+
+
+def delay_us() -> int:
+    """Current worker delay injection in microseconds (0 = off)."""
+    return _delay_us
+
+
+def physical_memory() -> int:
+    """Bytes of physical RAM on this machine."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
+        return 16 << 30
+
+
+class Allocation:
+    """One arena: ``size`` usable bytes at ``base`` on ``device`` (-1 = pinned host)."""
+
+    __slots__ = ("base", "size", "buf", "device")
+
+    def __init__(self, base: int, size: int, device: int) -> None:
+        self.base = base
+        self.size = size
+        self.device = device
+        self.buf = np.zeros(size, np.uint8)
+
+    @property
+    def end(self) -> int:
+        return self.base + self.size
+
+
+class AddressSpace:
+    """All cpu-backend allocations, by base address."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._allocs: SortedDict = SortedDict()
+        self._next: dict[int, int] = {}
+        self._views: dict[tuple, np.ndarray] = {}
+        self._last: dict[int, tuple] = {}  # ptr -> (shape, dtype, readonly, view) last made
+
+    def allocate(self, device: int, nbytes: int) -> Allocation:
+        size = _round_up(max(nbytes, 1))
+        with self._lock:
+            start = (0x7F << 40) if device == HOST_DEVICE else (device + 1) << 40
+            base = self._next.get(device, start)
+            self._next[device] = base + size + _GUARD
+            alloc = Allocation(base, size, device)
+            self._allocs[base] = alloc
+        return alloc
+
+    def release(self, ptr: int) -> Allocation:
+        with self._lock:
+            alloc = self._allocs.pop(ptr, None)
+            if alloc is None:
+                raise InvalidAddressError(f"free of {_hex(ptr)}: not the start of a live allocation")
+            # clear in place: kernel contexts hold the bound ``get`` of these dicts
+            self._views.clear()
+            self._last.clear()
+        return alloc
+
+    def get(self, ptr: int) -> Allocation | None:
+        """The allocation starting exactly at ``ptr``, or None."""
+        return self._allocs.get(ptr)
+
+    def find(self, ptr: int) -> Allocation | None:
+        """The allocation containing ``ptr``, or None (O(log n))."""
+        allocs = self._allocs
+        with self._lock:
+            i = allocs.bisect_right(ptr)
+            if i == 0:
+                return None
+            alloc = allocs.peekitem(i - 1)[1]
+        return alloc if ptr < alloc.end else None
+
+    def span(self, ptr: int, nbytes: int) -> np.ndarray:
+        """A writable ``uint8`` view of ``[ptr, ptr + nbytes)``; the range must lie in one allocation."""
+        if type(ptr) is not int:
+            ptr = _as_ptr(ptr)
+        alloc = self.find(ptr)
+        if alloc is None:
+            raise InvalidAddressError(f"{_hex(ptr)} is not inside any live allocation")
+        off = ptr - alloc.base
+        if nbytes < 0 or off + nbytes > alloc.size:
+            raise InvalidAddressError(
+                f"range {_hex(ptr)}+{nbytes} leaves its allocation "
+                f"[{_hex(alloc.base)}, {_hex(alloc.end)}) by {off + nbytes - alloc.size} bytes"
+            )
+        return alloc.buf[off : off + nbytes]
+
+    def array(self, ptr: int, shape: Any, dtype: Any, readonly: bool) -> np.ndarray:
+        """A numpy view of device memory (cached); bounds-checked against its allocation."""
+        try:
+            key = (ptr, shape, dtype, readonly)
+            view = self._views.get(key)
+        except TypeError:  # unhashable shape (a list): normalise, no caching
+            key, view = None, None
+        if view is not None:
+            self._last[ptr] = (shape, dtype, readonly, view)
+            return view
+        dt = np.dtype(dtype)
+        shp = (shape,) if isinstance(shape, int | np.integer) else tuple(int(d) for d in shape)
+        count = 1
+        for d in shp:
+            if d < 0:
+                raise InvalidValueError(f"negative dimension in shape {shp}")
+            count *= d
+        raw = self.span(ptr, count * dt.itemsize)
+        view = raw.view(dt).reshape(shp)
+        if readonly:
+            view.flags.writeable = False
+        if key is not None:
+            if len(self._views) > 8192:
+                self._views.clear()
+                self._last.clear()
+            self._views[key] = view
+            self._last[ptr] = (shape, dtype, readonly, view)
+        return view
+
+    def allocations(self, device: int | None = None) -> list[Allocation]:
+        with self._lock:
+            return [a for a in self._allocs.values() if device is None or a.device == device]
+
+
+def _hex(ptr: Any) -> str:
+    return hex(ptr) if isinstance(ptr, int) else repr(ptr)
+
+
+def _as_ptr(ptr: Any) -> int:
+    from ..errors import InvalidTypeError
+
+    if isinstance(ptr, int | np.integer) and not isinstance(ptr, bool):
+        return int(ptr)
+    raise InvalidTypeError(f"a device pointer must be an int, not {type(ptr).__name__}")
+
+
+SPACE = AddressSpace()
+
+
+class CpuQueue(Queue):
+    """A worker thread running ``(fn, args)`` operations in order."""
+
+    def __init__(self, name: str) -> None:
+        self.done = 0
+        self.name = name
+        self._ops: deque = deque()
+        lock = threading.Lock()
+        self._work = threading.Condition(lock)
+        self._progress = threading.Condition(lock)
+        self._idle = False
+        # host threads blocked in wait_done: their target positions, and the smallest of them
+        self._targets: list[int] = []
+        self._wake_at: float = _NEVER
+        self._closed = False
+        self._errors: list[tuple[int, BaseException, str]] = []
+        self._thread = threading.Thread(target=self._run, name=f"streamrt-{name}", daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[..., Any], args: tuple) -> None:
+        self._ops.append((fn, args))
+        if self._idle:
+            self.wake()
+
+    def wake(self) -> None:
+        """Wake the idle worker (once: it may take a while to get the GIL)."""
+        with self._work:
+            self._idle = False
+            self._work.notify()
+
+    def _run(self) -> None:
+        ops = self._ops
+        pop = ops.popleft
+        done = self.done  # only this thread writes ``done``; keep it in a local too
+        while True:
+            try:
+                fn, args = pop()
+            except IndexError:
+                with self._work:
+                    self._idle = True
+                    while not ops and not self._closed:
+                        self._work.wait()
+                    self._idle = False
+                    if not ops:
+                        return
+                continue
+            if _delay_us:
+                time.sleep(random.random() * _delay_us * 1e-6)
+            try:
+                fn(*args)
+            except BaseException as exc:  # reported at the next synchronize, never lost
+                self._errors.append((done + 1, exc, describe(fn, args)))
+            done += 1
+            self.done = done
+            if done >= self._wake_at:
+                with self._progress:
+                    self._wake_at = min((t for t in self._targets if t > done), default=_NEVER)
+                    self._progress.notify_all()
+
+    def wait_done(self, pos: int) -> None:
+        if self.done >= pos:
+            return
+        with self._progress:
+            self._targets.append(pos)
+            if pos < self._wake_at:
+                self._wake_at = pos
+            try:
+                while self.done < pos:
+                    self._progress.wait()
+            finally:
+                self._targets.remove(pos)
+
+    def take_errors(self, upto: int | None = None) -> list[tuple[int, BaseException, str]]:
+        if not self._errors:
+            return []
+        taken = [e for e in self._errors if upto is None or e[0] <= upto]
+        if taken:
+            self._errors = [e for e in self._errors if e not in taken]
+        return taken
+
+    def close(self) -> None:
+        with self._work:
+            self._closed = True
+            self._work.notify()
+
+
+def describe(fn: Callable[..., Any], args: tuple) -> str:
+    """A human label for a queued operation (used only when it failed)."""
+    label = getattr(fn, "__self__", None)
+    if label is not None and hasattr(label, "name"):  # a bound Kernel method
+        return f"kernel {label.name!r}"
+    if fn is host_call and args:
+        return f"host function {getattr(args[0], '__qualname__', repr(args[0]))!r}"
+    return getattr(fn, "__name__", repr(fn))
+
+
+def host_call(fn: Callable[..., Any], args: tuple) -> None:
+    """Queue op: run a host function."""
+    fn(*args)
+
+
+def copy_op(dst: np.ndarray, src: Any) -> None:
+    """Queue op: copy bytes between two resolved ``uint8`` views."""
+    dst[:] = src
+
+
+def fill_op(dst: np.ndarray, value: int) -> None:
+    """Queue op: memset."""
+    dst.fill(value)
+
+
+class CpuDevice(DeviceImpl):
+    """Device ``cpu:N``: capacity from ``STREAMRT_CPU_MEMORY`` (default: physical RAM)."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.capacity = _env_int("STREAMRT_CPU_MEMORY", 0) or physical_memory()
+        self._used = 0
+        self._lock = threading.Lock()
+
+    def malloc(self, nbytes: int) -> int:
+        size = _round_up(max(nbytes, 1))
+        with self._lock:
+            if self._used + size > self.capacity:
+                raise OutOfMemoryError(
+                    f"cpu:{self.index}: cannot allocate {nbytes} bytes: {self._used} of "
+                    f"{self.capacity} bytes in use"
+                )
+            self._used += size
+        try:
+            return SPACE.allocate(self.index, nbytes).base
+        except MemoryError as exc:
+            with self._lock:
+                self._used -= size
+            raise OutOfMemoryError(f"cpu:{self.index}: host refused {nbytes} bytes") from exc
+
+    def free(self, ptr: int) -> None:
+        alloc = SPACE.get(ptr)
+        if alloc is None or alloc.device != self.index:
+            raise InvalidAddressError(
+                f"free of {_hex(ptr)}: not the start of a live allocation on cpu:{self.index}"
+            )
+        SPACE.release(ptr)
+        with self._lock:
+            self._used -= alloc.size
+
+    def used(self) -> int:
+        return self._used
+
+    def owns(self, ptr: int) -> bool:
+        alloc = SPACE.get(ptr)
+        return alloc is not None and alloc.device == self.index
+
+    def free_all(self) -> None:
+        for alloc in SPACE.allocations(self.index):
+            self.free(alloc.base)
+
+    def create_queue(self, name: str) -> CpuQueue:
+        return CpuQueue(name)
+
+
+class CpuBackend(Backend):
+    """The default backend: ``STREAMRT_CPU_DEVICES`` devices (default 2)."""
+
+    name = "cpu"
+
+    def device_count(self) -> int:
+        return max(_env_int("STREAMRT_CPU_DEVICES", 2), 0)
+
+    def open_device(self, index: int) -> CpuDevice:
+        return CpuDevice(index)
+
+    def malloc_host(self, nbytes: int) -> int:
+        try:
+            return SPACE.allocate(HOST_DEVICE, nbytes).base
+        except MemoryError as exc:
+            raise OutOfMemoryError(f"pinned host memory: host refused {nbytes} bytes") from exc
+
+    def free_host(self, ptr: int) -> None:
+        alloc = SPACE.get(ptr)
+        if alloc is None or alloc.device != HOST_DEVICE:
+            raise InvalidAddressError(f"free_host of {_hex(ptr)}: not a live pinned host allocation")
+        SPACE.release(ptr)

@@ -1,0 +1,84 @@
+"""Synchronous memory helpers (not stream-ordered): ``srt.malloc``, ``srt.memcpy``, ``srt.read``..."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .backends import get_backend
+from .device import Device, current_device, devices
+from .errors import InvalidAddressError
+from .graph.capture import check_unsafe
+from .stream import check_ptr, check_size, current_stream
+
+
+def malloc(nbytes: int, device: Any = None) -> int:
+    """Allocate device memory synchronously (``cudaMalloc`` / ``aclrtMalloc``)."""
+    check_unsafe("srt.malloc")
+    n = check_size(nbytes)
+    return Device(device)._impl.malloc(n)
+
+
+def free(ptr: int) -> None:
+    """Free device memory (``cudaFree``): synchronizes the device first; pool memory is allowed."""
+    check_unsafe("srt.free")
+    ptr = check_ptr(ptr)
+    if ptr == 0:
+        return  # cudaFree(NULL) is a no-op
+    from .memory import find_pool
+
+    pool = find_pool(ptr)
+    if pool is not None:
+        pool.device.synchronize()
+        pool._free_now(ptr)
+        return
+    for dev in devices():
+        if dev._impl.owns(ptr):
+            dev.synchronize()
+            dev._impl.free(ptr)
+            return
+    raise InvalidAddressError(f"free of {hex(ptr)}: not a live device allocation (double free?)")
+
+
+def malloc_host(nbytes: int) -> int:
+    """Allocate pinned host memory, a fully asynchronous copy endpoint (``cudaMallocHost``)."""
+    check_unsafe("srt.malloc_host")
+    n = check_size(nbytes)
+    return get_backend(current_device().backend).malloc_host(n)
+
+
+def free_host(ptr: int) -> None:
+    """Free pinned host memory (``cudaFreeHost``)."""
+    check_unsafe("srt.free_host")
+    ptr = check_ptr(ptr)
+    get_backend(current_device().backend).free_host(ptr)
+
+
+def memcpy(dst: Any, src: Any, nbytes: int) -> None:
+    """Synchronous copy (``cudaMemcpy``) on the current stream."""
+    check_unsafe("srt.memcpy")
+    s = current_stream()
+    s.memcpy(dst, src, nbytes)
+    s.synchronize()
+
+
+def memset(ptr: int, value: int, nbytes: int) -> None:
+    """Synchronous byte fill (``cudaMemset``) on the current stream."""
+    check_unsafe("srt.memset")
+    s = current_stream()
+    s.memset(ptr, value, nbytes)
+    s.synchronize()
+
+
+def read(ptr: int, shape: Any, dtype: Any) -> np.ndarray:
+    """Copy device memory out into a new array (synchronous; a copy, not a view)."""
+    out = np.empty(shape, dtype)
+    memcpy(out, ptr, out.nbytes)
+    return out
+
+
+def write(ptr: int, array: Any) -> None:
+    """Copy a host array into device memory (synchronous)."""
+    a = np.ascontiguousarray(array)
+    memcpy(ptr, a, a.nbytes)

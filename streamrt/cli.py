@@ -1,0 +1,93 @@
+"""The ``streamrt`` command: ``demo``, ``bench``, ``info``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+
+from . import __version__
+
+
+def _info(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from .backends import BACKENDS, get_backend
+    from .backends.cpu import delay_us
+    from .device import Device
+    from .errors import BackendUnavailableError
+    from .stream import launch_blocking
+
+    print(f"streamrt {__version__}  (Python {platform.python_version()}, numpy {np.__version__}, "
+          f"{platform.machine()}, {os.cpu_count()} cores)")
+    print("backends:")
+    for name in BACKENDS:
+        try:
+            count = get_backend(name).device_count()
+            print(f"  {name:5s} available, {count} device(s)")
+        except BackendUnavailableError as exc:
+            print(f"  {name:5s} unavailable: {exc}")
+            count = 0
+        if name == "cpu":
+            for i in range(count):
+                free, total = Device(f"cpu:{i}").memory_info()
+                print(f"    cpu:{i}  memory {total / 2**30:.1f} GiB total, {free / 2**30:.1f} GiB free")
+    print("settings:")
+    env = {
+        "STREAMRT_DEVICE": "backend of Device(None)",
+        "STREAMRT_CPU_DEVICES": "number of cpu devices (default 2)",
+        "STREAMRT_CPU_MEMORY": "bytes per cpu device (default: physical RAM)",
+        "STREAMRT_CPU_DELAY_US": "random worker delay before each op, for ordering tests",
+        "STREAMRT_LAUNCH_BLOCKING": "every enqueue synchronous",
+    }
+    for k, what in env.items():
+        print(f"  {k:26s} = {os.environ.get(k, '(unset)'):10s} {what}")
+    print(f"  in effect: launch blocking {launch_blocking()}, cpu delay {delay_us()} us")
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from . import demo
+    from .device import Device
+    from .errors import StreamRTError
+
+    try:
+        Device(args.device)
+    except StreamRTError as exc:
+        print(f"streamrt demo: {exc}", file=sys.stderr)
+        return 2
+    return 1 if demo.run(args.device, args.only) else 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from .bench import run_all
+
+    return run_all(quick=args.quick, json_path=args.json, markdown_path=args.markdown)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``streamrt`` console script."""
+    from .demo import SECTIONS
+
+    ap = argparse.ArgumentParser(prog="streamrt", description="stream-ordered runtime: demo, "
+                                 "benchmarks and environment information")
+    ap.add_argument("--version", action="version", version=f"streamrt {__version__}")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    d = sub.add_parser("demo", help="run the seed scenarios and print what happened")
+    d.add_argument("--device", default=None, help="device to run on, e.g. cpu:0 (default: current)")
+    d.add_argument("--only", choices=sorted(SECTIONS), help="run one section only")
+    d.set_defaults(fn=_demo)
+    b = sub.add_parser("bench", help="run the benchmarks against their peers")
+    b.add_argument("--quick", action="store_true", help="small sizes, under a minute")
+    b.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    b.add_argument("--markdown", metavar="FILE", help="write the results as a Markdown table")
+    b.set_defaults(fn=_bench)
+    i = sub.add_parser("info", help="versions, backends, devices, settings")
+    i.set_defaults(fn=_info)
+    args = ap.parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

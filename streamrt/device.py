@@ -1,0 +1,199 @@
+"""Devices: the registry (same spec, same object), the current device per thread, reset."""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from .backends import BACKENDS, get_backend
+from .backends import device_count as _backend_device_count
+from .errors import InvalidDeviceError, InvalidTypeError
+
+if TYPE_CHECKING:
+    from .backends.base import DeviceImpl
+    from .memory import MemPool
+    from .stream import Stream
+
+_registry: dict[tuple[str, int], Device] = {}
+_registry_lock = threading.RLock()
+_tls = threading.local()
+
+
+def _default_backend() -> str:
+    name = os.environ.get("STREAMRT_DEVICE", "cpu") or "cpu"
+    name = name.split(":", 1)[0]
+    if name not in BACKENDS:
+        raise InvalidDeviceError(f"STREAMRT_DEVICE={name!r}: known backends are {BACKENDS}")
+    return name
+
+
+def _parse(spec: Any) -> tuple[str, int]:
+    if isinstance(spec, int) and not isinstance(spec, bool):
+        return current_device().backend, spec
+    if not isinstance(spec, str):
+        raise InvalidTypeError(
+            f"a device spec is a str like 'cpu:0', an int or a Device, not {type(spec).__name__}"
+        )
+    backend, _, idx = spec.strip().partition(":")
+    if backend not in BACKENDS:
+        raise InvalidDeviceError(f"unknown device {spec!r}: backends are {', '.join(BACKENDS)}")
+    if idx == "":
+        cur = getattr(_tls, "device", None)
+        return backend, cur.index if cur is not None and cur.backend == backend else 0
+    try:
+        return backend, int(idx)
+    except ValueError:
+        raise InvalidDeviceError(f"bad device index in {spec!r}") from None
+
+
+class Device:
+    """A device (``cpu:N`` or ``cuda:N``); the same spec always gives the same object."""
+
+    backend: str
+    index: int
+    name: str
+    _impl: DeviceImpl
+
+    def __new__(cls, spec: Any = None) -> Device:
+        if isinstance(spec, Device):
+            return spec
+        if spec is None:
+            return current_device()
+        key = _parse(spec)
+        dev = _registry.get(key)
+        if dev is not None:
+            return dev
+        with _registry_lock:
+            dev = _registry.get(key)
+            if dev is None:
+                dev = cls._open(*key)
+                _registry[key] = dev
+        return dev
+
+    @classmethod
+    def _open(cls, backend_name: str, index: int) -> Device:
+        backend = get_backend(backend_name)
+        count = backend.device_count()
+        if not 0 <= index < count:
+            raise InvalidDeviceError(
+                f"no device {backend_name}:{index}: this machine has {count} {backend_name} "
+                "device(s)" + (" (set STREAMRT_CPU_DEVICES for more)" if backend_name == "cpu" else "")
+            )
+        dev = object.__new__(cls)
+        dev.backend = backend_name
+        dev.index = index
+        dev.name = f"{backend_name}:{index}"
+        dev._impl = backend.open_device(index)
+        dev._streams = weakref.WeakSet()
+        dev._blocking = weakref.WeakSet()
+        dev._events = weakref.WeakSet()
+        dev._legacy = None
+        dev._default_pool = None
+        dev._pool = None
+        dev._pools = weakref.WeakSet()
+        return dev
+
+    def __repr__(self) -> str:
+        return f"Device({self.name!r})"
+
+    def __reduce__(self) -> tuple:
+        return (Device, (self.name,))
+
+    # -- current device ---------------------------------------------------------------
+    def set_current(self) -> None:
+        """Make this the calling thread's current device (``cudaSetDevice``)."""
+        _tls.device = self
+
+    def __enter__(self) -> Device:
+        stack = _tls.__dict__.setdefault("stack", [])
+        stack.append(getattr(_tls, "device", None))
+        _tls.device = self
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _tls.device = _tls.stack.pop()
+
+    # -- streams and memory -------------------------------------------------------------
+    @property
+    def default_stream(self) -> Stream:
+        """The legacy default stream: implicitly ordered with every blocking stream."""
+        legacy = self._legacy
+        if legacy is None:
+            from .stream import Stream
+
+            with _registry_lock:
+                if self._legacy is None:
+                    self._legacy = Stream._make_legacy(self)
+                legacy = self._legacy
+        return legacy
+
+    def synchronize(self) -> None:
+        """Wait for all work on every stream of this device (``cudaDeviceSynchronize``)."""
+        from .stream import synchronize_device
+
+        synchronize_device(self)
+
+    def memory_info(self) -> tuple[int, int]:
+        """``(free_bytes, total_bytes)`` of device memory (``cudaMemGetInfo``)."""
+        impl = self._impl
+        return max(impl.capacity - impl.used(), 0), impl.capacity
+
+    @property
+    def default_mem_pool(self) -> MemPool:
+        """The device's default memory pool (``cudaDeviceGetDefaultMemPool``)."""
+        pool = self._default_pool
+        if pool is None:
+            from .memory import MemPool
+
+            with _registry_lock:
+                if self._default_pool is None:
+                    self._default_pool = MemPool._make_default(self)
+                pool = self._default_pool
+        return pool
+
+    @property
+    def mem_pool(self) -> MemPool:
+        """The device's current pool, used by ``s.malloc`` without ``pool=``."""
+        return self._pool if self._pool is not None else self.default_mem_pool
+
+    def set_mem_pool(self, pool: MemPool) -> None:
+        """Make ``pool`` the device's current pool (``cudaDeviceSetMemPool``)."""
+        from .memory import MemPool
+
+        if not isinstance(pool, MemPool):
+            raise InvalidTypeError(f"set_mem_pool needs a MemPool, not {type(pool).__name__}")
+        pool._check_alive()
+        if pool.device is not self:
+            from .errors import InvalidValueError
+
+            raise InvalidValueError(f"{pool!r} belongs to {pool.device.name}, not {self.name}")
+        self._pool = pool
+
+    def reset(self) -> None:
+        """Synchronize, then destroy every stream, event, pool and allocation (``aclrtResetDevice``)."""
+        from .stream import reset_device
+
+        reset_device(self)
+
+
+def current_device() -> Device:
+    """The calling thread's current device (default: ``STREAMRT_DEVICE`` index 0)."""
+    dev = getattr(_tls, "device", None)
+    if dev is None:
+        dev = Device(f"{_default_backend()}:0")
+        _tls.device = dev
+    return dev
+
+
+def device_count(backend: str = "cpu") -> int:
+    """Number of devices of ``backend`` usable here (0 for an unavailable backend)."""
+    if backend not in BACKENDS:
+        raise InvalidDeviceError(f"unknown backend {backend!r}: known are {', '.join(BACKENDS)}")
+    return _backend_device_count(backend)
+
+
+def devices() -> list[Device]:
+    """Every device already opened."""
+    return list(_registry.values())

@@ -1,0 +1,1 @@
+"""Task graphs: builder (Graph, Node), stream capture, executable graphs."""

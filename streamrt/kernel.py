@@ -1,0 +1,113 @@
+"""Kernels: Python functions (optionally with a CUDA C body) launched on streams with a context."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from .backends.cpu import SPACE
+from .errors import InvalidTypeError, InvalidValueError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from .device import Device
+    from .stream import Stream
+
+
+class Dim3(NamedTuple):
+    """Launch dimensions (CUDA ``dim3``)."""
+
+    x: int
+    y: int = 1
+    z: int = 1
+
+
+_DIMS: dict[Any, Dim3] = {}
+
+
+def dim3(value: Any, what: str = "grid") -> Dim3:
+    """Normalise an int or a 1-3 tuple of positive ints to a :class:`Dim3` (cached)."""
+    try:
+        cached = _DIMS.get(value)
+    except TypeError:
+        cached = None
+    if cached is not None:
+        return cached
+    if isinstance(value, int) and not isinstance(value, bool):
+        parts: tuple = (value,)
+    elif isinstance(value, tuple | list) and 1 <= len(value) <= 3:
+        parts = tuple(value)
+    else:
+        raise InvalidTypeError(f"{what} must be a positive int or a tuple of 1-3 ints, not {value!r}")
+    for p in parts:
+        if not isinstance(p, int) or isinstance(p, bool):
+            raise InvalidTypeError(f"{what} dimensions must be ints, not {p!r}")
+        if p < 1:
+            raise InvalidValueError(f"{what} dimensions must be >= 1, got {value!r}")
+    d = Dim3(*parts)
+    if isinstance(value, int | tuple) and len(_DIMS) < 4096:
+        _DIMS[value] = d
+    return d
+
+
+class Kernel:
+    """A kernel: a Python body ``fn(ctx, *args)`` and, optionally, CUDA C source for the cuda backend."""
+
+    __slots__ = ("fn", "name", "cuda_source", "signature", "__weakref__")
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        cuda: str | None = None,
+        signature: str | None = None,
+    ) -> None:
+        if not callable(fn):
+            raise InvalidTypeError(f"a kernel body must be callable, not {type(fn).__name__}")
+        self.fn = fn
+        self.name = name or getattr(fn, "__name__", "kernel")
+        self.cuda_source = cuda
+        self.signature = signature
+
+    def __repr__(self) -> str:
+        return f"<Kernel {self.name}>"
+
+
+def kernel(
+    fn: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    cuda: str | None = None,
+    signature: str | None = None,
+) -> Any:
+    """Decorator making a kernel: ``@srt.kernel`` or ``@srt.kernel(cuda=SRC, signature=...)``."""
+    if fn is None:
+        return lambda f: Kernel(f, name=name, cuda=cuda, signature=signature)
+    return Kernel(fn, name=name, cuda=cuda, signature=signature)
+
+
+class KernelContext:
+    """What a kernel body sees: launch dimensions, device, stream, and bounds-checked memory views."""
+
+    __slots__ = ("grid", "block", "device", "stream")
+
+    def __init__(self, grid: Dim3, block: Dim3, device: Device, stream: Stream) -> None:
+        self.grid = grid
+        self.block = block
+        self.device = device
+        self.stream = stream
+
+    def array(self, ptr: int, shape: Any, dtype: Any, *, readonly: bool = False) -> np.ndarray:
+        """A numpy view of device memory; read-only views declare a read, writable ones a write."""
+        try:  # hot path: the view last made at this address, if it matches
+            e = _last_get(ptr)
+        except TypeError:
+            e = None
+        if e is not None and e[0] == shape and e[1] is dtype and e[2] is readonly:
+            return e[3]
+        return SPACE.array(ptr, shape, dtype, readonly)
+
+
+_last_get = SPACE._last.get

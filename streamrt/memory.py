@@ -1,0 +1,618 @@
+"""Stream-ordered memory pools (DESIGN.md §3): best-fit blocks, the reuse policy, threshold, trim.
+
+State and invariants (per pool, all guarded by ``_lock``):
+- Chunks are reserved from the device (``backend.malloc``): a shared 2 MiB chunk for requests
+  of at most 1 MiB, else the request rounded up to a 2 MiB granule. ``reserved`` is the sum of
+  chunk sizes. Each chunk is a doubly linked list of blocks that tile it exactly.
+- A block is live (allocated, in ``_owners``) or free. A free block is either *pending*: freed
+  on stream F at position p (``block.stream``/``block.pos``), indexed in ``_pending[F.id]`` and
+  in F's FIFO for promotion; or *ready*: its free was proven complete by a host synchronize
+  (``block.stream is None``), indexed in ``_ready``.
+- Free neighbours coalesce only when that loses no ordering knowledge: two ready blocks, or
+  two blocks pending on the same stream (tagged with the later position).
+- ``used`` is the bytes of live blocks (rounded to 512), as CUDA's USED_MEM_CURRENT ("in use by
+  the application"); ``used <= reserved`` always. High watermarks only grow, and reset only to
+  the current value.
+- ``s.malloc(n)`` on stream A takes, in order (each counted in ``stats()``): 1. a block freed
+  on A; 2. a ready block; 3. (event dependencies) a block freed on F at p with
+  ``clock[A][F] >= p``; 4. (opportunistic) one whose free F has already executed
+  (``done[F] >= p``); 5. a new chunk; 6. (internal dependencies) any pending block, after
+  enqueueing a wait of A on F at p; 7. ``OutOfMemoryError``. Within a step, best fit wins.
+- The release threshold is applied only at synchronize points, after promoting the frees the
+  synchronize proved; ``trim_to`` releases down to its argument, whatever the threshold.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import deque
+from enum import IntEnum
+from typing import TYPE_CHECKING, Any
+
+from sortedcontainers import SortedList
+
+from .device import Device
+from .errors import (
+    InvalidAddressError,
+    InvalidHandleError,
+    InvalidTypeError,
+    InvalidValueError,
+    OutOfMemoryError,
+)
+from .stream import sync_listeners
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from .stream import Stream
+
+__all__ = ["MemPool", "MemPoolAttr", "pool_of", "find_pool"]
+
+ALIGN = 512
+SMALL_REQUEST = 1 << 20  # requests up to this share small-block chunks
+SMALL_CHUNK = 2 << 20
+GRANULE = 2 << 20
+
+
+class MemPoolAttr(IntEnum):
+    """Pool attributes, numbered as ``cudaMemPoolAttr`` / ``aclrtMemPoolAttr``."""
+
+    REUSE_FOLLOW_EVENT_DEPENDENCIES = 1
+    REUSE_ALLOW_OPPORTUNISTIC = 2
+    REUSE_ALLOW_INTERNAL_DEPENDENCIES = 3
+    RELEASE_THRESHOLD = 4
+    RESERVED_MEM_CURRENT = 5
+    RESERVED_MEM_HIGH = 6
+    USED_MEM_CURRENT = 7
+    USED_MEM_HIGH = 8
+
+
+_FLAGS = {
+    MemPoolAttr.REUSE_FOLLOW_EVENT_DEPENDENCIES: "_follow_events",
+    MemPoolAttr.REUSE_ALLOW_OPPORTUNISTIC: "_opportunistic",
+    MemPoolAttr.REUSE_ALLOW_INTERNAL_DEPENDENCIES: "_internal",
+}
+
+# live pool pointer -> its pool (a pointer always returns to the pool that owns it)
+_owners: dict[int, MemPool] = {}
+_pools: weakref.WeakSet[MemPool] = weakref.WeakSet()
+
+
+def find_pool(ptr: int) -> MemPool | None:
+    """The pool owning the live allocation that starts at ``ptr``, or None."""
+    return _owners.get(ptr)
+
+
+def pool_of(ptr: int) -> MemPool:
+    """The pool owning ``ptr``; raises :class:`InvalidAddressError` for anything else."""
+    pool = _owners.get(ptr)
+    if pool is None:
+        raise InvalidAddressError(
+            f"free of {hex(ptr)}: not a live stream-ordered allocation (double free, an interior "
+            "pointer, or memory from srt.malloc, which srt.free releases)"
+        )
+    return pool
+
+
+class _Block:
+    __slots__ = ("addr", "size", "chunk", "prev", "next", "live", "stream", "pos")
+
+    def __init__(self, addr: int, size: int, chunk: int) -> None:
+        self.addr = addr
+        self.size = size
+        self.chunk = chunk  # base address of the chunk
+        self.prev: _Block | None = None
+        self.next: _Block | None = None
+        self.live = False
+        self.stream: Stream | None = None  # pending free on this stream; None = ready
+        self.pos = 0
+
+
+class _FreeList:
+    """Free blocks binned by exact size, with a sorted index of sizes for best fit."""
+
+    __slots__ = ("bins", "sizes", "count")
+
+    def __init__(self) -> None:
+        self.bins: dict[int, list[_Block]] = {}
+        self.sizes = SortedList()  # may keep sizes whose bin is empty; pruned while searching
+        self.count = 0
+
+    def add(self, b: _Block) -> None:
+        lst = self.bins.get(b.size)
+        if lst is None:
+            self.bins[b.size] = [b]
+            self.sizes.add(b.size)
+        else:
+            lst.append(b)
+        self.count += 1
+
+    def remove(self, b: _Block) -> None:
+        self.bins[b.size].remove(b)
+        self.count -= 1
+
+    def best(self, size: int, ok: Callable[[_Block], bool] | None = None) -> _Block | None:
+        """The smallest block of at least ``size`` bytes accepted by ``ok`` (latest freed first)."""
+        if not self.count:
+            return None
+        lst = self.bins.get(size)
+        if lst:
+            found = _pick(lst, ok)
+            if found is not None:
+                return found
+        empty = []
+        found = None
+        for s in self.sizes.irange(minimum=size):
+            lst = self.bins[s]
+            if not lst:
+                empty.append(s)
+                continue
+            found = _pick(lst, ok)
+            if found is not None:
+                break
+        for s in empty:
+            self.sizes.remove(s)
+            del self.bins[s]
+        return found
+
+    def largest(self) -> int:
+        for s in reversed(self.sizes):
+            if self.bins[s]:
+                return s
+        return 0
+
+    def blocks(self) -> list[_Block]:
+        return [b for lst in self.bins.values() for b in lst]
+
+
+def _pick(lst: list[_Block], ok: Callable[[_Block], bool] | None) -> _Block | None:
+    if ok is None:
+        return lst[-1]
+    for b in reversed(lst):
+        if ok(b):
+            return b
+    return None
+
+
+def _round(n: int) -> int:
+    return (max(n, 1) + ALIGN - 1) // ALIGN * ALIGN
+
+
+def _flag(value: Any, what: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise InvalidValueError(f"{what} must be a bool (or 0/1), got {value!r}")
+
+
+def _nonneg(value: Any, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InvalidTypeError(f"{what} must be an int, not {type(value).__name__}")
+    if value < 0:
+        raise InvalidValueError(f"{what} must be >= 0, got {value}")
+    return value
+
+
+class MemPool:
+    """A stream-ordered memory pool (``cudaMemPool_t`` / ``aclrtMemPool``)."""
+
+    def __init__(
+        self,
+        device: Any = None,
+        *,
+        max_size: int = 0,
+        release_threshold: int = 0,
+        reuse_follow_event_dependencies: bool = True,
+        reuse_allow_opportunistic: bool = True,
+        reuse_allow_internal_dependencies: bool = True,
+    ) -> None:
+        self.device = Device(device)
+        self.max_size = _nonneg(max_size, "max_size")
+        self._threshold = _nonneg(release_threshold, "release_threshold")
+        self._follow_events = _flag(reuse_follow_event_dependencies, "reuse_follow_event_dependencies")
+        self._opportunistic = _flag(reuse_allow_opportunistic, "reuse_allow_opportunistic")
+        self._internal = _flag(reuse_allow_internal_dependencies, "reuse_allow_internal_dependencies")
+        self._is_default = False
+        self._destroyed = False
+        self._lock = threading.RLock()
+        self._chunks: dict[int, int] = {}  # base -> size
+        self._blocks: dict[int, _Block] = {}  # addr -> block (live and free)
+        self._ready = _FreeList()
+        self._pending: dict[int, _FreeList] = {}
+        self._fifo: dict[int, deque] = {}  # stream id -> (pos, block) in free order
+        self._pstream: dict[int, Stream] = {}  # stream id -> stream, for pending lists
+        self._reserved = self._reserved_high = 0
+        self._used = self._used_high = 0
+        self._stats = dict.fromkeys(
+            (
+                "alloc_count", "free_count", "reuse_same_stream", "reuse_after_sync",
+                "reuse_event_dependency", "reuse_opportunistic", "grow_count",
+                "reuse_internal_dependency", "oom_count", "release_count",
+            ),
+            0,
+        )
+        self.device._pools.add(self)
+        _pools.add(self)
+
+    @classmethod
+    def _make_default(cls, device: Device) -> MemPool:
+        pool = cls(device)
+        pool._is_default = True
+        return pool
+
+    def __repr__(self) -> str:
+        kind = "default " if self._is_default else ""
+        return (
+            f"<MemPool {kind}{self.device.name} reserved={self._reserved} used={self._used}"
+            f"{' destroyed' if self._destroyed else ''}>"
+        )
+
+    def _check_alive(self) -> None:
+        if self._destroyed:
+            raise InvalidHandleError(f"{self!r} was destroyed")
+
+    # -- attributes ---------------------------------------------------------------------------
+    def get_attr(self, attr: MemPoolAttr | int) -> int:
+        """``cudaMemPoolGetAttribute``: flags as 0/1, sizes in bytes."""
+        attr = _attr(attr)
+        if attr in _FLAGS:
+            return int(getattr(self, _FLAGS[attr]))
+        return {
+            MemPoolAttr.RELEASE_THRESHOLD: self._threshold,
+            MemPoolAttr.RESERVED_MEM_CURRENT: self._reserved,
+            MemPoolAttr.RESERVED_MEM_HIGH: self._reserved_high,
+            MemPoolAttr.USED_MEM_CURRENT: self._used,
+            MemPoolAttr.USED_MEM_HIGH: self._used_high,
+        }[attr]
+
+    def set_attr(self, attr: MemPoolAttr | int, value: Any) -> None:
+        """``cudaMemPoolSetAttribute``: the three flags, the threshold, and ``*_HIGH`` = 0 (reset)."""
+        attr = _attr(attr)
+        self._check_alive()
+        if attr in _FLAGS:
+            setattr(self, _FLAGS[attr], _flag(value, attr.name))
+        elif attr is MemPoolAttr.RELEASE_THRESHOLD:
+            self._threshold = _nonneg(value, "release_threshold")
+        elif attr in (MemPoolAttr.RESERVED_MEM_HIGH, MemPoolAttr.USED_MEM_HIGH):
+            if _nonneg(value, attr.name) != 0:
+                raise InvalidValueError(f"{attr.name} can only be reset, by writing 0")
+            with self._lock:
+                if attr is MemPoolAttr.RESERVED_MEM_HIGH:
+                    self._reserved_high = self._reserved
+                else:
+                    self._used_high = self._used
+        else:
+            raise InvalidValueError(f"{attr.name} is read-only")
+
+    reuse_follow_event_dependencies = property(
+        lambda self: self._follow_events,
+        lambda self, v: self.set_attr(MemPoolAttr.REUSE_FOLLOW_EVENT_DEPENDENCIES, v),
+        doc="Step 3: reuse blocks whose free is ordered before the allocation by events.",
+    )
+    reuse_allow_opportunistic = property(
+        lambda self: self._opportunistic,
+        lambda self, v: self.set_attr(MemPoolAttr.REUSE_ALLOW_OPPORTUNISTIC, v),
+        doc="Step 4: reuse blocks whose free has already executed, without a dependency.",
+    )
+    reuse_allow_internal_dependencies = property(
+        lambda self: self._internal,
+        lambda self, v: self.set_attr(MemPoolAttr.REUSE_ALLOW_INTERNAL_DEPENDENCIES, v),
+        doc="Step 6: reuse a pending block by making the allocating stream wait on its free.",
+    )
+    release_threshold = property(
+        lambda self: self._threshold,
+        lambda self, v: self.set_attr(MemPoolAttr.RELEASE_THRESHOLD, v),
+        doc="Reserved bytes kept at a synchronize before free chunks are released.",
+    )
+    reserved_mem_current = property(
+        lambda self: self._reserved,
+        lambda self, v: self.set_attr(MemPoolAttr.RESERVED_MEM_CURRENT, v),
+        doc="Bytes reserved from the device (read-only).",
+    )
+    reserved_mem_high = property(
+        lambda self: self._reserved_high,
+        lambda self, v: self.set_attr(MemPoolAttr.RESERVED_MEM_HIGH, v),
+        doc="High watermark of reserved bytes; write 0 to reset it to the current value.",
+    )
+    used_mem_current = property(
+        lambda self: self._used,
+        lambda self, v: self.set_attr(MemPoolAttr.USED_MEM_CURRENT, v),
+        doc="Bytes of live allocations (read-only).",
+    )
+    used_mem_high = property(
+        lambda self: self._used_high,
+        lambda self, v: self.set_attr(MemPoolAttr.USED_MEM_HIGH, v),
+        doc="High watermark of used bytes; write 0 to reset it to the current value.",
+    )
+
+    def stats(self) -> dict[str, int]:
+        """The eight attributes, the per-step reuse counters, and ``largest_free_block``."""
+        with self._lock:
+            out = {a.name.lower(): self.get_attr(a) for a in MemPoolAttr}
+            out.update(self._stats)
+            largest = self._ready.largest()
+            for fl in self._pending.values():
+                largest = max(largest, fl.largest())
+            out["largest_free_block"] = largest
+            out["live_allocations"] = sum(1 for b in self._blocks.values() if b.live)
+            out["chunks"] = len(self._chunks)
+        return out
+
+    # -- allocation -----------------------------------------------------------------------------
+    def _malloc(self, stream: Stream, nbytes: int) -> int:
+        self._check_alive()
+        if stream.device is not self.device:
+            raise InvalidValueError(
+                f"{self!r} cannot serve a stream of {stream.device.name}: pools are per device"
+            )
+        if stream._capture is not None:
+            return stream._capture.add_mem_alloc(stream, self, nbytes)
+        size = _round(nbytes)
+        with self._lock:
+            block = self._find(stream, size)
+            if block.size - size >= ALIGN:
+                self._split(block, size)
+            block.live = True
+            block.stream = None
+            _owners[block.addr] = self
+            self._used += block.size
+            if self._used > self._used_high:
+                self._used_high = self._used
+            self._stats["alloc_count"] += 1
+        return block.addr
+
+    def _find(self, a: Stream, size: int) -> _Block:
+        st = self._stats
+        own = self._pending.get(a.id)
+        if own is not None:
+            b = own.best(size)
+            if b is not None:
+                own.remove(b)
+                st["reuse_same_stream"] += 1
+                return b
+        b = self._ready.best(size)
+        if b is not None:
+            self._ready.remove(b)
+            st["reuse_after_sync"] += 1
+            return b
+        others = [(sid, fl) for sid, fl in self._pending.items() if sid != a.id and fl.count]
+        if others and self._follow_events:
+            clock = a._clock
+            b = self._best_of(others, size, lambda sid: clock.get(sid, 0))
+            if b is not None:
+                st["reuse_event_dependency"] += 1
+                return b
+        if others and self._opportunistic:
+            b = self._best_of(others, size, lambda sid: self._pstream[sid]._q.done)
+            if b is not None:
+                st["reuse_opportunistic"] += 1
+                return b
+        b = self._grow(size)
+        if b is not None:
+            st["grow_count"] += 1
+            return b
+        if others and self._internal:
+            b = self._best_of(others, size, None)
+            if b is not None:
+                f = b.stream
+                a._order_after(f, b.pos, {f.id: b.pos})  # a real wait: later work on A follows
+                st["reuse_internal_dependency"] += 1
+                return b
+        st["oom_count"] += 1
+        limit = f"max_size {self.max_size}" if self.max_size else "no pool limit"
+        free, total = self.device.memory_info()
+        raise OutOfMemoryError(
+            f"{self.device.name}: stream-ordered allocation of {size} bytes failed: pool reserves "
+            f"{self._reserved} bytes ({self._used} used), {limit}; device has {free} of {total} "
+            "bytes free"
+        )
+
+    def _best_of(self, others: list, size: int, limit_of: Any) -> _Block | None:
+        best: _Block | None = None
+        for sid, fl in others:
+            if limit_of is None:
+                b = fl.best(size)
+            else:
+                lim = limit_of(sid)
+                b = fl.best(size, lambda blk, lim=lim: blk.pos <= lim)
+            if b is not None and (best is None or b.size < best.size):
+                best = b
+        if best is not None:
+            self._pending[best.stream.id].remove(best)
+        return best
+
+    def _grow(self, size: int) -> _Block | None:
+        if size <= SMALL_REQUEST:
+            chunk = SMALL_CHUNK
+        else:
+            chunk = (size + GRANULE - 1) // GRANULE * GRANULE
+        if self.max_size and self._reserved + chunk > self.max_size:
+            chunk = size  # the granule does not fit under the limit; the request itself may
+            if self._reserved + chunk > self.max_size:
+                return None
+        try:
+            base = self.device._impl.malloc(chunk)
+        except OutOfMemoryError:
+            if chunk == size:
+                return None
+            try:
+                chunk = size
+                base = self.device._impl.malloc(chunk)
+            except OutOfMemoryError:
+                return None
+        self._chunks[base] = chunk
+        self._reserved += chunk
+        if self._reserved > self._reserved_high:
+            self._reserved_high = self._reserved
+        b = _Block(base, chunk, base)
+        self._blocks[base] = b
+        return b
+
+    def _split(self, b: _Block, size: int) -> None:
+        rest = _Block(b.addr + size, b.size - size, b.chunk)
+        rest.stream, rest.pos = b.stream, b.pos
+        rest.prev, rest.next = b, b.next
+        if b.next is not None:
+            b.next.prev = rest
+        b.next = rest
+        b.size = size
+        self._blocks[rest.addr] = rest
+        self._insert_free(rest)
+
+    def _insert_free(self, b: _Block) -> None:
+        if b.stream is None:
+            self._ready.add(b)
+        else:
+            sid = b.stream.id
+            fl = self._pending.get(sid)
+            if fl is None:
+                fl = self._pending[sid] = _FreeList()
+                self._fifo[sid] = deque()
+                self._pstream[sid] = b.stream
+            fl.add(b)
+            self._fifo[sid].append((b.pos, b))
+
+    def _remove_free(self, b: _Block) -> None:
+        if b.stream is None:
+            self._ready.remove(b)
+        else:
+            self._pending[b.stream.id].remove(b)
+
+    def _coalesce(self, b: _Block) -> _Block:
+        """Merge ``b`` (free, not indexed) with free neighbours of the same kind."""
+        for nb in (b.prev, b.next):
+            if nb is None or nb.live or nb.stream is not b.stream:
+                continue
+            self._remove_free(nb)
+            lo, hi = (nb, b) if nb.addr < b.addr else (b, nb)
+            lo.size += hi.size
+            lo.pos = max(lo.pos, hi.pos)
+            lo.next = hi.next
+            if hi.next is not None:
+                hi.next.prev = lo
+            del self._blocks[hi.addr]
+            hi.stream = None  # a dead block: stale FIFO entries must not match it
+            b = lo
+        return b
+
+    # -- free -----------------------------------------------------------------------------------
+    def _free(self, stream: Stream, ptr: int) -> None:
+        if stream.device is not self.device:
+            raise InvalidValueError(
+                f"{hex(ptr)} belongs to a pool of {self.device.name}; free it on a stream of "
+                f"that device, not {stream.device.name}"
+            )
+        if stream._capture is not None:
+            return stream._capture.add_mem_free(stream, self, ptr)
+        if not stream.non_blocking:
+            stream._implicit()  # the free is a stream operation: legacy ordering applies
+        self._release_block(ptr, stream, stream._pos)
+
+    def _free_now(self, ptr: int) -> None:
+        """Free after a device synchronize (``srt.free`` on pool memory): ready at once."""
+        self._release_block(ptr, None, 0)
+        self._on_sync()
+
+    def _release_block(self, ptr: int, stream: Stream | None, pos: int) -> None:
+        with self._lock:
+            b = self._blocks.get(ptr)
+            if b is None or not b.live or _owners.get(ptr) is not self:
+                raise InvalidAddressError(f"free of {hex(ptr)}: not a live allocation of {self!r}")
+            del _owners[ptr]
+            b.live = False
+            b.stream = stream
+            b.pos = pos
+            self._used -= b.size
+            self._stats["free_count"] += 1
+            self._insert_free(self._coalesce(b))
+            if self._destroyed:
+                self._release_chunks(0)
+
+    # -- synchronize points, threshold, trim -----------------------------------------------------
+    def _on_sync(self) -> None:
+        """Promote the frees a host synchronize proved, then apply the release threshold."""
+        with self._lock:
+            for sid in list(self._fifo):
+                fifo = self._fifo[sid]
+                while fifo:
+                    pos, b = fifo[0]
+                    s = b.stream
+                    if (s is not None and s.id == sid and b.pos == pos
+                            and self._blocks.get(b.addr) is b):
+                        if s._host < pos:
+                            break
+                        self._pending[sid].remove(b)
+                        b.stream = None
+                        self._ready.add(self._coalesce(b))
+                    fifo.popleft()
+                if not fifo and not self._pending[sid].count:
+                    del self._fifo[sid], self._pending[sid], self._pstream[sid]
+            keep = 0 if self._destroyed else self._threshold
+            if self._reserved > keep:
+                self._release_chunks(keep)
+
+    def _release_chunks(self, keep: int) -> None:
+        for b in [b for b in self._ready.blocks() if b.prev is None and b.next is None]:
+            if self._reserved <= keep:
+                break
+            if self._reserved - b.size < keep:
+                continue
+            self._ready.remove(b)
+            del self._blocks[b.addr]
+            del self._chunks[b.addr]
+            self.device._impl.free(b.addr)
+            self._reserved -= b.size
+            self._stats["release_count"] += 1
+
+    def trim_to(self, min_bytes_to_keep: int) -> None:
+        """Release entirely free, sync-proven chunks while ``reserved - chunk >= min_bytes_to_keep``."""
+        keep = _nonneg(min_bytes_to_keep, "min_bytes_to_keep")
+        self._check_alive()
+        with self._lock:
+            if self._reserved > keep:
+                self._release_chunks(keep)
+
+    def destroy(self) -> None:
+        """``cudaMemPoolDestroy``: memory goes back once its last allocation is freed and proven."""
+        self._check_alive()
+        if self._is_default:
+            raise InvalidValueError("the default memory pool of a device cannot be destroyed")
+        with self._lock:
+            self._destroyed = True
+            if self.device._pool is self:
+                self.device._pool = None
+            self._release_chunks(0)
+
+    def _reset(self) -> None:
+        """Device reset: the backend frees the memory; forget every block."""
+        with self._lock:
+            for addr, b in self._blocks.items():
+                if b.live:
+                    _owners.pop(addr, None)
+            self._blocks.clear()
+            self._chunks.clear()
+            self._ready = _FreeList()
+            self._pending.clear()
+            self._fifo.clear()
+            self._pstream.clear()
+            self._reserved = self._used = 0
+            self._destroyed = True
+
+
+def _attr(attr: Any) -> MemPoolAttr:
+    try:
+        return MemPoolAttr(attr)
+    except ValueError:
+        raise InvalidValueError(f"unknown memory pool attribute {attr!r} (1-8)") from None
+
+
+def _on_any_sync(device: Device) -> None:
+    # A synchronize of one device can prove frees of streams of another (events carry clocks).
+    for pool in list(_pools):
+        if pool._fifo or pool._destroyed or pool._reserved > pool._threshold:
+            pool._on_sync()
+
+
+sync_listeners.append(_on_any_sync)

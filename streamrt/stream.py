@@ -1,0 +1,587 @@
+"""Streams and events, with the host-side ordering bookkeeping of DESIGN.md §2.
+
+State and invariants (per stream S):
+- ``_pos``: operations enqueued on S; the backend queue's ``done`` counts completed ones.
+- ``_clock``: vector clock, stream id -> position of that stream known to be ordered before
+  S's next operation. ``record`` snapshots it (with ``[S] = _pos``); ``wait`` merges an
+  event's snapshot by element-wise maximum and enqueues a real wait only when needed.
+- ``_host``: the position of S that a host synchronize (stream, event or device) proved
+  complete. A ``query()`` that answers True proves nothing.
+- Blocking streams and the legacy default stream of a device wait on each other implicitly
+  (CUDA legacy semantics): before an operation on one, a wait on the other's tail is enqueued
+  when the clock does not already cover it.
+Failures inside queued work are kept by the queue with their position and raised, chained,
+as :class:`LaunchError` by the first synchronize that covers them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .backends.cpu import SPACE, copy_op, fill_op, host_call
+from .device import Device, current_device
+from .errors import (
+    InvalidHandleError,
+    InvalidTypeError,
+    InvalidValueError,
+    LaunchError,
+    NotReadyError,
+    StreamRTError,
+)
+from .kernel import Kernel, KernelContext, dim3
+
+__all__ = ["Stream", "Event", "current_stream"]
+
+_ids = itertools.count(1)
+_by_id: weakref.WeakValueDictionary[int, Stream] = weakref.WeakValueDictionary()
+_tls = threading.local()
+_launch_blocking = os.environ.get("STREAMRT_LAUNCH_BLOCKING", "") not in ("", "0")
+# True when any process-wide switch (launch blocking, sanitizer, trace) needs the slow path
+_global_slow = _launch_blocking
+
+# Called as ``fn(device)`` after every host synchronize (pools apply their release threshold).
+sync_listeners: list[Callable[[Device], None]] = []
+
+
+def set_launch_blocking(on: bool) -> bool:
+    """Make every enqueue synchronous (``STREAMRT_LAUNCH_BLOCKING``); returns the previous value."""
+    global _launch_blocking
+    prev, _launch_blocking = _launch_blocking, bool(on)
+    refresh_global()
+    return prev
+
+
+def refresh_global() -> None:
+    """Recompute the process-wide slow-path switch after a global setting changed."""
+    global _global_slow
+    _global_slow = _launch_blocking
+
+
+def launch_blocking() -> bool:
+    """Whether every enqueue is synchronous."""
+    return _launch_blocking
+
+
+def check_size(nbytes: Any, what: str = "nbytes") -> int:
+    """Validate a byte count: a non-negative int."""
+    if not isinstance(nbytes, int | np.integer) or isinstance(nbytes, bool):
+        raise InvalidTypeError(f"{what} must be an int, not {type(nbytes).__name__}")
+    if nbytes < 0:
+        raise InvalidValueError(f"{what} must be >= 0, got {nbytes}")
+    return int(nbytes)
+
+
+def check_ptr(ptr: Any, what: str = "pointer") -> int:
+    """Validate a device pointer: an int."""
+    if not isinstance(ptr, int | np.integer) or isinstance(ptr, bool):
+        raise InvalidTypeError(f"{what} must be an int device pointer, not {type(ptr).__name__}")
+    return int(ptr)
+
+
+def host_view(obj: Any, nbytes: int, *, writable: bool) -> np.ndarray:
+    """A flat ``uint8`` view of a host buffer (numpy array, bytearray, memoryview, bytes)."""
+    if isinstance(obj, np.ndarray):
+        if not obj.flags.c_contiguous:
+            raise InvalidValueError("host buffer must be C-contiguous (use np.ascontiguousarray)")
+        flat = obj.reshape(-1).view(np.uint8)
+    else:
+        try:
+            mv = memoryview(obj)
+        except TypeError:
+            raise InvalidTypeError(
+                "a copy endpoint is an int device pointer or a host buffer (numpy array, "
+                f"bytearray, memoryview), not {type(obj).__name__}"
+            ) from None
+        if not mv.c_contiguous:
+            raise InvalidValueError("host buffer must be C-contiguous")
+        flat = np.frombuffer(mv.cast("B"), np.uint8) if mv.nbytes else np.empty(0, np.uint8)
+    if writable and not flat.flags.writeable:
+        raise InvalidValueError("destination host buffer is read-only")
+    if flat.size < nbytes:
+        raise InvalidValueError(f"host buffer holds {flat.size} bytes, the copy needs {nbytes}")
+    return flat[:nbytes]
+
+
+_ONE = 1  # small ints are singletons in CPython: ``grid is _ONE`` is a cheap default test
+
+
+def _stamp(slot: list) -> None:
+    slot[0] = time.perf_counter()
+
+
+class Stream:
+    """An in-order queue of device work (``cudaStream_t`` / ``aclrtStream``)."""
+
+    __slots__ = (
+        "device", "id", "priority", "non_blocking", "_legacy", "_q", "_pos", "_clock", "_host",
+        "_destroyed", "_ctxs", "_ctx1", "_capture", "_slow", "__weakref__",
+    )
+
+    def __init__(
+        self, device: Any = None, *, priority: int = 0, non_blocking: bool = False
+    ) -> None:
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise InvalidTypeError(f"priority must be an int, not {type(priority).__name__}")
+        if not isinstance(non_blocking, bool):
+            raise InvalidTypeError("non_blocking must be a bool")
+        # CUDA clamps priorities into [greatest, least] = [-5, 0]; lower is more urgent.
+        self._setup(Device(device), min(max(priority, -5), 0), non_blocking, legacy=False)
+
+    @classmethod
+    def _make_legacy(cls, device: Device) -> Stream:
+        s = object.__new__(cls)
+        s._setup(device, 0, False, legacy=True)
+        return s
+
+    def _setup(self, device: Device, priority: int, non_blocking: bool, legacy: bool) -> None:
+        self.device = device
+        self.id = next(_ids)
+        self.priority = priority
+        self.non_blocking = non_blocking
+        self._legacy = legacy
+        self._q = device._impl.create_queue(f"{device.name}/{'default' if legacy else self.id}")
+        self._pos = 0
+        self._clock: dict[int, int] = {}
+        self._host = 0
+        self._destroyed = False
+        self._ctxs: dict[Any, KernelContext] = {}
+        self._ctx1 = self._context(1, 1)
+        self._capture = None
+        self._refresh()
+        device._streams.add(self)
+        if not non_blocking and not legacy:
+            device._blocking.add(self)
+        _by_id[self.id] = self
+        weakref.finalize(self, _retire, device, self._q)
+
+    def __repr__(self) -> str:
+        kind = "legacy default" if self._legacy else (
+            "non-blocking" if self.non_blocking else "blocking")
+        return f"<Stream {self.device.name}#{self.id} {kind}>"
+
+    @property
+    def name(self) -> str:
+        """``cpu:0/default`` or ``cpu:0/<id>``."""
+        return self._q.name
+
+    # -- context manager: current stream ---------------------------------------------------
+    def __enter__(self) -> Stream:
+        _tls.__dict__.setdefault("streams", []).append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _tls.streams.pop()
+
+    # -- ordering bookkeeping --------------------------------------------------------------
+    def _snapshot(self) -> dict[int, int]:
+        snap = self._clock.copy()
+        snap[self.id] = self._pos
+        return snap
+
+    def _order_after(self, other: Stream, pos: int, clock: dict[int, int]) -> None:
+        """Enqueue a real wait for ``other`` to reach ``pos`` and merge its clock."""
+        self._pos += 1
+        self._q.submit(other._q.wait_done, (pos,))
+        mine = self._clock
+        for sid, p in clock.items():
+            if p > mine.get(sid, 0):
+                mine[sid] = p
+
+    def _implicit(self) -> None:
+        """Legacy default stream semantics: order with the other side before a new operation."""
+        dev = self.device
+        if self._legacy:
+            for b in list(dev._blocking):
+                if b._pos > self._clock.get(b.id, 0):
+                    self._order_after(b, b._pos, b._snapshot())
+        else:
+            legacy = dev._legacy
+            if legacy is not None and legacy._pos > self._clock.get(legacy.id, 0):
+                self._order_after(legacy, legacy._pos, legacy._snapshot())
+
+    def _check_alive(self) -> None:
+        if self._destroyed:
+            raise InvalidHandleError(f"{self!r} was destroyed")
+
+    def _refresh(self) -> None:
+        """Recompute whether launches must leave the fast path (blocking, captured, destroyed)."""
+        self._slow = (not self.non_blocking) or self._capture is not None or self._destroyed
+
+    def _submit(self, fn: Callable[..., Any], args: tuple) -> None:
+        if self._destroyed:
+            self._check_alive()
+        if not self.non_blocking:
+            self._implicit()
+        self._pos += 1
+        self._q.submit(fn, args)
+        if _launch_blocking:
+            self.synchronize()
+
+    # -- enqueue ---------------------------------------------------------------------------
+    def launch(self, kernel: Kernel, *args: Any, grid: Any = 1, block: Any = 1) -> None:
+        """Enqueue ``kernel`` (``cudaLaunchKernel``); returns at once."""
+        if grid is _ONE and block is _ONE:  # the default launch shape: skip the lookup
+            ctx = self._ctx1
+        else:
+            try:
+                ctx = self._ctxs[grid, block]
+            except (KeyError, TypeError):
+                ctx = self._context(grid, block)
+        if self._slow or _global_slow or type(kernel) is not Kernel:
+            return self._launch_slow(kernel, ctx, args)
+        # the hottest path of the runtime: a non-blocking stream with no capture or hooks
+        self._pos += 1
+        q = self._q
+        q._ops.append((kernel.fn, (ctx, *args)))
+        if q._idle:
+            q.wake()
+
+    def _context(self, grid: Any, block: Any) -> KernelContext:
+        ctx = KernelContext(dim3(grid, "grid"), dim3(block, "block"), self.device, self)
+        try:
+            if len(self._ctxs) < 256:
+                self._ctxs[grid, block] = ctx
+        except TypeError:
+            pass  # unhashable (a list): not cached
+        return ctx
+
+    def _launch_slow(self, kernel: Any, ctx: KernelContext, args: tuple) -> None:
+        if type(kernel) is not Kernel:
+            raise InvalidTypeError(f"launch needs an @srt.kernel, not {type(kernel).__name__}")
+        self._check_alive()
+        if self._capture is not None:
+            return self._capture.add_kernel(self, kernel, args, ctx.grid, ctx.block)
+        self._submit(kernel.fn, (ctx, *args))
+
+    def memcpy(self, dst: Any, src: Any, nbytes: int) -> None:
+        """Enqueue a copy (``cudaMemcpyAsync``); each side a device pointer or a host buffer.
+
+        As in CUDA, a copy from a pageable host buffer takes the data at call time, and a copy
+        into a pageable host buffer returns once the data is there; pinned memory
+        (``srt.malloc_host``) is fully asynchronous.
+        """
+        n = check_size(nbytes)
+        dst_view = _endpoint(dst, n, writable=True)
+        src_view = _endpoint(src, n, writable=False)
+        if self._capture is not None:
+            return self._capture.add_memcpy(self, dst, src, n)
+        if n == 0:
+            return
+        if not isinstance(src, int | np.integer):
+            src_view = src_view.copy()  # pageable source: staged at call time
+        self._submit(copy_op, (dst_view, src_view))
+        if not isinstance(dst, int | np.integer):  # pageable destination: synchronous
+            self._q.wait_done(self._pos)
+
+    def memset(self, ptr: int, value: int, nbytes: int) -> None:
+        """Enqueue a byte fill (``cudaMemsetAsync``)."""
+        n = check_size(nbytes)
+        ptr = check_ptr(ptr)
+        if not isinstance(value, int | np.integer) or isinstance(value, bool):
+            raise InvalidTypeError(f"memset value must be an int, not {type(value).__name__}")
+        if not 0 <= value <= 255:
+            raise InvalidValueError(f"memset value must be a byte 0-255, got {value}")
+        view = SPACE.span(ptr, n)
+        if self._capture is not None:
+            return self._capture.add_memset(self, ptr, int(value), n)
+        if n:
+            self._submit(fill_op, (view, int(value)))
+
+    def launch_host_func(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Enqueue ``fn(*args)`` to run on a host thread in stream order (``cudaLaunchHostFunc``)."""
+        if not callable(fn):
+            raise InvalidTypeError(f"launch_host_func needs a callable, not {type(fn).__name__}")
+        if self._capture is not None:
+            return self._capture.add_host(self, fn, args)
+        self._submit(host_call, (fn, args))
+
+    def malloc(self, nbytes: int, pool: Any = None) -> int:
+        """Stream-ordered allocation from ``pool`` (default: the device's current pool)."""
+        from .memory import MemPool
+
+        if pool is None:
+            pool = self.device.mem_pool
+        elif not isinstance(pool, MemPool):
+            raise InvalidTypeError(f"pool must be a MemPool, not {type(pool).__name__}")
+        self._check_alive()
+        return pool._malloc(self, check_size(nbytes))
+
+    def free(self, ptr: int) -> None:
+        """Stream-ordered free (``cudaFreeAsync``): the block returns to its pool after prior work."""
+        from .memory import pool_of
+
+        self._check_alive()
+        ptr = check_ptr(ptr)
+        pool_of(ptr)._free(self, ptr)
+
+    def record(self, event: Event | None = None) -> Event:
+        """Record ``event`` (a new one if None) at the current tail (``cudaEventRecord``)."""
+        self._check_alive()
+        if event is None:
+            event = Event(self.device)
+        elif not isinstance(event, Event):
+            raise InvalidTypeError(f"record needs an Event, not {type(event).__name__}")
+        event._check_alive()
+        if event.device is not self.device:
+            raise InvalidHandleError(
+                f"event of {event.device.name} cannot be recorded on a stream of {self.device.name}"
+            )
+        if self._capture is not None:
+            return self._capture.record(self, event)
+        if event.timing:
+            slot = [None]
+            self._submit(_stamp, (slot,))
+            event._stamp = slot
+        elif not self.non_blocking:
+            self._implicit()
+        event._stream = self
+        event._pos = self._pos
+        event._clock = self._snapshot()
+        event._capture = None
+        return event
+
+    def wait(self, event: Event) -> None:
+        """Make later work on this stream wait for ``event`` (``cudaStreamWaitEvent``)."""
+        self._check_alive()
+        if not isinstance(event, Event):
+            raise InvalidTypeError(f"wait needs an Event, not {type(event).__name__}")
+        event._check_alive()
+        if self._capture is not None or event._capture is not None:
+            from .graph.capture import capture_wait
+
+            return capture_wait(self, event)
+        other = event._stream
+        if other is None or other is self:
+            return  # never recorded: a no-op, as in CUDA
+        if self._clock.get(other.id, 0) >= event._pos:
+            return  # already ordered: no new dependency needed
+        self._order_after(other, event._pos, event._clock)
+
+    # -- host synchronization ----------------------------------------------------------------
+    def synchronize(self) -> None:
+        """Block until all work enqueued so far has completed (``cudaStreamSynchronize``)."""
+        self._check_alive()
+        if self._capture is not None:
+            from .graph.capture import illegal_sync
+
+            illegal_sync(self, "synchronize")
+        pos = self._pos
+        self._q.wait_done(pos)
+        _proved(self, pos, self._clock)
+        _after_sync(self.device, [(self, pos)] + _covered(self._clock))
+
+    def query(self) -> bool:
+        """True when all enqueued work has completed (``cudaStreamQuery``); not a synchronize."""
+        self._check_alive()
+        if self._capture is not None:
+            from .graph.capture import illegal_sync
+
+            illegal_sync(self, "query")
+        return self._q.done >= self._pos
+
+    def destroy(self) -> None:
+        """Destroy the stream (``cudaStreamDestroy``); work already enqueued still completes."""
+        if self._legacy:
+            raise InvalidHandleError("the legacy default stream cannot be destroyed")
+        self._check_alive()
+        self._destroy_quiet()
+
+    def _destroy_quiet(self) -> None:
+        if self._destroyed:
+            return
+        self._destroyed = True
+        self._refresh()
+        dev = self.device
+        dev._streams.discard(self)
+        dev._blocking.discard(self)
+        _retire(dev, self._q)
+
+
+def _retire(device: Device, q: Any) -> None:
+    """A stream is gone: its queue drains and stops; its failures stay reportable by the device."""
+    q.close()
+    retired = device.__dict__.setdefault("_retired", [])
+    if q not in retired:
+        retired.append(q)
+
+
+def _endpoint(obj: Any, n: int, *, writable: bool) -> np.ndarray:
+    if isinstance(obj, int | np.integer) and not isinstance(obj, bool):
+        return SPACE.span(int(obj), n)
+    return host_view(obj, n, writable=writable)
+
+
+def _covered(clock: dict[int, int]) -> list[tuple[Stream, int]]:
+    out = []
+    for sid, p in clock.items():
+        s = _by_id.get(sid)
+        if s is not None:
+            out.append((s, p))
+    return out
+
+
+def _proved(stream: Stream, pos: int, clock: dict[int, int]) -> None:
+    """Record that the host saw ``stream`` reach ``pos`` (and so everything ``clock`` covers)."""
+    if pos > stream._host:
+        stream._host = pos
+    for sid, p in clock.items():
+        s = _by_id.get(sid)
+        if s is not None and p > s._host:
+            s._host = p
+
+
+def _after_sync(device: Device, covered: list[tuple[Stream, int]], extra: list | None = None) -> None:
+    """Tell the pools a synchronize happened, then raise the first failure it covers."""
+    for fn in sync_listeners:
+        fn(device)
+    errors: list[tuple[int, BaseException, str, str]] = []
+    for s, upto in covered:
+        for pos, exc, what in s._q.take_errors(upto):
+            errors.append((pos, exc, what, s.name))
+    for q in extra or ():
+        for pos, exc, what in q.take_errors():
+            errors.append((pos, exc, what, q.name))
+    if errors:
+        pos, exc, what, where = errors[0]
+        more = f" (and {len(errors) - 1} more failure(s))" if len(errors) > 1 else ""
+        raise LaunchError(
+            f"{what} on stream {where} raised {type(exc).__name__}: {exc}{more}"
+        ) from exc
+
+
+def synchronize_device(device: Device) -> None:
+    """``cudaDeviceSynchronize``: wait for every stream of ``device``, then report failures."""
+    from .graph.capture import check_device_sync
+
+    check_device_sync(device)
+    streams = list(device._streams)
+    for s in streams:
+        s._q.wait_done(s._pos)
+    retired = device.__dict__.get("_retired", [])
+    for q in list(retired):
+        q.wait_done(_queue_total(q))
+    for s in streams:
+        _proved(s, s._pos, s._clock)
+    device.__dict__["_retired"] = [q for q in retired if q._errors]
+    _after_sync(device, [(s, s._pos) for s in streams], extra=retired)
+
+
+def _queue_total(q: Any) -> int:
+    # a retired queue only drains: its final position is what it has done plus what is queued
+    return q.done + len(q._ops)
+
+
+def reset_device(device: Device) -> None:
+    """``aclrtResetDevice``: synchronize, then destroy the device's streams, pools and memory."""
+    try:
+        synchronize_device(device)
+    except StreamRTError:
+        pass  # a reset discards pending failures along with everything else
+    for s in list(device._streams):
+        s._destroy_quiet()
+    device._legacy = None
+    device.__dict__["_retired"] = []
+    for e in list(device._events):
+        e._stream = None
+    for pool in list(device._pools):
+        pool._reset()
+    device._default_pool = None
+    device._pool = None
+    device._impl.free_all()
+
+
+def current_stream() -> Stream:
+    """The stream ``srt.*`` helpers use: the innermost ``with stream:``, else the default stream."""
+    stack = getattr(_tls, "streams", None)
+    if stack:
+        return stack[-1]
+    return current_device().default_stream
+
+
+class Event:
+    """A marker in a stream (``cudaEvent_t``); ``timing=True`` lets it measure elapsed time."""
+
+    __slots__ = (
+        "device", "timing", "_stream", "_pos", "_clock", "_stamp", "_destroyed", "_capture",
+        "__weakref__",
+    )
+
+    def __init__(self, device: Any = None, *, timing: bool = False) -> None:
+        if not isinstance(timing, bool):
+            raise InvalidTypeError("timing must be a bool")
+        self.device = Device(device)
+        self.timing = timing
+        self._stream: Stream | None = None
+        self._pos = 0
+        self._clock: dict[int, int] = {}
+        self._stamp: list | None = None
+        self._destroyed = False
+        self._capture = None
+        self.device._events.add(self)
+
+    def __repr__(self) -> str:
+        state = "unrecorded" if self._stream is None else f"at {self._stream.name}@{self._pos}"
+        return f"<Event {self.device.name} {state}{' timing' if self.timing else ''}>"
+
+    def _check_alive(self) -> None:
+        if self._destroyed:
+            raise InvalidHandleError(f"{self!r} was destroyed")
+
+    def _refresh(self) -> None:
+        """Recompute whether launches must leave the fast path (blocking, captured, destroyed)."""
+        self._slow = (not self.non_blocking) or self._capture is not None or self._destroyed
+
+    def _check_capture(self, what: str) -> None:
+        if self._capture is not None:
+            from .graph.capture import illegal_event_use
+
+            illegal_event_use(self, what)
+
+    def query(self) -> bool:
+        """True when the recorded work has completed, or the event was never recorded."""
+        self._check_alive()
+        self._check_capture("query")
+        s = self._stream
+        return s is None or s._q.done >= self._pos
+
+    def synchronize(self) -> None:
+        """Block until the recorded work has completed (``cudaEventSynchronize``)."""
+        self._check_alive()
+        self._check_capture("synchronize")
+        s = self._stream
+        if s is None:
+            return
+        s._q.wait_done(self._pos)
+        _proved(s, self._pos, self._clock)
+        _after_sync(self.device, _covered(self._clock))
+
+    def elapsed_time(self, end: Event) -> float:
+        """Milliseconds from this event to ``end``; both must be timing events, recorded, complete."""
+        if not isinstance(end, Event):
+            raise InvalidTypeError(f"elapsed_time needs an Event, not {type(end).__name__}")
+        for e in (self, end):
+            e._check_alive()
+            if not e.timing:
+                raise InvalidHandleError(
+                    f"{e!r} was created without timing=True; it cannot measure elapsed time"
+                )
+            if e._stream is None or e._stamp is None:
+                raise InvalidHandleError(f"{e!r} has not been recorded")
+        for e in (self, end):
+            if e._stamp[0] is None:
+                raise NotReadyError(f"{e!r} has not completed yet")
+        return (end._stamp[0] - self._stamp[0]) * 1000.0
+
+    def destroy(self) -> None:
+        """Destroy the event (``cudaEventDestroy``)."""
+        self._check_alive()
+        self._destroyed = True
+        self.device._events.discard(self)
