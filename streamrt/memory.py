@@ -616,3 +616,21 @@ def _on_any_sync(device: Device) -> None:
 
 
 sync_listeners.append(_on_any_sync)
+
+
+def usable_bytes(ptr: int) -> int | None:
+    """Bytes from ``ptr`` to the end of its live allocation (a pool block starting at ``ptr``,
+    or any ``srt.malloc`` allocation containing it); None when ``ptr`` is not in one."""
+    pool = _owners.get(ptr)
+    if pool is not None:
+        b = pool._blocks.get(ptr)
+        return b.size if b is not None and b.live else None
+    from .backends.cpu import SPACE
+
+    alloc = SPACE.find(ptr)
+    if alloc is None or alloc.device < 0:
+        return None
+    for p in _pools:  # a pool chunk is not itself an allocation the user owns
+        if alloc.base in p._chunks:
+            return None
+    return alloc.end - ptr
