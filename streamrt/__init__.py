@@ -7,8 +7,8 @@ from .blocking import free, free_host, malloc, malloc_host, memcpy, memset, read
 from .device import Device, current_device, device_count
 from .errors import (
     BackendUnavailableError,
-    CaptureError,
     CapturedEventError,
+    CaptureError,
     CaptureImplicitError,
     CaptureInvalidatedError,
     CaptureIsolationError,

@@ -76,15 +76,20 @@ def physical_memory() -> int:
 
 
 class Allocation:
-    """One arena: ``size`` usable bytes at ``base`` on ``device`` (-1 = pinned host)."""
+    """One arena: ``size`` usable bytes at ``base`` on ``device`` (-1 = pinned host).
 
-    __slots__ = ("base", "size", "buf", "device")
+    ``sub`` is set when a pool sub-allocates the arena: ``sub(ptr, nbytes)`` raises
+    :class:`InvalidAddressError` unless the range lies in one live block.
+    """
+
+    __slots__ = ("base", "size", "buf", "device", "sub")
 
     def __init__(self, base: int, size: int, device: int) -> None:
         self.base = base
         self.size = size
         self.device = device
         self.buf = np.zeros(size, np.uint8)
+        self.sub: Callable[[int, int], None] | None = None
 
     @property
     def end(self) -> int:
@@ -135,8 +140,14 @@ class AddressSpace:
             alloc = allocs.peekitem(i - 1)[1]
         return alloc if ptr < alloc.end else None
 
-    def span(self, ptr: int, nbytes: int) -> np.ndarray:
-        """A writable ``uint8`` view of ``[ptr, ptr + nbytes)``; the range must lie in one allocation."""
+    def span(self, ptr: int, nbytes: int, *, strict: bool = True) -> np.ndarray:
+        """A writable ``uint8`` view of ``[ptr, ptr + nbytes)``; the range must lie in one allocation.
+
+        ``strict`` (enqueue-time checks: copies, memsets) also requires the range to lie in one
+        live pool block when the arena is a pool chunk. Kernel views are checked at run time,
+        when the host may already have freed the block in stream order, so they are checked
+        against the arena only; the sanitizer checks them against stream-ordered lifetimes.
+        """
         if type(ptr) is not int:
             ptr = _as_ptr(ptr)
         alloc = self.find(ptr)
@@ -148,6 +159,8 @@ class AddressSpace:
                 f"range {_hex(ptr)}+{nbytes} leaves its allocation "
                 f"[{_hex(alloc.base)}, {_hex(alloc.end)}) by {off + nbytes - alloc.size} bytes"
             )
+        if strict and alloc.sub is not None:
+            alloc.sub(ptr, nbytes)
         return alloc.buf[off : off + nbytes]
 
     def array(self, ptr: int, shape: Any, dtype: Any, readonly: bool) -> np.ndarray:
@@ -167,7 +180,7 @@ class AddressSpace:
             if d < 0:
                 raise InvalidValueError(f"negative dimension in shape {shp}")
             count *= d
-        raw = self.span(ptr, count * dt.itemsize)
+        raw = self.span(ptr, count * dt.itemsize, strict=False)
         view = raw.view(dt).reshape(shp)
         if readonly:
             view.flags.writeable = False

@@ -1,0 +1,55 @@
+"""The streamrt command, run in a subprocess."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+
+def streamrt(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "streamrt.cli", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_cli_info():
+    r = streamrt("info")
+    assert r.returncode == 0, r.stderr
+    assert "cpu:0" in r.stdout and "cpu:1" in r.stdout
+    assert "STREAMRT_CPU_DELAY_US" in r.stdout and "cuda" in r.stdout
+
+
+def test_cli_demo_runs_and_checks():
+    r = streamrt("demo")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "all checks passed" in r.stdout
+    assert "[FAILED]" not in r.stdout
+    assert "reuse_internal_dependency" in r.stdout  # the pool section says which rule served
+    assert "42" in r.stdout
+
+
+@pytest.mark.parametrize("section", ["streams", "pools"])
+def test_cli_demo_only(section):
+    r = streamrt("demo", "--only", section, "--device", "cpu:1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "cpu:1" in r.stdout
+
+
+@pytest.mark.parametrize("args", [("demo", "--bogus"), ("nosuch",), ("demo", "--only", "x")])
+def test_cli_usage_errors_are_clean(args):
+    r = streamrt(*args)
+    assert r.returncode == 2
+    assert "usage:" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cli_unknown_device_is_clean():
+    r = streamrt("demo", "--device", "cpu:42")
+    assert r.returncode == 2
+    assert "cpu:42" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("cmd", [(), ("demo",), ("bench",), ("info",)])
+def test_cli_help(cmd):
+    r = streamrt(*cmd, "--help")
+    assert r.returncode == 0 and "usage:" in r.stdout

@@ -1,0 +1,163 @@
+"""Devices: registry, specs, current device per thread, memory info, synchronize, reset."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import streamrt as srt
+
+
+def test_device_same_spec_same_object():
+    assert srt.Device("cpu:1") is srt.Device("cpu:1")
+    assert srt.Device("cpu:0") is srt.Device(srt.Device("cpu:0"))
+    d = srt.Device("cpu:1")
+    assert (d.backend, d.index, d.name) == ("cpu", 1, "cpu:1")
+
+
+def test_device_int_spec_is_index_on_current_backend():
+    with srt.Device("cpu:0"):
+        assert srt.Device(1) is srt.Device("cpu:1")
+
+
+def test_device_none_is_current_and_with_restores():
+    d0, d1 = srt.Device("cpu:0"), srt.Device("cpu:1")
+    d0.set_current()
+    assert srt.Device() is d0 and srt.current_device() is d0
+    with d1:
+        assert srt.current_device() is d1
+        with d0:
+            assert srt.current_device() is d0
+        assert srt.current_device() is d1
+    assert srt.current_device() is d0
+
+
+def test_device_current_is_per_thread():
+    srt.Device("cpu:0").set_current()
+    seen = []
+
+    def other():
+        srt.Device("cpu:1").set_current()
+        seen.append(srt.current_device())
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    assert seen == [srt.Device("cpu:1")]
+    assert srt.current_device() is srt.Device("cpu:0")
+
+
+@pytest.mark.parametrize("spec", ["gpu:0", "cpu:x", "cpu:99", "cpu:-1"])
+def test_device_bad_spec(spec):
+    with pytest.raises(srt.InvalidDeviceError):
+        srt.Device(spec)
+
+
+def test_device_bad_spec_type():
+    with pytest.raises(srt.InvalidTypeError):
+        srt.Device(1.5)
+
+
+def test_device_count():
+    assert srt.device_count() == 2
+    assert srt.device_count("cpu") == 2
+    with pytest.raises(srt.InvalidDeviceError):
+        srt.device_count("tpu")
+
+
+def test_device_cuda_unavailable_is_clear():
+    # no GPU here: zero devices and a clear BackendUnavailableError naming what is missing
+    try:
+        import cuda.bindings  # noqa: F401
+    except ImportError:
+        assert srt.device_count("cuda") == 0
+        with pytest.raises(srt.BackendUnavailableError, match="cuda-bindings"):
+            srt.Device("cuda:0")
+    else:  # pragma: no cover - only on machines with cuda-bindings
+        pytest.skip("cuda-bindings installed: covered by the cuda tests")
+
+
+def test_device_import_does_not_import_cuda():
+    code = "import sys, streamrt; print(any(m.startswith('cuda') for m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_device_env_switches():
+    code = (
+        "import streamrt as srt; d = srt.Device('cpu:3'); "
+        "print(srt.device_count(), d.memory_info()[1])"
+    )
+    env = dict(os.environ, STREAMRT_CPU_DEVICES="4", STREAMRT_CPU_MEMORY=str(64 << 20))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         check=True)
+    assert out.stdout.split() == ["4", str(64 << 20)]
+
+
+def test_device_memory_info_tracks_allocations():
+    d = srt.Device("cpu:1")
+    free0, total = d.memory_info()
+    p = srt.malloc(1 << 20, device=d)
+    free1, total1 = d.memory_info()
+    assert total1 == total and free0 - free1 == 1 << 20
+    srt.free(p)
+    assert d.memory_info()[0] == free0
+
+
+def test_device_capacity_enforced():
+    code = (
+        "import streamrt as srt\n"
+        "p = srt.malloc(40 << 20)\n"
+        "try:\n    srt.malloc(40 << 20)\nexcept srt.OutOfMemoryError as e:\n    print('oom', e)\n"
+        "srt.free(p); q = srt.malloc(40 << 20); print('ok')\n"
+    )
+    env = dict(os.environ, STREAMRT_CPU_MEMORY=str(64 << 20))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         check=True)
+    assert out.stdout.startswith("oom") and out.stdout.strip().endswith("ok")
+
+
+def test_device_synchronize_waits_for_every_stream(gate):
+    d = srt.Device("cpu:0")
+    s1, s2 = srt.Stream(d, non_blocking=True), srt.Stream(d, non_blocking=True)
+    seen = []
+    g = gate(s1)
+    s1.launch_host_func(seen.append, 1)
+    s2.launch_host_func(seen.append, 2)
+    threading.Timer(0.01, g.open).start()  # opened from elsewhere; synchronize must wait for it
+    d.synchronize()
+    assert sorted(seen) == [1, 2]
+    assert s1.query() and s2.query()
+
+
+def test_device_reset_destroys_everything():
+    d = srt.Device("cpu:1")
+    s = srt.Stream(d)
+    p = srt.malloc(4096, device=d)
+    q = s.malloc(4096)
+    pool = srt.MemPool(d)
+    e = s.record()
+    d.reset()
+    assert d.memory_info()[0] == d.memory_info()[1]  # every byte back
+    with pytest.raises(srt.InvalidHandleError):
+        s.launch_host_func(print)
+    with pytest.raises(srt.InvalidHandleError):
+        pool.trim_to(0)
+    with pytest.raises(srt.InvalidAddressError):
+        srt.read(p, (1,), np.uint8)
+    with pytest.raises(srt.InvalidAddressError):
+        srt.free(q)
+    assert e.query()
+    # the device stays usable
+    s2 = srt.Stream(d)
+    r = s2.malloc(64)
+    s2.memset(r, 7, 64)
+    s2.synchronize()
+    assert srt.read(r, (64,), np.uint8).tolist() == [7] * 64
+    s2.free(r)
+    d.default_stream.synchronize()

@@ -1,0 +1,128 @@
+"""Events: record, wait, query, synchronize, elapsed time, and their errors."""
+
+from __future__ import annotations
+
+import pytest
+
+import streamrt as srt
+
+
+@pytest.fixture
+def s(dev):
+    return srt.Stream(dev, non_blocking=True)
+
+
+def test_event_unrecorded_is_complete(dev):
+    e = srt.Event(dev)
+    assert e.query()
+    e.synchronize()  # returns at once
+
+
+def test_event_query_and_synchronize(s, gate):
+    g = gate(s)
+    ran = []
+    s.launch_host_func(ran.append, 1)
+    e = s.record()
+    assert isinstance(e, srt.Event) and not e.query()
+    g.open()
+    e.synchronize()
+    assert e.query() and ran == [1]
+
+
+def test_event_record_marks_only_earlier_work(s, gate):
+    e = s.record()
+    g = gate(s)  # enqueued after the record
+    assert e.query()
+    e.synchronize()  # must not wait for the gate
+    g.open()
+
+
+def test_event_rerecord_moves_the_marker(s, gate):
+    e = srt.Event(s.device)
+    s.record(e)
+    assert e.query()
+    g = gate(s)
+    s.record(e)
+    assert not e.query()
+    g.open()
+    e.synchronize()
+    assert e.query()
+
+
+def test_event_wait_snapshot_at_call_time(dev, gate):
+    # cudaStreamWaitEvent uses the record current at the call; a later re-record does not matter
+    a, b = srt.Stream(dev, non_blocking=True), srt.Stream(dev, non_blocking=True)
+    e = a.record()
+    b.wait(e)
+    g = gate(a)
+    a.record(e)
+    b.launch_host_func(list)
+    b.synchronize()  # would hang on the gate if the wait followed the re-record
+    g.open()
+
+
+def test_event_elapsed_time(s):
+    start, stop = srt.Event(s.device, timing=True), srt.Event(s.device, timing=True)
+    s.record(start)
+    s.launch_host_func(sum, range(10000))
+    s.record(stop)
+    stop.synchronize()
+    ms = start.elapsed_time(stop)
+    assert isinstance(ms, float) and ms >= 0.0
+    assert stop.elapsed_time(start) == pytest.approx(-ms)
+
+
+def test_event_elapsed_time_errors(s, gate):
+    timing = srt.Event(s.device, timing=True)
+    plain = srt.Event(s.device)
+    s.record(timing)
+    s.record(plain)
+    s.synchronize()
+    with pytest.raises(srt.InvalidHandleError, match="timing"):
+        timing.elapsed_time(plain)  # non-timing event
+    with pytest.raises(srt.InvalidHandleError, match="recorded"):
+        timing.elapsed_time(srt.Event(s.device, timing=True))  # never recorded
+    g = gate(s)
+    late = s.record(srt.Event(s.device, timing=True))
+    with pytest.raises(srt.NotReadyError):
+        timing.elapsed_time(late)
+    g.open()
+    late.synchronize()
+    assert timing.elapsed_time(late) >= 0
+    with pytest.raises(srt.InvalidTypeError):
+        timing.elapsed_time(None)
+
+
+def test_event_other_device_and_bad_types(dev):
+    s = srt.Stream(dev, non_blocking=True)
+    e1 = srt.Event("cpu:1")
+    with pytest.raises(srt.InvalidHandleError):
+        s.record(e1)
+    with pytest.raises(srt.InvalidTypeError):
+        s.record("e")
+    with pytest.raises(srt.InvalidTypeError):
+        srt.Event(dev, timing="yes")
+
+
+def test_event_cross_device_wait(gate):
+    a = srt.Stream("cpu:0", non_blocking=True)
+    b = srt.Stream("cpu:1", non_blocking=True)
+    g = gate(a)
+    e = a.record()
+    b.wait(e)  # waiting on another device's event is allowed, as in CUDA
+    ran = []
+    b.launch_host_func(ran.append, 1)
+    assert not b.query()
+    g.open()
+    b.synchronize()
+    assert ran == [1]
+
+
+def test_event_destroy(dev):
+    e = srt.Event(dev)
+    e.destroy()
+    for call in (e.query, e.synchronize, e.destroy):
+        with pytest.raises(srt.InvalidHandleError):
+            call()
+    with pytest.raises(srt.InvalidHandleError):
+        srt.Stream(dev).record(e)
