@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import errors
+from . import errors, ops
 from .blocking import free, free_host, malloc, malloc_host, memcpy, memset, read, write
 from .device import Device, current_device, device_count
 from .errors import (
@@ -32,9 +32,22 @@ from .errors import (
     SanitizerError,
     StreamRTError,
 )
+from .graph import (
+    CaptureInfo,
+    CaptureMode,
+    CaptureStatus,
+    Graph,
+    GraphExec,
+    GraphExecUpdateResult,
+    Node,
+    NodeType,
+    exchange_capture_mode,
+    graph_capture,
+)
 from .kernel import Dim3, Kernel, KernelContext, kernel
 from .memory import MemPool, MemPoolAttr
 from .stream import Event, Stream, current_stream
+from .tensor import Tensor, TensorDesc
 
 __version__ = "0.1.0"
 
@@ -48,6 +61,11 @@ __all__ = [
     # memory
     "malloc", "free", "malloc_host", "free_host", "memcpy", "memset", "read", "write",
     "MemPool", "MemPoolAttr",
+    # tensors and two-phase operators
+    "Tensor", "TensorDesc", "ops",
+    # graphs
+    "Graph", "Node", "NodeType", "GraphExec", "GraphExecUpdateResult", "CaptureMode",
+    "CaptureStatus", "CaptureInfo", "graph_capture", "exchange_capture_mode",
     # errors
     "StreamRTError", "InvalidValueError", "InvalidTypeError", "InvalidDeviceError",
     "InvalidAddressError", "InvalidHandleError", "OutOfMemoryError", "NotReadyError",

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from bisect import bisect_right
 from collections import deque
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
@@ -173,6 +174,10 @@ def _pick(lst: list[_Block], ok: Callable[[_Block], bool] | None) -> _Block | No
         if ok(b):
             return b
     return None
+
+
+def _entry_pos(entry: tuple[int, _Block]) -> int:
+    return entry[0]
 
 
 def _round(n: int) -> int:
@@ -350,8 +355,14 @@ class MemPool:
         if stream._capture is not None:
             return stream._capture.add_mem_alloc(stream, self, nbytes)
         size = _round(nbytes)
+        if not stream.non_blocking:
+            # The allocation is a stream operation, as the free is (see ``_free``): legacy
+            # default-stream ordering applies before it. Without this, a block freed on the other
+            # side of the implicit barrier looked unordered (clock not yet merged) and the pool
+            # grew instead of reusing it by the event-dependency rule (DESIGN.md §2, §3 step 3).
+            stream._implicit()
         with self._lock:
-            block = self._find(stream, size)
+            block = self._find(stream, size, nbytes)
             if block.size - size >= ALIGN:
                 self._split(block, size)
             block.live = True
@@ -363,7 +374,7 @@ class MemPool:
             self._stats["alloc_count"] += 1
         return block.addr
 
-    def _find(self, a: Stream, size: int) -> _Block:
+    def _find(self, a: Stream, size: int, requested: int) -> _Block:
         st = self._stats
         own = self._pending.get(a.id)
         if own is not None:
@@ -380,7 +391,7 @@ class MemPool:
         others = [(sid, fl) for sid, fl in self._pending.items() if sid != a.id and fl.count]
         if others and self._follow_events:
             clock = a._clock
-            b = self._best_of(others, size, lambda sid: clock.get(sid, 0))
+            b = self._best_of(others, size, lambda sid: 10**9)
             if b is not None:
                 st["reuse_event_dependency"] += 1
                 return b
@@ -404,7 +415,8 @@ class MemPool:
         limit = f"max_size {self.max_size}" if self.max_size else "no pool limit"
         free, total = self.device.memory_info()
         raise OutOfMemoryError(
-            f"{self.device.name}: stream-ordered allocation of {size} bytes failed: pool reserves "
+            f"{self.device.name}: stream-ordered allocation of {requested} bytes ({size} after "
+            f"rounding to {ALIGN}) failed: pool reserves "
             f"{self._reserved} bytes ({self._used} used), {limit}; device has {free} of {total} "
             "bytes free"
         )
@@ -424,10 +436,7 @@ class MemPool:
         return best
 
     def _grow(self, size: int) -> _Block | None:
-        if size <= SMALL_REQUEST:
-            chunk = SMALL_CHUNK
-        else:
-            chunk = (size + GRANULE - 1) // GRANULE * GRANULE
+        chunk = SMALL_CHUNK if size <= SMALL_REQUEST else (size + GRANULE - 1) // GRANULE * GRANULE
         if self.max_size and self._reserved + chunk > self.max_size:
             chunk = size  # the granule does not fit under the limit; the request itself may
             if self._reserved + chunk > self.max_size:
@@ -472,7 +481,15 @@ class MemPool:
                 self._fifo[sid] = deque()
                 self._pstream[sid] = b.stream
             fl.add(b)
-            self._fifo[sid].append((b.pos, b))
+            fifo = self._fifo[sid]
+            if fifo and fifo[-1][0] > b.pos:
+                # A split remainder keeps its block's older free position. ``_on_sync`` stops at
+                # the first unproven entry, so the FIFO must stay sorted by position, or a
+                # remainder queued behind a later free is never promoted by a synchronize that
+                # proved it (DESIGN.md §3 step 2). Rare: only splits queue out of order.
+                fifo.insert(bisect_right(fifo, b.pos, key=_entry_pos), (b.pos, b))
+            else:
+                fifo.append((b.pos, b))
 
     def _remove_free(self, b: _Block) -> None:
         if b.stream is None:

@@ -36,7 +36,9 @@ from .errors import (
     NotReadyError,
     StreamRTError,
 )
+from .hooks import sync_listeners
 from .kernel import Kernel, KernelContext, dim3
+from .memory import MemPool, find_pool, pool_of
 
 __all__ = ["Stream", "Event", "current_stream"]
 
@@ -46,9 +48,8 @@ _tls = threading.local()
 _launch_blocking = os.environ.get("STREAMRT_LAUNCH_BLOCKING", "") not in ("", "0")
 # True when any process-wide switch (launch blocking, sanitizer, trace) needs the slow path
 _global_slow = _launch_blocking
+_capturing = False  # set once any capture has begun: enables the legacy-stream capture check
 
-# Called as ``fn(device)`` after every host synchronize (pools apply their release threshold).
-sync_listeners: list[Callable[[Device], None]] = []
 
 
 def set_launch_blocking(on: bool) -> bool:
@@ -72,6 +73,8 @@ def launch_blocking() -> bool:
 
 def check_size(nbytes: Any, what: str = "nbytes") -> int:
     """Validate a byte count: a non-negative int."""
+    if type(nbytes) is int and nbytes >= 0:  # the common case, cheaply
+        return nbytes
     if not isinstance(nbytes, int | np.integer) or isinstance(nbytes, bool):
         raise InvalidTypeError(f"{what} must be an int, not {type(nbytes).__name__}")
     if nbytes < 0:
@@ -81,6 +84,8 @@ def check_size(nbytes: Any, what: str = "nbytes") -> int:
 
 def check_ptr(ptr: Any, what: str = "pointer") -> int:
     """Validate a device pointer: an int."""
+    if type(ptr) is int:
+        return ptr
     if not isinstance(ptr, int | np.integer) or isinstance(ptr, bool):
         raise InvalidTypeError(f"{what} must be an int device pointer, not {type(ptr).__name__}")
     return int(ptr)
@@ -199,6 +204,10 @@ class Stream:
         """Legacy default stream semantics: order with the other side before a new operation."""
         dev = self.device
         if self._legacy:
+            if _capturing:
+                from .graph.capture import check_legacy
+
+                check_legacy(self)
             for b in list(dev._blocking):
                 if b._pos > self._clock.get(b.id, 0):
                     self._order_after(b, b._pos, b._snapshot())
@@ -305,8 +314,6 @@ class Stream:
 
     def malloc(self, nbytes: int, pool: Any = None) -> int:
         """Stream-ordered allocation from ``pool`` (default: the device's current pool)."""
-        from .memory import MemPool
-
         if pool is None:
             pool = self.device.mem_pool
         elif not isinstance(pool, MemPool):
@@ -316,11 +323,15 @@ class Stream:
 
     def free(self, ptr: int) -> None:
         """Stream-ordered free (``cudaFreeAsync``): the block returns to its pool after prior work."""
-        from .memory import pool_of
-
         self._check_alive()
         ptr = check_ptr(ptr)
-        pool_of(ptr)._free(self, ptr)
+        if self._capture is not None:
+            return self._capture.add_mem_free(self, ptr)
+        pool = find_pool(ptr)
+        if pool is None and graph_memory.find(ptr) is not None:
+            graph_memory.free_outside(ptr)  # graph memory, freed outside the graph
+            return
+        (pool or pool_of(ptr))._free(self, ptr)
 
     def record(self, event: Event | None = None) -> Event:
         """Record ``event`` (a new one if None) at the current tail (``cudaEventRecord``)."""
@@ -364,6 +375,39 @@ class Stream:
         if self._clock.get(other.id, 0) >= event._pos:
             return  # already ordered: no new dependency needed
         self._order_after(other, event._pos, event._clock)
+
+    # -- capture -------------------------------------------------------------------------------
+    def begin_capture(self, mode: Any = None) -> None:
+        """Start capturing this stream into a graph (``cudaStreamBeginCapture``)."""
+        from .graph import capture
+
+        global _capturing
+        capture.begin(self, capture.CaptureMode.GLOBAL if mode is None else mode)
+        _capturing = True
+
+    def end_capture(self) -> Any:
+        """End the capture begun on this stream and return its graph (``cudaStreamEndCapture``)."""
+        from .graph import capture
+
+        return capture.end(self)
+
+    def is_capturing(self) -> bool:
+        """True while the stream takes part in an active capture (``cudaStreamIsCapturing``)."""
+        from .graph.capture import CaptureStatus
+
+        return self._capture is not None and self._capture.status is CaptureStatus.ACTIVE
+
+    def capture_info(self) -> Any:
+        """Status, id, graph and current dependencies of the capture (``cudaStreamGetCaptureInfo``)."""
+        from .graph import capture
+
+        return capture.info(self)
+
+    def update_capture_dependencies(self, nodes: Any, *, replace: bool = False) -> None:
+        """Add (or, with ``replace``, set) the capture dependencies of this stream."""
+        from .graph import capture
+
+        capture.update_dependencies(self, nodes, replace)
 
     # -- host synchronization ----------------------------------------------------------------
     def synchronize(self) -> None:
@@ -511,7 +555,7 @@ class Event:
 
     __slots__ = (
         "device", "timing", "_stream", "_pos", "_clock", "_stamp", "_destroyed", "_capture",
-        "__weakref__",
+        "_nodes", "__weakref__",
     )
 
     def __init__(self, device: Any = None, *, timing: bool = False) -> None:
@@ -524,7 +568,8 @@ class Event:
         self._clock: dict[int, int] = {}
         self._stamp: list | None = None
         self._destroyed = False
-        self._capture = None
+        self._capture = None  # the capture that recorded it, while that capture lasts
+        self._nodes: tuple = ()  # captured node set
         self.device._events.add(self)
 
     def __repr__(self) -> str:
@@ -585,3 +630,7 @@ class Event:
         self._check_alive()
         self._destroyed = True
         self.device._events.discard(self)
+
+
+# graph/ imports this module: bind it once this module is fully defined
+from .graph import memory as graph_memory  # noqa: E402

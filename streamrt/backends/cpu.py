@@ -82,13 +82,15 @@ class Allocation:
     :class:`InvalidAddressError` unless the range lies in one live block.
     """
 
-    __slots__ = ("base", "size", "buf", "device", "sub")
+    __slots__ = ("base", "size", "buf", "device", "sub", "virtual")
 
-    def __init__(self, base: int, size: int, device: int) -> None:
+    def __init__(self, base: int, size: int, device: int, *, virtual: bool = False) -> None:
         self.base = base
         self.size = size
         self.device = device
-        self.buf = np.zeros(size, np.uint8)
+        # a virtual range (graph memory) has no backing until an executable graph maps it
+        self.virtual = virtual
+        self.buf: np.ndarray | None = None if virtual else np.zeros(size, np.uint8)
         self.sub: Callable[[int, int], None] | None = None
 
     @property
@@ -106,15 +108,37 @@ class AddressSpace:
         self._views: dict[tuple, np.ndarray] = {}
         self._last: dict[int, tuple] = {}  # ptr -> (shape, dtype, readonly, view) last made
 
-    def allocate(self, device: int, nbytes: int) -> Allocation:
+    def allocate(self, device: int, nbytes: int, *, virtual: bool = False) -> Allocation:
         size = _round_up(max(nbytes, 1))
         with self._lock:
             start = (0x7F << 40) if device == HOST_DEVICE else (device + 1) << 40
             base = self._next.get(device, start)
             self._next[device] = base + size + _GUARD
-            alloc = Allocation(base, size, device)
+            alloc = Allocation(base, size, device, virtual=virtual)
             self._allocs[base] = alloc
         return alloc
+
+    def reserve(self, device: int, nbytes: int) -> Allocation:
+        """Reserve a virtual range with no backing (graph memory)."""
+        return self.allocate(device, nbytes, virtual=True)
+
+    def unreserve(self, ptr: int) -> None:
+        """Drop a virtual range (its graph allocation is gone)."""
+        with self._lock:
+            alloc = self._allocs.get(ptr)
+            if alloc is not None and alloc.virtual:
+                del self._allocs[ptr]
+                self._views.clear()
+                self._last.clear()
+
+    def map_reserved(self, ptr: int, buf: np.ndarray | None) -> None:
+        """Back a virtual range with ``buf`` (or unmap it with None)."""
+        with self._lock:
+            alloc = self._allocs[ptr]
+            assert alloc.virtual and (buf is None or buf.size == alloc.size)
+            alloc.buf = buf
+            self._views.clear()
+            self._last.clear()
 
     def release(self, ptr: int) -> Allocation:
         with self._lock:
@@ -154,6 +178,11 @@ class AddressSpace:
         if alloc is None:
             raise InvalidAddressError(f"{_hex(ptr)} is not inside any live allocation")
         off = ptr - alloc.base
+        if alloc.buf is None:
+            raise InvalidAddressError(
+                f"{_hex(ptr)} is graph memory that no live executable graph maps (instantiate "
+                "the graph, or keep its exec alive)"
+            )
         if nbytes < 0 or off + nbytes > alloc.size:
             raise InvalidAddressError(
                 f"range {_hex(ptr)}+{nbytes} leaves its allocation "
@@ -193,8 +222,10 @@ class AddressSpace:
         return view
 
     def allocations(self, device: int | None = None) -> list[Allocation]:
+        """Backed allocations (not virtual ranges), of one device or all."""
         with self._lock:
-            return [a for a in self._allocs.values() if device is None or a.device == device]
+            return [a for a in self._allocs.values()
+                    if not a.virtual and (device is None or a.device == device)]
 
 
 def _hex(ptr: Any) -> str:
@@ -350,7 +381,7 @@ class CpuDevice(DeviceImpl):
 
     def free(self, ptr: int) -> None:
         alloc = SPACE.get(ptr)
-        if alloc is None or alloc.device != self.index:
+        if alloc is None or alloc.device != self.index or alloc.virtual:
             raise InvalidAddressError(
                 f"free of {_hex(ptr)}: not the start of a live allocation on cpu:{self.index}"
             )
@@ -363,7 +394,7 @@ class CpuDevice(DeviceImpl):
 
     def owns(self, ptr: int) -> bool:
         alloc = SPACE.get(ptr)
-        return alloc is not None and alloc.device == self.index
+        return alloc is not None and alloc.device == self.index and not alloc.virtual
 
     def free_all(self) -> None:
         for alloc in SPACE.allocations(self.index):

@@ -1,13 +1,367 @@
-"""Stream capture state machine (DESIGN.md §5)."""
+"""Stream capture (DESIGN.md §5): the capture state machine, mode gating, and its errors.
+
+State and invariants:
+- A :class:`Capture` is begun on an origin stream by one thread, with a mode. Every stream
+  that joined it (the origin, and any stream that waited on one of its captured events) has
+  ``stream._capture`` set to it, and ``deps[stream]``: the node set the stream's next captured
+  operation depends on. Enqueues on a capturing stream add nodes instead of running.
+- A ``record`` on a capturing stream makes a captured event: the stream's current node set.
+  Waiting on it from an idle stream forks (the stream joins); from a stream of the same capture
+  joins (node sets merge); from another capture is a merge error; a capturing stream waiting
+  on uncaptured work is an isolation error.
+- Status is ACTIVE until a violation invalidates it; an invalidated capture refuses further
+  work and ``end_capture`` raises. Ending (successfully or not) makes every joined stream leave
+  the capture and forgets the captured events.
+- Unsafe synchronous calls are gated by the calling thread's interaction mode (default GLOBAL,
+  see :func:`exchange_capture_mode`): GLOBAL is refused if this thread has a non-relaxed capture
+  or any thread has a GLOBAL capture; THREAD_LOCAL only if this thread has a non-relaxed
+  capture; RELAXED never.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import itertools
+import threading
+from enum import Enum
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from ..errors import (
+    CapturedEventError,
+    CaptureImplicitError,
+    CaptureInvalidatedError,
+    CaptureIsolationError,
+    CaptureMergeError,
+    CaptureUnjoinedError,
+    CaptureUnmatchedError,
+    CaptureUnsupportedError,
+    CaptureWrongThreadError,
+    IllegalStateError,
+    InvalidTypeError,
+    InvalidValueError,
+)
+
+if TYPE_CHECKING:
+    from ..device import Device
+    from ..stream import Event, Stream
+    from .graph import Graph
+    from .node import Node
 
 
-def check_device_sync(device: Any) -> None:
-    """Refuse a device synchronize while one of its streams captures."""
+class CaptureMode(Enum):
+    """``cudaStreamCaptureMode``."""
+
+    GLOBAL = 0
+    THREAD_LOCAL = 1
+    RELAXED = 2
+
+
+class CaptureStatus(Enum):
+    """``cudaStreamCaptureStatus``."""
+
+    NONE = 0
+    ACTIVE = 1
+    INVALIDATED = 2
+
+
+class CaptureInfo(NamedTuple):
+    """``cudaStreamGetCaptureInfo``: status, id, the graph being built, the stream's dependencies."""
+
+    status: CaptureStatus
+    capture_id: int
+    graph: Graph | None
+    dependencies: tuple[Node, ...]
+
+
+_ids = itertools.count(1)
+_active: set[Capture] = set()
+_lock = threading.Lock()
+_tls = threading.local()
+
+
+class Capture:
+    """One capture sequence."""
+
+    def __init__(self, origin: Stream, mode: CaptureMode) -> None:
+        from .graph import Graph
+
+        self.id = next(_ids)
+        self.origin = origin
+        self.mode = mode
+        self.thread = threading.get_ident()
+        self.graph = Graph()
+        self.status = CaptureStatus.ACTIVE
+        self.deps: dict[Stream, tuple[Node, ...]] = {origin: ()}
+        self.events: list[Event] = []
+        self.reason = ""
+
+    def __repr__(self) -> str:
+        return f"<Capture #{self.id} {self.mode.name} {self.status.name} on {self.origin!r}>"
+
+    # -- state ------------------------------------------------------------------------------
+    def invalidate(self, reason: str) -> None:
+        if self.status is CaptureStatus.ACTIVE:
+            self.status = CaptureStatus.INVALIDATED
+            self.reason = reason
+
+    def join(self, stream: Stream, deps: tuple[Node, ...]) -> None:
+        self.deps[stream] = deps
+        stream._capture = self
+        stream._refresh()
+
+    def finish(self) -> None:
+        """Every joined stream leaves the capture; captured events are forgotten."""
+        with _lock:
+            _active.discard(self)
+        for s in self.deps:
+            s._capture = None
+            s._refresh()
+        for e in self.events:
+            if e._capture is self:
+                e._capture = None
+                e._nodes = ()
+        self.status = CaptureStatus.NONE
+
+    # -- capturing work ---------------------------------------------------------------------
+    def add(self, stream: Stream, type: Any, params: dict[str, Any]) -> Node:
+        if self.status is CaptureStatus.INVALIDATED:
+            raise CaptureInvalidatedError(f"{self!r} was invalidated: {self.reason}")
+        node = self.graph._add(type, params, self.deps[stream])
+        self.deps[stream] = (node,)
+        return node
+
+    def add_kernel(self, stream: Stream, kernel: Any, args: tuple, grid: Any, block: Any) -> None:
+        from .node import NodeType
+
+        self.add(stream, NodeType.KERNEL, {"kernel": kernel, "args": tuple(args), "grid": grid,
+                                           "block": block, "device": stream.device})
+
+    def add_memcpy(self, stream: Stream, dst: Any, src: Any, nbytes: int) -> None:
+        from .graph import memcpy_params
+        from .node import NodeType
+
+        self.add(stream, NodeType.MEMCPY, memcpy_params(dst, src, nbytes))
+
+    def add_memset(self, stream: Stream, ptr: int, value: int, nbytes: int) -> None:
+        from .node import NodeType
+
+        self.add(stream, NodeType.MEMSET, {"ptr": ptr, "value": value, "nbytes": nbytes})
+
+    def add_host(self, stream: Stream, fn: Any, args: tuple) -> None:
+        from .node import NodeType
+
+        self.add(stream, NodeType.HOST, {"fn": fn, "args": tuple(args)})
+
+    def add_mem_alloc(self, stream: Stream, pool: Any, nbytes: int) -> int:
+        from .memory import GraphAlloc
+        from .node import NodeType
+
+        if self.status is CaptureStatus.INVALIDATED:
+            raise CaptureInvalidatedError(f"{self!r} was invalidated: {self.reason}")
+        alloc = GraphAlloc(stream.device, nbytes)
+        self.add(stream, NodeType.MEM_ALLOC, {"nbytes": nbytes, "ptr": alloc.ptr, "alloc": alloc})
+        return alloc.ptr
+
+    def add_mem_free(self, stream: Stream, ptr: int) -> None:
+        from . import memory
+        from .node import NodeType
+
+        alloc = memory.find(ptr)
+        if alloc is None:
+            raise InvalidValueError(
+                f"{hex(ptr)} was not allocated by a graph: memory allocated outside the capture "
+                "cannot be freed inside it"
+            )
+        self.add(stream, NodeType.MEM_FREE, {"ptr": ptr, "alloc": alloc})
+
+    def add_graph(self, stream: Stream, graph: Graph) -> None:
+        from .node import NodeType
+
+        # the same rule as Graph.add_child_graph_node: graph memory cannot live in a child graph
+        # (the outer exec would neither map it nor check its relaunch rules)
+        if any(n.type in (NodeType.MEM_ALLOC, NodeType.MEM_FREE) for n in graph._walk()):
+            raise InvalidValueError(
+                "an executable graph with memory allocation or free nodes cannot be launched into "
+                "a capture (it would become a child graph)"
+            )
+        self.add(stream, NodeType.GRAPH, {"graph": graph.clone()})
+
+    def record(self, stream: Stream, event: Event) -> Event:
+        if self.status is CaptureStatus.INVALIDATED:
+            raise CaptureInvalidatedError(f"{self!r} was invalidated: {self.reason}")
+        event._capture = self
+        event._nodes = self.deps[stream]
+        self.events.append(event)
+        return event
+
+
+# -- stream entry points ---------------------------------------------------------------------
+def begin(stream: Stream, mode: Any) -> None:
+    """``cudaStreamBeginCapture``."""
+    if not isinstance(mode, CaptureMode):
+        raise InvalidTypeError(f"mode must be a srt.CaptureMode, not {mode!r}")
+    stream._check_alive()
+    if stream._legacy:
+        raise CaptureUnsupportedError("the legacy default stream cannot be captured; use a Stream")
+    if stream._capture is not None:
+        raise IllegalStateError(f"{stream!r} is already capturing ({stream._capture!r})")
+    cap = Capture(stream, mode)
+    with _lock:
+        _active.add(cap)
+    stream._capture = cap
+    stream._refresh()
+
+
+def end(stream: Stream) -> Graph:
+    """``cudaStreamEndCapture``: the graph, or the error that ended the capture."""
+    cap = stream._capture
+    if cap is None:
+        raise IllegalStateError(f"{stream!r} is not capturing")
+    if stream is not cap.origin:
+        cap.invalidate(f"end_capture called on {stream!r}, which did not begin the capture")
+        raise CaptureUnmatchedError(
+            f"{stream!r} joined {cap!r} but did not begin it; end the capture on {cap.origin!r}"
+        )
+    if cap.mode is not CaptureMode.RELAXED and threading.get_ident() != cap.thread:
+        raise CaptureWrongThreadError(
+            f"{cap!r} was begun by another thread; a {cap.mode.name} capture must be ended by it"
+        )
+    if cap.status is CaptureStatus.INVALIDATED:
+        cap.finish()
+        raise CaptureInvalidatedError(f"capture invalidated: {cap.reason}")
+    unjoined = _unjoined(cap)
+    cap.finish()
+    if unjoined:
+        raise CaptureUnjoinedError(
+            f"{len(unjoined)} captured node(s) are not joined back into the origin stream, e.g. "
+            f"{unjoined[0]!r}: make the origin wait on an event recorded after them"
+        )
+    return cap.graph
+
+
+def _unjoined(cap: Capture) -> list[Node]:
+    seen: set[int] = set()
+    stack = list(cap.deps[cap.origin])
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        stack.extend(n._deps)
+    return [n for n in cap.graph._nodes if id(n) not in seen]
+
+
+def info(stream: Stream) -> CaptureInfo:
+    """``cudaStreamGetCaptureInfo``."""
+    cap = stream._capture
+    if cap is None:
+        return CaptureInfo(CaptureStatus.NONE, 0, None, ())
+    return CaptureInfo(cap.status, cap.id, cap.graph, tuple(cap.deps[stream]))
+
+
+def update_dependencies(stream: Stream, nodes: Any, replace: bool) -> None:
+    """``cudaStreamUpdateCaptureDependencies``: add (or set) the stream's dependency set."""
+    cap = stream._capture
+    if cap is None:
+        raise IllegalStateError(f"{stream!r} is not capturing")
+    if cap.status is CaptureStatus.INVALIDATED:
+        raise CaptureInvalidatedError(f"{cap!r} was invalidated: {cap.reason}")
+    new = cap.graph._as_nodes(nodes, "nodes")
+    base = () if replace else cap.deps[stream]
+    cap.deps[stream] = tuple(dict.fromkeys((*base, *new)))
+
+
+def capture_wait(stream: Stream, event: Event) -> None:
+    """``s.wait(event)`` when the stream or the event takes part in a capture."""
+    cs, ce = stream._capture, event._capture
+    if ce is None:  # uncaptured (or never recorded) event
+        if event._stream is None:
+            return
+        assert cs is not None
+        cs.invalidate(f"{stream!r} waited on work recorded outside the capture")
+        raise CaptureIsolationError(
+            f"capturing {stream!r} cannot wait on {event!r}, recorded outside the capture"
+        )
+    if cs is None:  # fork: the stream joins the event's capture
+        if ce.status is CaptureStatus.INVALIDATED:
+            raise CaptureInvalidatedError(f"{ce!r} was invalidated: {ce.reason}")
+        if stream._legacy:
+            ce.invalidate("the legacy default stream tried to join the capture")
+            raise CaptureImplicitError("the legacy default stream cannot join a capture")
+        ce.join(stream, event._nodes)
+        return
+    if cs is ce:  # join within the capture
+        cs.deps[stream] = tuple(dict.fromkeys((*cs.deps[stream], *event._nodes)))
+        return
+    cs.invalidate(f"{stream!r} waited on an event of {ce!r}")
+    ce.invalidate(f"an event of it was waited on by {cs!r}")
+    raise CaptureMergeError(f"{stream!r} ({cs!r}) cannot wait on an event captured by {ce!r}")
+
+
+def illegal_sync(stream: Stream, what: str) -> None:
+    """A synchronize or query of a capturing stream: invalidates the capture."""
+    cap = stream._capture
+    cap.invalidate(f"{what} of capturing {stream!r}")
+    raise CaptureUnsupportedError(f"{what} of {stream!r} is not permitted while it is capturing")
+
+
+def illegal_event_use(event: Event, what: str) -> None:
+    """A synchronize or query of a captured event: invalidates its capture."""
+    cap = event._capture
+    cap.invalidate(f"{what} of captured {event!r}")
+    raise CapturedEventError(f"{what} of {event!r} is not permitted: it was recorded in {cap!r}")
+
+
+def check_device_sync(device: Device) -> None:
+    """A device synchronize while one of its streams captures: refused, captures invalidated."""
+    if not _active:
+        return
+    hit = [c for c in list(_active) if any(s.device is device for s in c.deps)]
+    if hit:
+        for c in hit:
+            c.invalidate(f"{device.name} was synchronized during the capture")
+        raise CaptureUnsupportedError(
+            f"synchronize of {device.name} is not permitted while {hit[0]!r} is active"
+        )
+
+
+def check_legacy(stream: Stream) -> None:
+    """Work on the legacy default stream while a blocking stream of its device captures."""
+    for b in list(stream.device._blocking):
+        cap = b._capture
+        if cap is not None:
+            cap.invalidate(f"the legacy default stream was used while {b!r} captures")
+            raise CaptureImplicitError(
+                f"the legacy default stream of {stream.device.name} would implicitly synchronize "
+                f"with capturing {b!r}; use non-blocking streams"
+            )
+
+
+def exchange_capture_mode(mode: CaptureMode) -> CaptureMode:
+    """Set this thread's interaction mode for unsafe calls (``cudaThreadExchangeStreamCaptureMode``)."""
+    if not isinstance(mode, CaptureMode):
+        raise InvalidTypeError(f"mode must be a srt.CaptureMode, not {mode!r}")
+    prev = getattr(_tls, "mode", CaptureMode.GLOBAL)
+    _tls.mode = mode
+    return prev
 
 
 def check_unsafe(what: str) -> None:
-    """Gate the mode-dependent ("unsafe") synchronous calls during capture."""
+    """Gate a potentially unsafe synchronous call (``srt.malloc``, ``srt.memcpy``...) by mode."""
+    if not _active:
+        return
+    mode = getattr(_tls, "mode", CaptureMode.GLOBAL)
+    if mode is CaptureMode.RELAXED:
+        return
+    me = threading.get_ident()
+    with _lock:
+        caps = list(_active)
+    culprits = [c for c in caps if c.thread == me and c.mode is not CaptureMode.RELAXED]
+    if mode is CaptureMode.GLOBAL:
+        culprits += [c for c in caps if c.mode is CaptureMode.GLOBAL and c not in culprits]
+    if culprits:
+        for c in culprits:
+            c.invalidate(f"{what} was called during the capture")
+        raise CaptureUnsupportedError(
+            f"{what} is not permitted while {culprits[0]!r} is active (use stream-ordered calls, "
+            "a THREAD_LOCAL/RELAXED capture, or call it outside the capture)"
+        )

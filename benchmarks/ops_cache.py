@@ -1,0 +1,153 @@
+"""Host (enqueue) time of ``ops.run`` with an executor-cache hit vs without a cache; ops vs numpy.
+
+Host time: N ``ops.run`` calls enqueued while a gate kernel holds the stream, so that the worker
+does not compete for the GIL and only the host-side cost (plan or cache hit, workspace malloc and
+free, enqueue) is timed; the gate then opens and the stream drains, untimed. Target (DESIGN.md
+§6): a cache hit costs >= 3x less host time than planning every call, for every op measured.
+Also reported (no target): end to end, N ``ops.run`` with a cache plus one synchronize, against
+the plain numpy call on the same data, for a tiny and a large tensor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+import streamrt as srt
+from streamrt import ops
+
+
+@srt.kernel
+def _gate(ctx, event):
+    event.wait()
+
+
+def _best(fn: Callable[[int], float], n: int, repeat: int) -> float:
+    return min(fn(n) for _ in range(repeat)) / n * 1e6
+
+
+def _host_time(s: srt.Stream, call: Callable[[], None], n: int) -> float:
+    event = threading.Event()
+    s.launch(_gate, event)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        call()
+    dt = time.perf_counter() - t0
+    event.set()
+    s.synchronize()
+    return dt
+
+
+def _cases(s: srt.Stream, shape: tuple[int, int]) -> dict[str, tuple]:
+    rng = np.random.default_rng(0)
+
+    def up(sh):
+        return srt.Tensor.from_numpy(rng.standard_normal(sh).astype(np.float32), stream=s)
+
+    rows, cols = shape
+    x, y, out = up(shape), up((cols,)), srt.Tensor.empty(shape, np.float32, stream=s)
+    w, b, m = up((cols,)), up((cols,)), up((cols, cols))
+    r = srt.Tensor.empty((rows,), np.float32, stream=s)
+    xh, yh, wh, bh, mh = (t.numpy(s) for t in (x, y, w, b, m))
+    oh, rh = np.empty(shape, np.float32), np.empty(rows, np.float32)
+
+    def np_softmax():
+        np.subtract(xh, xh.max(1, keepdims=True), out=oh)
+        np.exp(oh, out=oh)
+        np.divide(oh, oh.sum(1, keepdims=True), out=oh)
+
+    def np_layer_norm():
+        mean = xh.mean(1, keepdims=True)
+        np.subtract(xh, mean, out=oh)
+        np.multiply(oh, 1 / np.sqrt((oh * oh).mean(1, keepdims=True) + 1e-5), out=oh)
+        np.multiply(oh, wh, out=oh)
+        np.add(oh, bh, out=oh)
+
+    return {  # name: (op, tensors, attrs, numpy equivalent)
+        "add": (ops.add, (x, y, out), {}, lambda: np.add(xh, yh, out=oh)),
+        "add alpha=2": (ops.add, (x, y, out), {"alpha": 2.0},
+                        lambda: np.add(xh, 2.0 * yh, out=oh)),
+        "reduce_sum": (ops.reduce_sum, (x, r), {"axis": 1}, lambda: np.sum(xh, 1, out=rh)),
+        "softmax": (ops.softmax, (x, out), {}, np_softmax),
+        "layer_norm": (ops.layer_norm, (x, w, b, out), {}, np_layer_norm),
+        "matmul": (ops.matmul, (x, m, out), {}, lambda: np.matmul(xh, mh, out=oh)),
+        "cumsum": (ops.cumsum, (x, out), {"axis": 1}, lambda: np.cumsum(xh, 1, out=oh)),
+    }
+
+
+def run(n: int = 2000, repeat: int = 5) -> dict:
+    """Measure host time per call (cache hit vs no cache) and end-to-end time vs numpy."""
+    s = srt.Stream(non_blocking=True)
+    res: dict = {"host": {}, "vs_numpy": {}}
+    for name, (op, tensors, attrs, _) in _cases(s, (32, 64)).items():
+        cache = ops.ExecutorCache()
+        ops.run(op, *tensors, stream=s, cache=cache, **attrs)  # the one miss
+
+        def nocache(k: int, op=op, tensors=tensors, attrs=attrs) -> float:
+            return _host_time(s, lambda: ops.run(op, *tensors, stream=s, **attrs), k)
+
+        def hit(k: int, op=op, tensors=tensors, attrs=attrs, cache=cache) -> float:
+            return _host_time(s, lambda: ops.run(op, *tensors, stream=s, cache=cache, **attrs), k)
+
+        plan_us, hit_us = _best(nocache, n, repeat), _best(hit, n, repeat)
+        res["host"][name] = {"no_cache_us": plan_us, "cache_hit_us": hit_us,
+                             "ratio": plan_us / hit_us}
+        cache.clear()
+    for label, shape, k in (("tiny", (4, 8), n), ("large", (2048, 1024), max(n // 100, 5))):
+        for name, (op, tensors, attrs, direct) in _cases(s, shape).items():
+            if name == "matmul" and label == "large":
+                continue  # a (2048, 1024) @ (1024, 1024) product measures BLAS, not streamrt
+            cache = ops.ExecutorCache()
+
+            def ours(j: int, op=op, tensors=tensors, attrs=attrs, cache=cache) -> float:
+                t0 = time.perf_counter()
+                for _ in range(j):
+                    ops.run(op, *tensors, stream=s, cache=cache, **attrs)
+                s.synchronize()
+                return time.perf_counter() - t0
+
+            def plain(j: int, direct=direct) -> float:
+                t0 = time.perf_counter()
+                for _ in range(j):
+                    direct()
+                return time.perf_counter() - t0
+
+            ours(2)
+            o_us, d_us = _best(ours, k, repeat), _best(plain, k, repeat)
+            res["vs_numpy"][f"{name} {label} {shape}"] = {
+                "ops_run_us": o_us, "numpy_us": d_us, "ratio": o_us / d_us}
+            cache.clear()
+    s.destroy()
+    res["min_host_ratio"] = min(v["ratio"] for v in res["host"].values())
+    res["pass"] = res["min_host_ratio"] >= 3.0
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-n", type=int, default=2000)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    r = run(args.n)
+    if args.json:
+        print(json.dumps(r))
+        return
+    print(f"ops.run host (enqueue) time per call, {args.n} calls, (32, 64) float32")
+    print(f"  {'op':14s} {'no cache':>10s} {'cache hit':>10s}   ratio (target >= 3x)")
+    for name, v in r["host"].items():
+        print(f"  {name:14s} {v['no_cache_us']:8.2f}us {v['cache_hit_us']:8.2f}us   "
+              f"{v['ratio']:5.2f}x")
+    print("ops.run (cache hit, end to end) vs the plain numpy call")
+    for name, v in r["vs_numpy"].items():
+        print(f"  {name:34s} {v['ops_run_us']:9.2f}us vs {v['numpy_us']:9.2f}us   "
+              f"{v['ratio']:6.2f}x")
+    print(f"  {'PASS' if r['pass'] else 'FAIL'} (smallest host ratio {r['min_host_ratio']:.2f}x)")
+
+
+if __name__ == "__main__":
+    main()

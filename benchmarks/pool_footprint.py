@@ -1,0 +1,234 @@
+"""Pool footprint: reserved_mem_high / used_mem_high when replaying allocation traces.
+
+Two traces, generated deterministically (seeded numpy RNG) and replayed with ``s.malloc`` /
+``s.free`` against a fresh ``srt.MemPool`` on one non-blocking stream:
+
+- ``mixed``: a synthetic mixed-size trace. Sizes are log-uniform from 512 B to 4 MiB; the live
+  set random-walks around a target count; 80% of frees release the most recent live allocation
+  (LIFO), the rest a uniformly random live one, so long-lived blocks pin holes in the chunks.
+- ``transformer``: a decoder-only inference run (prefill, then decode steps). Per layer: layer
+  norm, fused QKV, attention scores and probabilities (batch*heads*seq*ctx*4 bytes), attention
+  output and projection, residual adds, an MLP with a 4*hidden intermediate; a key and a value
+  cache per layer that grow every step by allocate-new-then-free-old (``torch.cat``-style); the
+  logits of the last position; a host synchronize after every step (the sampled token is read).
+
+Target (DESIGN.md §6): reserved_high <= 1.15x used_high on both traces. Also reported, for
+information: reserved_high over the trace's true peak live bytes (the largest sum of requested
+sizes live at once, computed from the trace itself, before any rounding).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import time
+
+import numpy as np
+
+import streamrt as srt
+
+TARGET = 1.15
+ALLOC, FREE, SYNC = 0, 1, 2
+MiB = 1 << 20
+
+
+def mixed_trace(
+    n_allocs: int = 20000,
+    *,
+    seed: int = 0,
+    lo: int = 512,
+    hi: int = 4 * MiB,
+    target_live: int = 48,
+    lifo: float = 0.8,
+) -> list[tuple]:
+    """The synthetic mixed-size, mostly-LIFO trace."""
+    rng = np.random.default_rng(seed)
+    sizes = np.exp(rng.uniform(math.log(lo), math.log(hi), n_allocs)).astype(np.int64)
+    coins = rng.random(4 * n_allocs)
+    picks = rng.random(4 * n_allocs)
+    ops: list[tuple] = []
+    live: list[int] = []
+    nxt = 0
+    k = 0
+    while nxt < n_allocs or live:
+        p_alloc = 0.6 if len(live) < target_live else 0.4
+        if nxt < n_allocs and (not live or coins[k] < p_alloc):
+            ops.append((ALLOC, nxt, int(sizes[nxt])))
+            live.append(nxt)
+            nxt += 1
+        else:
+            r = picks[k]  # below lifo: the newest; else uniform over the live set
+            i = len(live) - 1 if r < lifo else min(int((r - lifo) / (1 - lifo) * len(live)),
+                                                   len(live) - 1)
+            ops.append((FREE, live.pop(i)))
+        k = (k + 1) % len(coins)
+    return ops
+
+
+def transformer_trace(
+    *,
+    layers: int = 12,
+    batch: int = 4,
+    hidden: int = 1024,
+    heads: int = 16,
+    prompt: int = 128,
+    steps: int = 32,
+    vocab: int = 32000,
+    seed: int = 0,
+) -> list[tuple]:
+    """The transformer-inference-like trace: one prefill of ``prompt`` tokens, ``steps`` decodes.
+
+    ``seed`` jitters the prompt length by up to 1/8 so that different seeds give different sizes.
+    """
+    rng = np.random.default_rng(seed)
+    prompt = int(prompt + rng.integers(0, max(1, prompt // 8)))
+    f4 = 4
+    ops: list[tuple] = []
+    ids = itertools.count()
+
+    def alloc(nbytes: int) -> int:
+        i = next(ids)
+        ops.append((ALLOC, i, nbytes))
+        return i
+
+    def free(*handles: int) -> None:
+        for h in handles:
+            ops.append((FREE, h))
+
+    kcache: list[int | None] = [None] * layers
+    vcache: list[int | None] = [None] * layers
+    ctx = 0
+    for step in range(steps + 1):
+        seq = prompt if step == 0 else 1
+        ctx += seq
+        act = batch * seq * hidden * f4
+        x = alloc(act)  # embedding lookup
+        for layer in range(layers):
+            ln = alloc(act)
+            qkv = alloc(3 * act)
+            free(ln)
+            for cache in (kcache, vcache):  # torch.cat((past, new)): new buffer, then drop old
+                new = alloc(batch * ctx * hidden * f4)
+                if cache[layer] is not None:
+                    free(cache[layer])
+                cache[layer] = new
+            scores = alloc(batch * heads * seq * ctx * f4)
+            probs = alloc(batch * heads * seq * ctx * f4)
+            free(scores)
+            attn = alloc(act)
+            free(probs, qkv)
+            proj = alloc(act)
+            free(attn)
+            h = alloc(act)  # residual add
+            free(proj, x)
+            ln2 = alloc(act)
+            up = alloc(4 * act)
+            free(ln2)
+            gelu = alloc(4 * act)
+            free(up)
+            down = alloc(act)
+            free(gelu)
+            x = alloc(act)  # residual add
+            free(down, h)
+        lnf = alloc(batch * hidden * f4)  # final norm of the last position only
+        logits = alloc(batch * vocab * f4)
+        free(lnf, x)
+        ops.append((SYNC,))  # the host reads the sampled token
+        free(logits)
+    free(*kcache, *vcache)
+    return ops
+
+
+TRACES = {"mixed": mixed_trace, "transformer": transformer_trace}
+
+
+def peak_live(ops: list[tuple], align: int = 1) -> int:
+    """The largest sum of (optionally rounded) requested sizes live at once."""
+    live: dict[int, int] = {}
+    cur = peak = 0
+    for op in ops:
+        if op[0] == ALLOC:
+            n = (op[2] + align - 1) // align * align
+            live[op[1]] = n
+            cur += n
+            peak = max(peak, cur)
+        elif op[0] == FREE:
+            cur -= live.pop(op[1])
+    return peak
+
+
+def replay(ops: list[tuple], *, release_threshold: int = 0) -> dict:
+    """Replay ``ops`` on one non-blocking stream against a fresh pool; return its figures."""
+    s = srt.Stream(non_blocking=True)
+    pool = srt.MemPool(release_threshold=release_threshold)
+    ptrs: dict[int, int] = {}
+    malloc, free, sync = s.malloc, s.free, s.synchronize
+    t0 = time.perf_counter()
+    for op in ops:
+        kind = op[0]
+        if kind == ALLOC:
+            ptrs[op[1]] = malloc(op[2], pool)
+        elif kind == FREE:
+            free(ptrs.pop(op[1]))
+        else:
+            sync()
+    sync()
+    elapsed = time.perf_counter() - t0
+    assert not ptrs
+    st = pool.stats()
+    pool.destroy()
+    n_alloc = sum(1 for op in ops if op[0] == ALLOC)
+    true_peak = peak_live(ops)
+    return {
+        "ops": len(ops),
+        "allocs": n_alloc,
+        "seconds": elapsed,
+        "reserved_high": st["reserved_mem_high"],
+        "used_high": st["used_mem_high"],
+        "peak_live": true_peak,
+        "peak_live_rounded": peak_live(ops, 512),
+        "ratio": st["reserved_mem_high"] / st["used_mem_high"],
+        "ratio_vs_peak_live": st["reserved_mem_high"] / true_peak,
+        "grow_count": st["grow_count"],
+        "release_count": st["release_count"],
+        "reuse_same_stream": st["reuse_same_stream"],
+        "reuse_after_sync": st["reuse_after_sync"],
+    }
+
+
+def run(seed: int = 0, release_threshold: int = 0) -> dict:
+    """Replay both traces; ``pass`` when every reserved_high / used_high is within the target."""
+    res: dict = {"seed": seed, "release_threshold": release_threshold, "target": TARGET}
+    for name, make in TRACES.items():
+        res[name] = replay(make(seed=seed), release_threshold=release_threshold)
+    res["pass"] = all(res[name]["ratio"] <= TARGET for name in TRACES)
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--release-threshold", type=int, default=0, help="bytes (pool default: 0)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    r = run(args.seed, args.release_threshold)
+    if args.json:
+        print(json.dumps(r))
+        return
+    print(f"pool footprint, seed {args.seed}, release threshold {args.release_threshold} B")
+    for name in TRACES:
+        t = r[name]
+        print(f"  {name:<12} {t['ops']:6d} ops ({t['allocs']} allocs) in {t['seconds']:.2f} s")
+        print(f"    reserved_high {t['reserved_high'] / MiB:9.2f} MiB   "
+              f"used_high {t['used_high'] / MiB:9.2f} MiB   "
+              f"ratio {t['ratio']:.3f}x (target <= {TARGET}x)")
+        print(f"    true peak live {t['peak_live'] / MiB:8.2f} MiB   "
+              f"reserved_high / peak live {t['ratio_vs_peak_live']:.3f}x   "
+              f"chunks grown {t['grow_count']}, released {t['release_count']}")
+    print(f"  {'PASS' if r['pass'] else 'FAIL'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,305 @@
+"""Graph: explicit construction of a task DAG (``cudaGraph_t``), clone, DOT, instantiate.
+
+Invariants: nodes are kept in creation order (``Node.index``); edges are stored on both ends;
+the graph is always acyclic (an edge that would close a cycle is refused); a child graph is
+cloned when added, so later changes to the original do not leak into the parent.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..device import Device
+from ..errors import InvalidTypeError, InvalidValueError
+from ..kernel import Kernel, dim3
+from ..stream import Event, check_ptr, check_size, host_view
+from .memory import GraphAlloc
+from .node import Node, NodeType
+
+if TYPE_CHECKING:
+    from .exec import GraphExec
+
+_ids = itertools.count(1)
+
+
+class Graph:
+    """A task graph built explicitly or by stream capture."""
+
+    def __init__(self) -> None:
+        self.id = next(_ids)
+        self._nodes: list[Node] = []
+        # id(original node) -> (original, clone node), for find_in_clone; holds the originals
+        self._origin: dict[int, tuple[Node, Node]] = {}
+
+    def __repr__(self) -> str:
+        return f"<Graph #{self.id} {len(self._nodes)} nodes>"
+
+    # -- building ---------------------------------------------------------------------------
+    def _add(self, type: NodeType, params: dict[str, Any], deps: Any) -> Node:
+        dep_nodes = self._as_nodes(deps, "deps")
+        node = Node(self, type, len(self._nodes), params)
+        for d in dict.fromkeys(dep_nodes):  # duplicates collapse to one edge
+            node._deps.append(d)
+            d._dependents.append(node)
+        self._nodes.append(node)
+        return node
+
+    def _as_nodes(self, nodes: Any, what: str) -> list[Node]:
+        if isinstance(nodes, Node):
+            nodes = (nodes,)
+        if not isinstance(nodes, Iterable):
+            raise InvalidTypeError(f"{what} must be a Node or a sequence of Nodes")
+        out = list(nodes)
+        for n in out:
+            if not isinstance(n, Node):
+                raise InvalidTypeError(f"{what} must contain Nodes, not {type(n).__name__}")
+            if n.graph is not self:
+                raise InvalidValueError(f"{n!r} belongs to {n.graph!r}, not to {self!r}")
+        return out
+
+    def add_kernel_node(self, kernel: Kernel, *args: Any, grid: Any = 1, block: Any = 1,
+                        deps: Any = ()) -> Node:
+        """Add a KERNEL node (``cudaGraphAddKernelNode``)."""
+        if not isinstance(kernel, Kernel):
+            raise InvalidTypeError(f"a kernel node needs an @srt.kernel, not {type(kernel).__name__}")
+        params = {"kernel": kernel, "args": tuple(args), "grid": dim3(grid, "grid"),
+                  "block": dim3(block, "block"), "device": Device()}
+        return self._add(NodeType.KERNEL, params, deps)
+
+    def add_memcpy_node(self, dst: Any, src: Any, nbytes: int, deps: Any = ()) -> Node:
+        """Add a MEMCPY node; host buffers are read/written when the node runs (as pinned memory)."""
+        return self._add(NodeType.MEMCPY, memcpy_params(dst, src, nbytes), deps)
+
+    def add_memset_node(self, ptr: int, value: int, nbytes: int, deps: Any = ()) -> Node:
+        """Add a MEMSET node (byte value 0-255)."""
+        return self._add(NodeType.MEMSET, memset_params(ptr, value, nbytes), deps)
+
+    def add_host_node(self, fn: Callable[..., Any], *args: Any, deps: Any = ()) -> Node:
+        """Add a HOST node running ``fn(*args)``."""
+        return self._add(NodeType.HOST, host_params(fn, args), deps)
+
+    def add_child_graph_node(self, child: Graph, deps: Any = ()) -> Node:
+        """Add a GRAPH node; the child is cloned, as ``cudaGraphAddChildGraphNode`` does."""
+        if not isinstance(child, Graph):
+            raise InvalidTypeError(f"a child graph node needs a Graph, not {type(child).__name__}")
+        if any(n.type in (NodeType.MEM_ALLOC, NodeType.MEM_FREE) for n in child._walk()):
+            raise InvalidValueError("a child graph cannot contain memory allocation or free nodes")
+        return self._add(NodeType.GRAPH, {"graph": child.clone()}, deps)
+
+    def add_empty_node(self, deps: Any = ()) -> Node:
+        """Add an EMPTY node (a join point)."""
+        return self._add(NodeType.EMPTY, {}, deps)
+
+    def add_event_record_node(self, event: Event, deps: Any = ()) -> Node:
+        """Add an EVENT_RECORD node."""
+        return self._add(NodeType.EVENT_RECORD, {"event": _event(event)}, deps)
+
+    def add_event_wait_node(self, event: Event, deps: Any = ()) -> Node:
+        """Add a WAIT_EVENT node."""
+        return self._add(NodeType.WAIT_EVENT, {"event": _event(event)}, deps)
+
+    def add_mem_alloc_node(self, nbytes: int, deps: Any = ()) -> Node:
+        """Add a MEM_ALLOC node; ``node.ptr`` is fixed now and stays valid across launches."""
+        n = check_size(nbytes)
+        alloc = GraphAlloc(Device(), n)
+        return self._add(NodeType.MEM_ALLOC, {"nbytes": n, "ptr": alloc.ptr, "alloc": alloc}, deps)
+
+    def add_mem_free_node(self, ptr: int, deps: Any = ()) -> Node:
+        """Add a MEM_FREE node for graph memory (from a MEM_ALLOC node of this or another graph)."""
+        from . import memory
+
+        ptr = check_ptr(ptr)
+        alloc = memory.find(ptr)
+        if alloc is None:
+            raise InvalidValueError(f"{hex(ptr)} is not graph memory (from a MEM_ALLOC node)")
+        return self._add(NodeType.MEM_FREE, {"ptr": ptr, "alloc": alloc}, deps)
+
+    # -- edges ------------------------------------------------------------------------------
+    def _pairs(self, frm: Any, to: Any) -> list[tuple[Node, Node]]:
+        a = self._as_nodes(frm, "frm")
+        b = self._as_nodes(to, "to")
+        if len(a) != len(b):
+            raise InvalidValueError(f"frm and to must have equal lengths ({len(a)} != {len(b)})")
+        pairs = list(zip(a, b))
+        # an edge listed twice passed the per-edge checks and was then added twice (or, when
+        # removing, failed half-way with a bare ValueError): refuse the batch up front
+        if len(set(pairs)) != len(pairs):
+            raise InvalidValueError("the same edge is listed more than once")
+        return pairs
+
+    def add_dependencies(self, frm: Any, to: Any) -> None:
+        """Add edges ``frm[i] -> to[i]`` (``cudaGraphAddDependencies``); refuses cycles."""
+        pairs = self._pairs(frm, to)
+        for f, t in pairs:
+            if f in t._deps:
+                raise InvalidValueError(f"edge {f!r} -> {t!r} already exists")
+        added: list[tuple[Node, Node]] = []
+        for f, t in pairs:
+            if f is t or self._reaches(t, f):
+                for af, at in added:  # all or nothing
+                    at._deps.remove(af)
+                    af._dependents.remove(at)
+                raise InvalidValueError(f"edge {f!r} -> {t!r} would create a cycle")
+            t._deps.append(f)
+            f._dependents.append(t)
+            added.append((f, t))
+
+    def remove_dependencies(self, frm: Any, to: Any) -> None:
+        """Remove edges ``frm[i] -> to[i]`` (``cudaGraphRemoveDependencies``)."""
+        pairs = self._pairs(frm, to)
+        for f, t in pairs:
+            if f not in t._deps:
+                raise InvalidValueError(f"there is no edge {f!r} -> {t!r}")
+        for f, t in pairs:
+            t._deps.remove(f)
+            f._dependents.remove(t)
+
+    @staticmethod
+    def _reaches(start: Node, goal: Node) -> bool:
+        seen = {id(start)}
+        stack = [start]
+        while stack:
+            n = stack.pop()
+            if n is goal:
+                return True
+            for d in n._dependents:
+                if id(d) not in seen:
+                    seen.add(id(d))
+                    stack.append(d)
+        return False
+
+    # -- queries ----------------------------------------------------------------------------
+    def nodes(self) -> list[Node]:
+        """Every node, in creation order (``cudaGraphGetNodes``)."""
+        return list(self._nodes)
+
+    def root_nodes(self) -> list[Node]:
+        """Nodes without dependencies, in creation order (``cudaGraphGetRootNodes``)."""
+        return [n for n in self._nodes if not n._deps]
+
+    def edges(self) -> list[tuple[Node, Node]]:
+        """Every edge as ``(from, to)``, ordered by the ``to`` node's creation then dependency order."""
+        return [(d, n) for n in self._nodes for d in n._deps]
+
+    def _walk(self) -> Iterable[Node]:
+        for n in self._nodes:
+            yield n
+            if n.type is NodeType.GRAPH:
+                yield from n._params["graph"]._walk()
+
+    # -- clone, DOT, instantiate -------------------------------------------------------------
+    def clone(self) -> Graph:
+        """A copy with the same nodes, params and edges (``cudaGraphClone``)."""
+        g = Graph()
+        for n in self._nodes:
+            params = dict(n._params)
+            if n.type is NodeType.GRAPH:
+                params["graph"] = params["graph"].clone()
+            c = Node(g, n.type, n.index, params)
+            g._nodes.append(c)
+            g._origin[id(n)] = (n, c)
+        for n in self._nodes:
+            c = g._nodes[n.index]
+            for d in n._deps:
+                cd = g._nodes[d.index]
+                c._deps.append(cd)
+                cd._dependents.append(c)
+        # a clone of a clone still finds the first original's nodes
+        for key, (orig, node) in self._origin.items():
+            g._origin.setdefault(key, (orig, g._nodes[node.index]))
+        return g
+
+    def find_in_clone(self, original: Node) -> Node:
+        """The node of this clone that copies ``original`` (``cudaGraphNodeFindInClone``)."""
+        if not isinstance(original, Node):
+            raise InvalidTypeError(f"find_in_clone needs a Node, not {type(original).__name__}")
+        entry = self._origin.get(id(original))
+        if entry is None or entry[0] is not original:
+            raise InvalidValueError(f"{original!r} is not an original node of {self!r}")
+        return entry[1]
+
+    def to_dot(self, path: str | Path | None = None) -> str:
+        """Graphviz text of the graph (``cudaGraphDebugDotPrint``); written to ``path`` if given."""
+        lines = [f"digraph streamrt_graph_{self.id} {{", "  node [shape=box, fontname=monospace];"]
+        self._dot_body(lines, "n", "  ")
+        lines.append("}")
+        text = "\n".join(lines) + "\n"
+        if path is not None:
+            Path(path).write_text(text)
+        return text
+
+    def _dot_body(self, lines: list[str], prefix: str, indent: str) -> None:
+        for n in self._nodes:
+            name = f"{prefix}{n.index}"
+            if n.type is NodeType.GRAPH:
+                lines.append(f"{indent}subgraph cluster_{name} {{")
+                lines.append(f'{indent}  label="child graph #{n.index}";')
+                lines.append(f'{indent}  {name} [label="GRAPH", shape=point];')
+                n._params["graph"]._dot_body(lines, f"{name}_", indent + "  ")
+                lines.append(f"{indent}}}")
+            else:
+                label = n.label().replace('"', "'").replace(" ", "\\n", 1)
+                lines.append(f'{indent}{name} [label="#{n.index} {label}"];')
+        for d, n in self.edges():
+            lines.append(f"{indent}{prefix}{d.index} -> {prefix}{n.index};")
+
+    def instantiate(self, *, auto_free_on_launch: bool = False) -> GraphExec:
+        """Validate and compile into an executable graph (``cudaGraphInstantiate``)."""
+        from .exec import GraphExec
+
+        return GraphExec(self, auto_free_on_launch=auto_free_on_launch)
+
+
+def _event(event: Any) -> Event:
+    if not isinstance(event, Event):
+        raise InvalidTypeError(f"an event node needs an Event, not {type(event).__name__}")
+    event._check_alive()
+    return event
+
+
+def memcpy_params(dst: Any, src: Any, nbytes: int) -> dict[str, Any]:
+    """Validate MEMCPY parameters; ranges inside graph memory are checked when mapped."""
+    n = check_size(nbytes)
+    for end, writable in ((dst, True), (src, False)):
+        if isinstance(end, int | np.integer) and not isinstance(end, bool):
+            _check_range(int(end), n)
+        else:
+            host_view(end, n, writable=writable)
+    return {"dst": dst, "src": src, "nbytes": n}
+
+
+def memset_params(ptr: Any, value: Any, nbytes: int) -> dict[str, Any]:
+    """Validate MEMSET parameters."""
+    n = check_size(nbytes)
+    ptr = check_ptr(ptr)
+    if not isinstance(value, int | np.integer) or isinstance(value, bool):
+        raise InvalidTypeError(f"memset value must be an int, not {type(value).__name__}")
+    if not 0 <= value <= 255:
+        raise InvalidValueError(f"memset value must be a byte 0-255, got {value}")
+    _check_range(ptr, n)
+    return {"ptr": ptr, "value": int(value), "nbytes": n}
+
+
+def host_params(fn: Any, args: Sequence[Any]) -> dict[str, Any]:
+    """Validate HOST parameters."""
+    if not callable(fn):
+        raise InvalidTypeError(f"a host node needs a callable, not {type(fn).__name__}")
+    return {"fn": fn, "args": tuple(args)}
+
+
+def _check_range(ptr: int, n: int) -> None:
+    from ..backends.cpu import SPACE
+    from ..errors import InvalidAddressError
+
+    alloc = SPACE.find(ptr)
+    if alloc is None:
+        raise InvalidAddressError(f"{hex(ptr)} is not inside any allocation")
+    if ptr - alloc.base + n > alloc.size:
+        raise InvalidAddressError(f"range {hex(ptr)}+{n} leaves its allocation")
+    if alloc.buf is not None and alloc.sub is not None:
+        alloc.sub(ptr, n)

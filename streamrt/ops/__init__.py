@@ -1,0 +1,24 @@
+"""Two-phase operators (aclnn style, DESIGN.md §4): framework, executor cache, ``run``, library.
+
+``op.get_workspace_size(*tensors, **attrs) -> (size, executor)`` is phase 1 (metadata only);
+``op(workspace, size, executor, stream)`` is phase 2 (enqueue only); ``run`` does both with the
+workspace from the pool, and optionally an :class:`ExecutorCache`.
+"""
+
+from __future__ import annotations
+
+from .cache import ExecutorCache
+from .elementwise import add, mul
+from .executor import Executor
+from .framework import OPS, Op, stats
+from .matmul import matmul
+from .norm import layer_norm, softmax
+from .reduce import reduce_sum
+from .run import run
+from .scan import cumsum
+from .stats import set_log
+
+__all__ = [
+    "add", "mul", "reduce_sum", "softmax", "layer_norm", "matmul", "cumsum",
+    "run", "ExecutorCache", "stats", "OPS", "Executor", "Op", "set_log",
+]

@@ -1,0 +1,63 @@
+"""Helpers shared by the operator kernels: tensor views, workspace regions, accumulation dtypes.
+
+Kernels touch device memory only through ``ctx.array`` (the sanitizer relies on it): a strided
+tensor is one ``ctx.array`` over the elements it spans, re-strided on the host with
+``np.ndarray(buffer=...)``, which checks that the strides stay inside that span.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..tensor import TensorDesc
+
+__all__ = ["F16", "F32", "F64", "FLOATS", "acc_dtype", "view", "region", "Layout"]
+
+F16, F32, F64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
+FLOATS = (F16, F32, F64)
+ALIGN = 64  # each workspace region starts on a cache line
+
+
+def acc_dtype(*dtypes: np.dtype) -> np.dtype:
+    """Accumulation dtype: float64 if any operand is float64, else float32 (float16 widens)."""
+    return F64 if F64 in dtypes else F32
+
+
+def view(ctx: Any, ptr: int, d: TensorDesc, readonly: bool) -> np.ndarray:
+    """A numpy view of the tensor ``d`` at ``ptr`` (strides and offset honoured)."""
+    if d.is_contiguous:
+        return ctx.array(ptr + d._boff, d.shape, d.dtype, readonly=readonly)
+    span = ctx.array(ptr + d._boff, (d._extent,), d.dtype, readonly=readonly)
+    return np.ndarray(d.shape, d.dtype, span, 0, d._bstrides)
+
+
+def region(ctx: Any, ws: int, off: int, shape: tuple, dtype: np.dtype) -> np.ndarray:
+    """A view of one workspace region (writable: the kernels own the workspace while they run)."""
+    return ctx.array(ws + off, shape, dtype)
+
+
+class Layout:
+    """Workspace layout built at phase 1: named regions, each aligned to 64 bytes."""
+
+    __slots__ = ("size", "end", "regions")
+
+    def __init__(self) -> None:
+        self.size = 0  # where the next region starts
+        self.end = 0  # one past the last byte any region uses
+        self.regions: dict[str, tuple[int, int]] = {}
+
+    def add(self, name: str, shape: tuple, dtype: np.dtype) -> int:
+        """Reserve a region for an array of ``shape``/``dtype``; returns its byte offset."""
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize if shape else dtype.itemsize
+        off = self.size
+        self.regions[name] = (off, nbytes)
+        if nbytes:
+            self.size = off + (nbytes + ALIGN - 1) // ALIGN * ALIGN
+            self.end = off + nbytes
+        return off
+
+    def total(self) -> int:
+        """The exact workspace size (no trailing padding); 0 when no region was reserved."""
+        return self.end

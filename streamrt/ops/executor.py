@@ -1,0 +1,213 @@
+"""Executors: the opaque plan that phase 1 returns and phase 2 enqueues (``aclOpExecutor``).
+
+State of one executor (DESIGN.md §4):
+- ``_state``: READY (may run); CONSUMED (a one-shot executor that ran: its release is queued on
+  the stream behind its kernels); RELEASED (destroyed, evicted from a cache, or released once
+  its work completed). RELEASED is final; ``_ran`` tells "already ran" from "destroyed" in errors.
+- ``_repeatable``: set by ``set_repeatable()`` before the first run. A repeatable executor stays
+  READY after a run, and only its addresses can change (``set_input_addr``/``set_output_addr``);
+  its shapes, dtypes, implementation, tiling and workspace size are fixed at phase 1.
+- ``_addrs``: one device pointer per tensor slot, inputs then outputs (None for an absent
+  optional input). ``_enqueue`` passes them to the kernels as launch arguments, so work already
+  enqueued keeps the addresses it was enqueued with: a later ``set_*_addr`` (or a cache hit with
+  new tensors) never changes it.
+- ``_owner``: the creating thread. Every public call from another thread raises ExecutorError
+  (the seed's rule: two-phase resources belong to the calling thread, like aclnn's cache).
+Module state: ``_live`` counts executors created and not yet RELEASED (``live_executors`` in
+``ops.stats()``), guarded by ``_lock``. ``_release`` is idempotent, so the owner's ``destroy`` and
+the queued release may race harmlessly. An executor that is never destroyed stays counted even
+once unreferenced, as an aclnn executor would: that is how a leak shows.
+
+Release choice: a one-shot executor is released by a host function enqueued right after its
+kernels (``stream.launch_host_func``): "when its work completes" in stream order, with no
+bookkeeping at synchronize points. The enqueued kernels hold their own arguments (addresses,
+tiling, workspace pointer), never the executor, so ``destroy`` can release at once whatever is
+still queued.
+
+Capture (issue 5): ``_enqueue(stream, workspace)`` is the whole phase-2 enqueue and calls only
+stream methods (``launch``), so capturing it records plain kernel nodes. A graph that captures an
+executor must keep a reference to it (DESIGN.md §4) and must not capture the one-shot release
+that ``_launch`` queues after ``_enqueue``; ``_launch`` is the place to branch on capture.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import ExecutorError
+
+if TYPE_CHECKING:
+    from ..device import Device
+    from ..stream import Stream
+    from ..tensor import TensorDesc
+    from .framework import Op, Plan
+
+__all__ = ["Executor", "live_executors", "NULLPTR", "PARAM_INVALID", "INNER"]
+
+# ACLNN status codes (aclnn_base.h)
+NULLPTR = 161001
+PARAM_INVALID = 161002
+INNER = 561000
+INNER_INFERSHAPE = 561001
+INNER_TILING = 561002
+INNER_FIND_KERNEL = 561003
+
+READY, CONSUMED, RELEASED = 0, 1, 2
+
+_lock = threading.Lock()
+_live = 0
+
+
+def live_executors() -> int:
+    """Executors created and not yet released (destroyed, evicted, or one-shot and done)."""
+    return _live
+
+
+class Executor:
+    """Phase 1's product: the validated plan of one operator call (``aclOpExecutor``)."""
+
+    __slots__ = (
+        "op", "op_name", "device", "impl", "tiling", "descs", "n_inputs", "_ws", "_fn",
+        "_addrs", "_repeatable", "_state", "_ran", "_owner", "_runs", "__weakref__",
+    )
+
+    def __init__(
+        self, op: Op, plan: Plan, addrs: list[int | None], descs: list[TensorDesc | None],
+        device: Device, n_inputs: int,
+    ) -> None:
+        global _live
+        self.op = op
+        self.op_name = op.name
+        self.device = device
+        self.impl = plan.impl
+        self.tiling = plan.tiling
+        self.descs = tuple(descs)
+        self.n_inputs = n_inputs
+        self._ws = plan.workspace_size
+        self._fn: Callable[[Stream, int | None, list], None] | None = plan.enqueue
+        self._addrs = addrs
+        self._repeatable = False
+        self._state = READY
+        self._ran = False
+        self._owner = threading.current_thread()
+        self._runs = 0
+        with _lock:
+            _live += 1
+
+    def __repr__(self) -> str:
+        state = ("ready", "ran, release queued", "released")[self._state]
+        rep = " repeatable" if self._repeatable else ""
+        return (f"<Executor {self.op_name} impl={self.impl} workspace={self._ws}B{rep} {state}>")
+
+    # -- cheap reads ----------------------------------------------------------------------------
+    @property
+    def workspace_size(self) -> int:
+        """The exact workspace bytes phase 2 needs (what ``get_workspace_size`` returned)."""
+        return self._ws
+
+    @property
+    def repeatable(self) -> bool:
+        """Whether the executor may run more than once."""
+        return self._repeatable
+
+    # -- public calls (owner thread only) --------------------------------------------------------
+    def _check_owner(self, what: str) -> None:
+        if threading.current_thread() is not self._owner:
+            raise ExecutorError(
+                f"{what}: executor of ops.{self.op_name} belongs to thread {self._owner.name!r}, "
+                f"not {threading.current_thread().name!r}; executors are per thread",
+                PARAM_INVALID,
+            )
+
+    def _check_runnable(self, what: str) -> None:
+        if self._state != READY:
+            if self._ran and not self._repeatable:
+                raise ExecutorError(
+                    f"{what}: this ops.{self.op_name} executor already ran once; call "
+                    "set_repeatable() before its first run, or plan again", PARAM_INVALID)
+            raise ExecutorError(f"{what}: this ops.{self.op_name} executor was destroyed",
+                                PARAM_INVALID)
+
+    def set_repeatable(self) -> None:
+        """Allow repeated runs (``aclSetAclOpExecutorRepeatable``); only before the first run."""
+        self._check_owner("set_repeatable")
+        self._check_runnable("set_repeatable")
+        if self._ran:
+            raise ExecutorError("set_repeatable must come before the first run", PARAM_INVALID)
+        self._repeatable = True
+
+    def set_input_addr(self, index: int, ptr: int) -> None:
+        """Point input ``index`` at ``ptr`` for later runs (``aclSetInputTensorAddr``)."""
+        self._set_addr("set_input_addr", index, ptr, 0, self.n_inputs)
+
+    def set_output_addr(self, index: int, ptr: int) -> None:
+        """Point output ``index`` at ``ptr`` for later runs (``aclSetOutputTensorAddr``)."""
+        self._set_addr("set_output_addr", index, ptr, self.n_inputs, len(self._addrs))
+
+    def _set_addr(self, what: str, index: Any, ptr: Any, lo: int, hi: int) -> None:
+        self._check_owner(what)
+        self._check_runnable(what)
+        if not self._repeatable:
+            raise ExecutorError(f"{what}: only a repeatable executor changes addresses; call "
+                                "set_repeatable() first", PARAM_INVALID)
+        if not isinstance(index, int | np.integer) or isinstance(index, bool):
+            raise ExecutorError(f"{what}: index must be an int, not {type(index).__name__}",
+                                PARAM_INVALID)
+        if not 0 <= index < hi - lo:
+            raise ExecutorError(f"{what}: index {index} out of range: ops.{self.op_name} has "
+                                f"{hi - lo}", PARAM_INVALID)
+        slot = lo + int(index)
+        if self._addrs[slot] is None:
+            raise ExecutorError(f"{what}: slot {index} was planned without a tensor (None); "
+                                "plan again to use one", PARAM_INVALID)
+        if ptr is None or (isinstance(ptr, int | np.integer) and ptr == 0):
+            raise ExecutorError(f"{what}: null pointer", NULLPTR)
+        if not isinstance(ptr, int | np.integer) or isinstance(ptr, bool) or ptr < 0:
+            raise ExecutorError(f"{what}: ptr must be a device pointer int, not {ptr!r}",
+                                PARAM_INVALID)
+        self._addrs[slot] = int(ptr)
+
+    def destroy(self) -> None:
+        """Release the executor (``aclDestroyAclOpExecutor``); a no-op once it was released."""
+        self._check_owner("destroy")
+        self._release()
+
+    # -- phase 2 internals ---------------------------------------------------------------------
+    def _enqueue(self, stream: Stream, workspace: int | None) -> None:
+        """The whole phase-2 enqueue: only stream methods, addresses passed by value."""
+        self._fn(stream, workspace, self._addrs)
+
+    def _launch(self, stream: Stream, workspace: int | None, hit: bool = False) -> None:
+        """Enqueue, count (``hit``: a cache hit), and queue a one-shot executor's release."""
+        st = self.op._stats
+        try:
+            self._enqueue(stream, workspace)
+        except BaseException:
+            if not self._repeatable:  # partly enqueued: it can never run cleanly again
+                self._ran = True
+                self._release()
+            raise
+        self._ran = True
+        self._runs += 1
+        with st.lock:
+            st.calls += 1
+            if self._runs > 1:
+                st.reuses += 1
+            if hit:
+                st.cache_hits += 1
+        if not self._repeatable:
+            self._state = CONSUMED
+            stream.launch_host_func(self._release)
+
+    def _release(self) -> None:
+        global _live
+        with _lock:
+            if self._state == RELEASED:
+                return
+            self._state = RELEASED
+            _live -= 1
+        self._fn = None  # drop the plan (closures, tiling) now, whatever still references us

@@ -1,0 +1,119 @@
+"""``matmul``: batched matrix product, split-K with partial products in the workspace.
+
+Operands are ``(..., M, K)`` and ``(..., K, N)`` with numpy-broadcast batch dims. When K is large
+and the output small (the case where a GPU would leave most cores idle), phase 1 picks split-K:
+K is cut into ``splits`` slices, one kernel writes each slice's partial product to a workspace
+region ``(splits, *batch, M, N)`` in the accumulation dtype, and a second kernel sums the
+partials into ``out``. Otherwise one kernel computes the product directly. float16 operands are
+cast to float32 in the workspace first (numpy's float16 matmul is slow and imprecise).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..kernel import kernel
+from ..tensor import TensorDesc
+from .common import F64, Layout, acc_dtype, region, view
+from .framework import Op, Plan
+
+__all__ = ["Matmul", "matmul"]
+
+SPLIT_K_MIN = 2048  # K from which split-K is considered
+SPLIT_K_MAX_OUT = 1 << 16  # ... when M * N is at most this
+SPLIT_CHUNK = 1024  # K elements per split at least
+MAX_SPLITS = 8
+
+
+def _operand(ctx: Any, ptr: int, d: TensorDesc, ws: int | None, off: int, acc: np.dtype) -> Any:
+    v = view(ctx, ptr, d, True)
+    if off < 0:
+        return v
+    buf = region(ctx, ws, off, d.shape, acc)
+    np.copyto(buf, v, casting="unsafe")
+    return buf
+
+
+@kernel
+def _mm_direct(ctx: Any, ap: int, bp: int, op_: int, ws: int | None, p: tuple) -> None:
+    ad, bd, od, acc, a_off, b_off = p[:6]
+    a = _operand(ctx, ap, ad, ws, a_off, acc)
+    b = _operand(ctx, bp, bd, ws, b_off, acc)
+    np.matmul(a, b, out=view(ctx, op_, od, False), casting="unsafe")
+
+
+@kernel
+def _mm_partials(ctx: Any, ap: int, bp: int, ws: int, p: tuple) -> None:
+    ad, bd, od, acc, a_off, b_off, part_off, part_shape, bounds = p
+    a = _operand(ctx, ap, ad, ws, a_off, acc)
+    b = _operand(ctx, bp, bd, ws, b_off, acc)
+    part = region(ctx, ws, part_off, part_shape, acc)
+    for i, (k0, k1) in enumerate(bounds):  # one block of the grid per split
+        np.matmul(a[..., k0:k1], b[..., k0:k1, :], out=part[i])
+
+
+@kernel
+def _mm_reduce(ctx: Any, op_: int, ws: int, p: tuple) -> None:
+    od, acc, part_off, part_shape = p[2], p[3], p[6], p[7]
+    np.sum(region(ctx, ws, part_off, part_shape, acc), axis=0, out=view(ctx, op_, od, False))
+
+
+class Matmul(Op):
+    """``out = a @ b`` with broadcast batch dims (``aclnnMatmul`` / ``aclnnBatchMatMul``)."""
+
+    name = "matmul"
+    inputs = ("a", "b")
+
+    def _plan(self, ins: list[TensorDesc | None], outs: list[TensorDesc], attrs: dict) -> Plan:
+        (a, b), (o,) = ins, outs
+        if a.ndim < 2 or b.ndim < 2:
+            raise self._bad(f"a {a.shape} and b {b.shape} must have at least 2 dimensions")
+        m, k = a.shape[-2:]
+        k2, n = b.shape[-2:]
+        if k != k2:
+            raise self._bad(f"a {a.shape} and b {b.shape}: inner dimensions {k} and {k2} differ")
+        try:
+            batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        except ValueError:
+            raise self._bad(f"batch dims of a {a.shape} and b {b.shape} do not broadcast") from None
+        self._check_shape("out", o, (*batch, m, n))
+        acc = F64 if F64 in (a.dtype, b.dtype) else acc_dtype(a.dtype, b.dtype)
+        lay = Layout()
+        a_off = lay.add("a_cast", a.shape, acc) if a.dtype != acc else -1
+        b_off = lay.add("b_cast", b.shape, acc) if b.dtype != acc else -1
+        splits = 1
+        if k >= SPLIT_K_MIN and m * n <= SPLIT_K_MAX_OUT:
+            splits = min(MAX_SPLITS, k // SPLIT_CHUNK)
+        cast = "+cast" if a_off >= 0 or b_off >= 0 else ""
+        tiling = {"M": m, "N": n, "K": k, "batch": int(np.prod(batch, dtype=np.int64)),
+                  "splits": splits}
+        if o.numel == 0:
+            return Plan(0, _nothing, "empty", tiling)
+        if splits == 1:
+            p = (a, b, o, acc, a_off, b_off)
+
+            def enqueue(s: Any, ws: int | None, ad: list) -> None:
+                s.launch(_mm_direct, ad[0], ad[1], ad[2], ws, p)
+
+            return Plan(lay.total(), enqueue, "direct" + cast, tiling)
+        step = -(-k // splits)
+        bounds = tuple((i, min(i + step, k)) for i in range(0, k, step))
+        part_shape = (len(bounds), *batch, m, n)
+        part_off = lay.add("partials", part_shape, acc)
+        p = (a, b, o, acc, a_off, b_off, part_off, part_shape, bounds)
+        grid = len(bounds)
+
+        def enqueue_split(s: Any, ws: int | None, ad: list) -> None:
+            s.launch(_mm_partials, ad[0], ad[1], ws, p, grid=grid)
+            s.launch(_mm_reduce, ad[2], ws, p)
+
+        return Plan(lay.total(), enqueue_split, "split_k" + cast, tiling)
+
+
+def _nothing(s: Any, ws: int | None, ad: list) -> None:
+    """An empty output: nothing to enqueue."""
+
+
+matmul = Matmul()

@@ -1,0 +1,169 @@
+"""Normalisations: ``softmax`` (row max and sum in the workspace) and ``layer_norm`` (mean and
+rstd in the workspace).
+
+Both run as two kernels that talk through the workspace, as their GPU versions do: a statistics
+pass writes one value per row (``rows = numel / row length``, in the accumulation dtype) and an
+apply pass reads them. When the output dtype is narrower than the accumulation dtype (float16),
+the intermediate values also live in the workspace, in float32, and the output is written once.
+Inputs and outputs may be strided; rows may lie along any axis.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..kernel import kernel
+from ..tensor import TensorDesc
+from .common import Layout, acc_dtype, region, view
+from .framework import Attr, Op, Plan, float_attr, int_attr, normalize_axis, optional_int_attr
+
+__all__ = ["Softmax", "LayerNorm", "softmax", "layer_norm"]
+
+
+def _scratch(ctx: Any, ws: int | None, off: int, shape: tuple, acc: np.dtype,
+             out: np.ndarray) -> np.ndarray:
+    return out if off < 0 else region(ctx, ws, off, shape, acc)
+
+
+@kernel
+def _softmax_stats(ctx: Any, xp: int, op_: int, ws: int, p: tuple) -> None:
+    xd, od, axis, acc, max_off, sum_off, buf_off, sshape = p
+    x = view(ctx, xp, xd, True)
+    e = _scratch(ctx, ws, buf_off, xd.shape, acc, view(ctx, op_, od, False))
+    m = region(ctx, ws, max_off, sshape, acc)
+    np.max(x, axis=axis, keepdims=True, out=m)
+    np.subtract(x, m, out=e, casting="unsafe")
+    np.exp(e, out=e)
+    np.sum(e, axis=axis, keepdims=True, dtype=acc, out=region(ctx, ws, sum_off, sshape, acc))
+
+
+@kernel
+def _softmax_apply(ctx: Any, op_: int, ws: int, p: tuple) -> None:
+    xd, od, axis, acc, max_off, sum_off, buf_off, sshape = p
+    o = view(ctx, op_, od, False)
+    e = _scratch(ctx, ws, buf_off, xd.shape, acc, o)
+    np.divide(e, region(ctx, ws, sum_off, sshape, acc), out=o, casting="unsafe")
+
+
+class Softmax(Op):
+    """``out = exp(x - max) / sum(exp(x - max))`` along ``axis`` (``aclnnSoftmax``)."""
+
+    name = "softmax"
+    inputs = ("x",)
+    attrs = {"axis": Attr(int_attr, -1)}
+
+    def _plan(self, ins: list[TensorDesc | None], outs: list[TensorDesc], attrs: dict) -> Plan:
+        (x,), (o,) = ins, outs
+        if x.ndim == 0:
+            raise self._bad("x must have at least one dimension")
+        axis = normalize_axis(self.name, attrs["axis"], x.ndim)
+        self._check_shape("out", o, x.shape)
+        acc = acc_dtype(x.dtype, o.dtype)
+        sshape = x.shape[:axis] + (1,) + x.shape[axis + 1 :]
+        lay = Layout()
+        max_off = lay.add("row_max", sshape, acc)
+        sum_off = lay.add("row_sum", sshape, acc)
+        buf_off = lay.add("exp", x.shape, acc) if o.dtype != acc else -1
+        p = (x, o, axis, acc, max_off, sum_off, buf_off, sshape)
+        rows = x.numel // max(x.shape[axis], 1)
+        tiling = {"rows": rows, "row": x.shape[axis]}
+        if x.numel == 0:
+            return Plan(0, _nothing, "empty", tiling)
+
+        def enqueue(s: Any, ws: int | None, a: list) -> None:
+            s.launch(_softmax_stats, a[0], a[1], ws, p, grid=min(rows, 65535))
+            s.launch(_softmax_apply, a[1], ws, p, grid=min(rows, 65535))
+
+        return Plan(lay.total(), enqueue, "two_pass" + ("+f32" if buf_off >= 0 else ""), tiling)
+
+
+@kernel
+def _ln_stats(ctx: Any, xp: int, op_: int, ws: int, p: tuple) -> None:
+    xd, od, wd, bd, axes, acc, eps, mean_off, rstd_off, buf_off, sshape = p
+    x = view(ctx, xp, xd, True)
+    d = _scratch(ctx, ws, buf_off, xd.shape, acc, view(ctx, op_, od, False))
+    mean = region(ctx, ws, mean_off, sshape, acc)
+    np.mean(x, axis=axes, keepdims=True, dtype=acc, out=mean)
+    np.subtract(x, mean, out=d, casting="unsafe")  # centred values, reused by the apply pass
+    rstd = region(ctx, ws, rstd_off, sshape, acc)
+    np.mean(np.square(d, dtype=acc), axis=axes, keepdims=True, dtype=acc, out=rstd)
+    rstd += eps
+    np.sqrt(rstd, out=rstd)
+    np.reciprocal(rstd, out=rstd)
+
+
+@kernel
+def _ln_apply(ctx: Any, op_: int, wp: int | None, bp: int | None, ws: int, p: tuple) -> None:
+    xd, od, wd, bd, axes, acc, eps, mean_off, rstd_off, buf_off, sshape = p
+    o = view(ctx, op_, od, False)
+    d = _scratch(ctx, ws, buf_off, xd.shape, acc, o)
+    np.multiply(d, region(ctx, ws, rstd_off, sshape, acc), out=d, casting="unsafe")
+    if wd is not None:
+        np.multiply(d, view(ctx, wp, wd, True), out=d, casting="unsafe")
+    if bd is not None:
+        np.add(d, view(ctx, bp, bd, True), out=d, casting="unsafe")
+    if d is not o:
+        np.copyto(o, d, casting="unsafe")
+
+
+class LayerNorm(Op):
+    """Normalise over the last ``normalized_ndim`` axes, then ``* weight + bias`` (aclnnLayerNorm).
+
+    ``weight`` and ``bias`` are optional (None); when given, their shape is the normalised shape
+    and fixes ``normalized_ndim`` (default 1).
+    """
+
+    name = "layer_norm"
+    inputs = ("x", "weight", "bias")
+    optional = frozenset({"weight", "bias"})
+    attrs = {"eps": Attr(float_attr, 1e-5), "normalized_ndim": Attr(optional_int_attr, None)}
+
+    def _plan(self, ins: list[TensorDesc | None], outs: list[TensorDesc], attrs: dict) -> Plan:
+        (x, w, b), (o,) = ins, outs
+        k = attrs["normalized_ndim"]
+        given = w if w is not None else b
+        if given is not None:
+            if k is not None and k != given.ndim:
+                raise self._bad(f"normalized_ndim={k} disagrees with weight/bias of "
+                                f"{given.ndim} dims")
+            k = given.ndim
+        k = 1 if k is None else k
+        if not 1 <= k <= x.ndim:
+            raise self._bad(f"cannot normalise over the last {k} axes of a {x.ndim}-d x")
+        nshape = x.shape[x.ndim - k :]
+        for slot, d in (("weight", w), ("bias", b)):
+            if d is not None:
+                self._check_shape(slot, d, nshape)
+        if 0 in nshape:
+            raise self._bad(f"the normalised shape {nshape} is empty")
+        if attrs["eps"] < 0 or not np.isfinite(attrs["eps"]):
+            raise self._bad(f"eps must be finite and >= 0, got {attrs['eps']}")
+        self._check_shape("out", o, x.shape)
+        acc = acc_dtype(*(d.dtype for d in (x, w, b, o) if d is not None))
+        axes = tuple(range(x.ndim - k, x.ndim))
+        sshape = x.shape[: x.ndim - k] + (1,) * k
+        lay = Layout()
+        mean_off = lay.add("mean", sshape, acc)
+        rstd_off = lay.add("rstd", sshape, acc)
+        buf_off = lay.add("centred", x.shape, acc) if o.dtype != acc else -1
+        p = (x, o, w, b, axes, acc, acc.type(attrs["eps"]), mean_off, rstd_off, buf_off, sshape)
+        rows = x.numel // int(np.prod(nshape))
+        tiling = {"rows": rows, "row": int(np.prod(nshape))}
+        if x.numel == 0:
+            return Plan(0, _nothing, "empty", tiling)
+
+        def enqueue(s: Any, ws: int | None, a: list) -> None:
+            s.launch(_ln_stats, a[0], a[3], ws, p, grid=min(rows, 65535))
+            s.launch(_ln_apply, a[3], a[1], a[2], ws, p, grid=min(rows, 65535))
+
+        return Plan(lay.total(), enqueue, "two_pass" + ("+f32" if buf_off >= 0 else ""), tiling)
+
+
+def _nothing(s: Any, ws: int | None, a: list) -> None:
+    """An empty tensor: nothing to enqueue."""
+
+
+softmax = Softmax()
+layer_norm = LayerNorm()

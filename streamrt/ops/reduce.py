@@ -1,0 +1,146 @@
+"""``reduce_sum``: a multi-level tree reduction with its partial sums in the workspace.
+
+The input is seen as ``(A, K, B)``: K the product of the reduced axes, A and B of the kept axes
+before and after them. That is a free reshape of a contiguous input whose reduced axes are
+adjacent (all axes, trailing, leading or a middle run); any other input (strided, or reduced
+axes that are not adjacent) is first packed, transposed, into a workspace region ``(A, K)``.
+Each level sums blocks of ``BLOCK`` elements along K into a partials region ``(A, ceil(K/BLOCK),
+B)``; levels repeat until one block is left, which the last kernel sums into ``out``. Partials
+use the accumulation dtype (float32 for float16), so the workspace grows with ``A * K * B``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..kernel import kernel
+from ..tensor import TensorDesc
+from .common import Layout, acc_dtype, view
+from .framework import Attr, Op, Plan, axes_attr, bool_attr, normalize_axis
+
+__all__ = ["ReduceSum", "reduce_sum"]
+
+BLOCK = 256  # elements each tree node sums
+
+
+@kernel
+def _pack(ctx: Any, xp: int, dst: int, p: tuple) -> None:
+    xd, perm, packed_shape, acc = p
+    np.copyto(ctx.array(dst, packed_shape, acc), view(ctx, xp, xd, True).transpose(perm),
+              casting="unsafe")
+
+
+@kernel
+def _sum_level(ctx: Any, src: int, dst: int, p: tuple) -> None:
+    a, k, b, sdt, acc = p
+    x = ctx.array(src, (a, k, b), sdt, readonly=True)
+    nb = (k + BLOCK - 1) // BLOCK
+    part = ctx.array(dst, (a, nb, b), acc)
+    full = k // BLOCK
+    if full:  # splitting axis 1 of a contiguous array is always a view
+        np.sum(x[:, : full * BLOCK].reshape(a, full, BLOCK, b), axis=2, dtype=acc,
+               out=part[:, :full])
+    if full < nb:
+        np.sum(x[:, full * BLOCK :], axis=1, dtype=acc, out=part[:, full])
+
+
+@kernel
+def _sum_final(ctx: Any, src: int, op_: int, p: tuple) -> None:
+    a, k, b, sdt, acc, od = p
+    x = ctx.array(src, (a, k, b), sdt, readonly=True)
+    o = view(ctx, op_, od, False)
+    if od.is_contiguous:
+        np.sum(x, axis=1, dtype=acc, out=o.reshape(a, b))
+    else:
+        np.copyto(o, np.sum(x, axis=1, dtype=acc).reshape(od.shape), casting="unsafe")
+
+
+@kernel
+def _zero(ctx: Any, op_: int, od: TensorDesc) -> None:
+    view(ctx, op_, od, False)[...] = 0
+
+
+class ReduceSum(Op):
+    """Sum over ``axis`` (None: all, an int or a tuple), ``keepdims`` as numpy (aclnnReduceSum)."""
+
+    name = "reduce_sum"
+    inputs = ("x",)
+    attrs = {"axis": Attr(axes_attr, None), "keepdims": Attr(bool_attr, False)}
+
+    def _plan(self, ins: list[TensorDesc | None], outs: list[TensorDesc], attrs: dict) -> Plan:
+        (x,), (o,) = ins, outs
+        nd = x.ndim
+        axis = attrs["axis"]
+        axes = tuple(range(nd)) if axis is None else tuple(
+            normalize_axis(self.name, a, max(nd, 1)) for a in axis)
+        if len(set(axes)) != len(axes):
+            raise self._bad(f"axis {axis} repeats an axis")
+        if nd == 0:
+            axes = ()
+        axes = tuple(sorted(axes))
+        kept = [i for i in range(nd) if i not in axes]
+        if attrs["keepdims"]:
+            want = tuple(1 if i in axes else x.shape[i] for i in range(nd))
+        else:
+            want = tuple(x.shape[i] for i in kept)
+        self._check_shape("out", o, want)
+        acc = acc_dtype(x.dtype, o.dtype)
+        k = int(np.prod([x.shape[i] for i in axes], dtype=np.int64))
+        tiling: dict[str, Any] = {"block": BLOCK, "levels": 0}
+        if o.numel == 0:
+            return Plan(0, _nothing, "empty", tiling)
+        if k == 0:
+            def enqueue_zero(s: Any, ws: int | None, ad: list) -> None:
+                s.launch(_zero, ad[1], o)
+
+            return Plan(0, enqueue_zero, "zero", tiling)
+        lay = Layout()
+        adjacent = not axes or axes == tuple(range(axes[0], axes[-1] + 1))
+        if x.is_contiguous and adjacent:
+            first = axes[0] if axes else nd
+            last = axes[-1] if axes else nd - 1
+            a = int(np.prod(x.shape[:first], dtype=np.int64))
+            b = int(np.prod(x.shape[last + 1 :], dtype=np.int64))
+            pack, pack_off = None, 0
+            src_off, sdt, impl = x._boff, x.dtype, "tree"
+        else:
+            a, b = int(np.prod([x.shape[i] for i in kept], dtype=np.int64)), 1
+            perm = tuple(kept) + axes
+            packed = tuple(x.shape[i] for i in perm) or (1,)
+            src_off = pack_off = lay.add("packed", (a, k), acc)
+            pack = (x, perm, packed, acc)
+            sdt, impl = acc, "tree+pack"
+        # level l reads (a, k_l, b) at src and writes (a, ceil(k_l / BLOCK), b) partials
+        levels: list[tuple[int, int, tuple]] = []
+        src_in_ws = pack is not None
+        kl = k
+        while kl > BLOCK:
+            nb = (kl + BLOCK - 1) // BLOCK
+            off = lay.add(f"partials{len(levels)}", (a, nb, b), acc)
+            levels.append((src_off if src_in_ws else -1, off, (a, kl, b, sdt, acc)))
+            src_off, sdt, kl, src_in_ws = off, acc, nb, True
+        final = (src_off if src_in_ws else -1, (a, kl, b, sdt, acc, o))
+        tiling.update(levels=len(levels) + 1, A=a, K=k, B=b)
+        x_off = x._boff
+        grids = [min((p[1] + BLOCK - 1) // BLOCK, 65535) for _, _, p in levels]
+
+        def enqueue(s: Any, ws: int | None, ad: list) -> None:
+            xp = ad[0]
+            if pack is not None:
+                s.launch(_pack, xp, ws + pack_off, pack)
+            for (src, dst, p), grid in zip(levels, grids):
+                s.launch(_sum_level, xp + x_off if src < 0 else ws + src, ws + dst, p,
+                         grid=grid, block=BLOCK)
+            src, p = final
+            s.launch(_sum_final, xp + x_off if src < 0 else ws + src, ad[1], p)
+
+        return Plan(lay.total(), enqueue, impl, tiling)
+
+
+def _nothing(s: Any, ws: int | None, ad: list) -> None:
+    """An empty output: nothing to enqueue."""
+
+
+reduce_sum = ReduceSum()

@@ -1,0 +1,106 @@
+"""``ops.run``: the seed's ``InvokeAclnnTwoPhase`` template as one call, leak-free on every path.
+
+Steps: plan (phase 1) or take the calling thread's cached executor and re-point it at the new
+tensors; allocate the workspace from the stream's device pool in stream order (none when the
+size is 0: the kernels never touch it then, so phase 2 accepts None); enqueue (phase 2); free the
+workspace in stream order right after the kernels; release a one-shot executor (a host function
+queued behind its kernels, see ``executor.py``). ``s.free`` is a stream-ordered free: the pool
+tags the block with the stream position after the kernels, so only work ordered after them can
+reuse it (DESIGN.md §3) and no synchronize is needed. ``sync=True`` synchronizes the stream at
+the end. On any error, the executor (unless the cache owns it) and the workspace are released
+before the error propagates.
+
+The hit path is kept lean: the key is a tuple of precomputed per-tensor ids (see
+``TensorDesc._kid``), and the checks that phase 2 makes on a caller's arguments are not needed
+for a workspace this function allocated itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import ExecutorError
+from ..stream import Stream, current_stream
+from .cache import ExecutorCache
+from .executor import PARAM_INVALID, Executor
+from .framework import OPS, Op
+
+__all__ = ["run"]
+
+
+def _resolve(op: Any) -> Op:
+    if isinstance(op, Op):
+        return op
+    if isinstance(op, str) and op in OPS:
+        return OPS[op]
+    raise ExecutorError(f"ops.run: {op!r} is not an operator (known: {', '.join(OPS)})",
+                        PARAM_INVALID)
+
+
+def _key(op: Op, tensors: tuple, attrs: dict) -> tuple | None:
+    """The cache key, or None when the call cannot be cached (a bad tensor, an unhashable attr)."""
+    try:
+        tk = tuple([t._key for t in tensors])
+    except AttributeError:  # None (optional input) or not a Tensor
+        try:
+            tk = tuple([None if t is None else t._key for t in tensors])
+        except AttributeError:
+            return None  # phase 1 will say what is wrong
+    if attrs:
+        key = (op, op.version, tk, tuple([(k, v.__class__, v) for k, v in attrs.items()]))
+        try:
+            hash(key)
+        except TypeError:
+            return None
+        return key
+    return (op, op.version, tk)
+
+
+def run(op: Any, *tensors: Any, stream: Stream | None = None, sync: bool = False,
+        cache: ExecutorCache | None = None, **attrs: Any) -> None:
+    """Plan (or hit ``cache``), allocate the workspace, execute, free it, release the executor."""
+    if not isinstance(op, Op):
+        op = _resolve(op)
+    s = current_stream() if stream is None else stream
+    if type(s) is not Stream:
+        raise ExecutorError(f"ops.run: stream must be a Stream, not {type(s).__name__}",
+                            PARAM_INVALID)
+    ex: Executor | None = None
+    cached = hit = False  # cached: the cache owns ``ex`` (never release it here)
+    key = None
+    if cache is not None:
+        if type(cache) is not ExecutorCache:
+            raise ExecutorError(f"ops.run: cache must be an ExecutorCache, not "
+                                f"{type(cache).__name__}", PARAM_INVALID)
+        key = _key(op, tensors, attrs)
+        if key is not None:
+            ex = cache._get(key)
+            if ex is not None:  # same metadata, so the same slots are None; a freed tensor's
+                # key (-1) never matches, so every other address is a live tensor's
+                ex._addrs = [None if t is None else t._ptr for t in tensors]
+                cached = hit = True
+    if ex is None:
+        ex = op._make(tensors, attrs)  # phase 1; raises before creating anything
+        if key is not None:
+            cached = cache._put(key, ex)
+    ws = None
+    try:
+        if ex.device is not s.device:
+            raise ExecutorError(f"ops.run: stream is on {s.device.name}, the tensors on "
+                                f"{ex.device.name}", PARAM_INVALID)
+        size = ex._ws
+        if size:
+            ws = s.malloc(size)
+            s.free(ws)
+        ex._launch(s, ws, hit)
+        ws = None
+    except BaseException:
+        if not cached:
+            ex._release()
+        if ws is not None:
+            s.free(ws)  # stream-ordered: after whatever was enqueued before the failure
+        raise
+    if ws is not None:
+        s.free(ws)
+    if sync:
+        s.synchronize()

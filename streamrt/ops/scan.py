@@ -1,0 +1,139 @@
+"""``cumsum``: a block scan with the block sums in the workspace.
+
+The scanned axis (length N) is cut into ``nb`` blocks of ``block`` elements (at least
+``MIN_BLOCK``, and at most ``MAX_BLOCKS`` blocks: the tiling phase 1 chooses). Three kernels, as
+on a GPU: scan each block locally and store its total in a workspace region ``(*rows, nb)``; scan
+the block totals in place; add to each block the total of the blocks before it. A single block
+needs one kernel and no workspace. With ``axis=None`` the input is scanned flattened (C order);
+a non-contiguous input is first packed into the workspace. float16 scans accumulate in a
+float32 workspace buffer, written to ``out`` at the end.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..kernel import kernel
+from ..tensor import TensorDesc
+from .common import Layout, acc_dtype, region, view
+from .framework import Attr, Op, Plan, normalize_axis, optional_int_attr
+
+__all__ = ["Cumsum", "cumsum"]
+
+MIN_BLOCK = 512
+MAX_BLOCKS = 64
+
+
+def _input(ctx: Any, xp: int, ws: int | None, p: tuple) -> np.ndarray:
+    xd, od, axis, acc, bounds, pack_off, buf_off, sums_off, sums_shape = p
+    if pack_off >= 0:
+        return region(ctx, ws, pack_off, od.shape, acc)
+    return np.moveaxis(view(ctx, xp, xd, True), axis, -1)
+
+
+def _target(ctx: Any, op_: int, ws: int | None, p: tuple) -> np.ndarray:
+    xd, od, axis, acc, bounds, pack_off, buf_off, sums_off, sums_shape = p
+    t = region(ctx, ws, buf_off, od.shape, acc) if buf_off >= 0 else view(ctx, op_, od, False)
+    return np.moveaxis(t, axis, -1)
+
+
+def _finish(ctx: Any, op_: int, ws: int | None, p: tuple) -> None:
+    od, acc, buf_off = p[1], p[3], p[6]
+    if buf_off >= 0:
+        np.copyto(view(ctx, op_, od, False), region(ctx, ws, buf_off, od.shape, acc),
+                  casting="unsafe")
+
+
+@kernel
+def _pack(ctx: Any, xp: int, ws: int, p: tuple) -> None:
+    xd, od, acc, pack_off = p[0], p[1], p[3], p[5]
+    np.copyto(region(ctx, ws, pack_off, od.shape, acc), view(ctx, xp, xd, True).reshape(-1),
+              casting="unsafe")
+
+
+@kernel
+def _scan_blocks(ctx: Any, xp: int, op_: int, ws: int | None, p: tuple) -> None:
+    acc, bounds, sums_off, sums_shape = p[3], p[4], p[7], p[8]
+    x = _input(ctx, xp, ws, p)
+    t = _target(ctx, op_, ws, p)
+    for s, e in bounds:
+        np.cumsum(x[..., s:e], axis=-1, dtype=acc, out=t[..., s:e])
+    if sums_off >= 0:  # each block's total: the last element of its local scan
+        region(ctx, ws, sums_off, sums_shape, acc)[...] = t[..., [e - 1 for _, e in bounds]]
+    else:
+        _finish(ctx, op_, ws, p)
+
+
+@kernel
+def _scan_sums(ctx: Any, ws: int, p: tuple) -> None:
+    sums = region(ctx, ws, p[7], p[8], p[3])
+    np.cumsum(sums, axis=-1, out=sums)
+
+
+@kernel
+def _scan_offsets(ctx: Any, op_: int, ws: int, p: tuple) -> None:
+    acc, bounds, sums_off, sums_shape = p[3], p[4], p[7], p[8]
+    t = _target(ctx, op_, ws, p)
+    sums = region(ctx, ws, sums_off, sums_shape, acc)
+    for i, (s, e) in enumerate(bounds[1:]):  # block i + 1 follows blocks 0..i
+        np.add(t[..., s:e], sums[..., i : i + 1], out=t[..., s:e], casting="unsafe")
+    _finish(ctx, op_, ws, p)
+
+
+class Cumsum(Op):
+    """Inclusive prefix sum along ``axis`` (None: over the flattened input) (``aclnnCumsum``)."""
+
+    name = "cumsum"
+    inputs = ("x",)
+    attrs = {"axis": Attr(optional_int_attr, None)}
+
+    def _plan(self, ins: list[TensorDesc | None], outs: list[TensorDesc], attrs: dict) -> Plan:
+        (x,), (o,) = ins, outs
+        acc = acc_dtype(x.dtype, o.dtype)
+        lay = Layout()
+        pack_off = -1
+        if attrs["axis"] is None:
+            self._check_shape("out", o, (x.numel,))
+            axis = -1
+            if x.is_contiguous:  # the flat view of a contiguous tensor is free
+                x = TensorDesc((x.numel,), x.dtype, offset=x.offset)
+            else:
+                pack_off = lay.add("packed", (x.numel,), acc)
+        else:
+            if x.ndim == 0:
+                raise self._bad("cannot scan along an axis of a 0-d x; use axis=None")
+            axis = normalize_axis(self.name, attrs["axis"], x.ndim)
+            self._check_shape("out", o, x.shape)
+        length = o.shape[axis] if o.ndim else 1
+        rows = o.numel // max(length, 1)
+        block = max(MIN_BLOCK, -(-length // MAX_BLOCKS))
+        bounds = tuple((s, min(s + block, length)) for s in range(0, length, block))
+        nb = len(bounds)
+        buf_off = lay.add("acc", o.shape, acc) if o.dtype != acc else -1
+        sums_shape = o.shape[:axis] + o.shape[axis + 1 :] + (nb,) if axis >= 0 else (
+            o.shape[:-1] + (nb,))
+        sums_off = lay.add("block_sums", sums_shape, acc) if nb > 1 else -1
+        p = (x, o, axis, acc, bounds, pack_off, buf_off, sums_off, sums_shape)
+        tiling = {"block": block, "blocks": nb, "rows": rows}
+        if o.numel == 0:
+            return Plan(0, _nothing, "empty", tiling)
+
+        def enqueue(s: Any, ws: int | None, a: list) -> None:
+            if pack_off >= 0:
+                s.launch(_pack, a[0], ws, p)
+            s.launch(_scan_blocks, a[0], a[1], ws, p, grid=nb)
+            if sums_off >= 0:
+                s.launch(_scan_sums, ws, p)
+                s.launch(_scan_offsets, a[1], ws, p, grid=nb)
+
+        impl = ("block_scan" if nb > 1 else "single_block") + ("+pack" if pack_off >= 0 else "")
+        return Plan(lay.total(), enqueue, impl, tiling)
+
+
+def _nothing(s: Any, ws: int | None, a: list) -> None:
+    """An empty output: nothing to enqueue."""
+
+
+cumsum = Cumsum()

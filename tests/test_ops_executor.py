@@ -1,0 +1,358 @@
+"""Executors and the checks of both phases (DESIGN.md §4): codes, one-shot, repeatable, threads."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import streamrt as srt
+from streamrt import ops
+from streamrt.backends.cpu import SPACE
+
+F32 = np.float32
+NULLPTR, INVALID, INNER = 161001, 161002, 561000
+
+
+@pytest.fixture
+def s(dev):
+    st = srt.Stream(dev, non_blocking=True)
+    yield st
+    st.synchronize()
+    st.destroy()
+
+
+def live() -> int:
+    return ops.stats()["live_executors"]
+
+
+def T(s, a):
+    return srt.Tensor.from_numpy(np.asarray(a, F32), stream=s)
+
+
+def softmax_setup(s, rows=4, cols=8):
+    x = np.random.default_rng(0).standard_normal((rows, cols)).astype(F32)
+    tx, out = T(s, x), T(s, np.zeros((rows, cols)))
+    e = np.exp(x - x.max(1, keepdims=True))
+    return tx, out, e / e.sum(1, keepdims=True)
+
+
+def raises(code, fn, *args, **kwargs):
+    with pytest.raises(srt.ExecutorError) as info:
+        fn(*args, **kwargs)
+    assert info.value.code == code, info.value
+    return info.value
+
+
+# -- phase 1 ---------------------------------------------------------------------------------------
+def test_executor_phase1_returns_size_and_a_ready_executor(s):
+    x, out, _ = softmax_setup(s)
+    size, ex = ops.softmax.get_workspace_size(x, out, axis=1)
+    assert isinstance(ex, ops.Executor)
+    assert size == ex.workspace_size > 0
+    assert ex.op_name == "softmax" and not ex.repeatable
+    ex.destroy()
+
+
+def test_executor_phase1_never_reads_memory(s, monkeypatch):
+    x, out, _ = softmax_setup(s)
+    calls = [
+        (ops.softmax, (x, out), {}), (ops.add, (x, x, out), {"alpha": 2.0}),
+        (ops.reduce_sum, (x, T(s, np.zeros(4))), {"axis": 1}),
+        (ops.layer_norm, (x, None, None, out), {}), (ops.cumsum, (x, out), {"axis": 1}),
+        (ops.matmul, (x, T(s, np.zeros((8, 2))), T(s, np.zeros((4, 2)))), {}),
+        (ops.mul, (x, x, out), {}),
+    ]
+    s.synchronize()
+
+    def no_access(*args, **kwargs):
+        raise AssertionError("phase 1 touched device memory")
+
+    executors = []
+    with monkeypatch.context() as m:  # every view of device memory goes through these two
+        m.setattr(SPACE, "span", no_access)
+        m.setattr(SPACE, "array", no_access)
+        for op, tensors, attrs in calls:
+            executors.append(op.get_workspace_size(*tensors, **attrs)[1])
+    for ex in executors:
+        ex.destroy()
+
+
+def test_executor_data_written_after_phase1_is_used(s, gate):
+    x = srt.Tensor.empty((4, 8), F32, stream=s)
+    out = srt.Tensor.empty((4, 8), F32, stream=s)
+    g = gate(s)
+    size, ex = ops.softmax.get_workspace_size(x, out)  # x holds no data yet (not even written)
+    data = np.random.default_rng(1).standard_normal((4, 8)).astype(F32)
+    s.memcpy(x.ptr, data, data.nbytes)  # written after phase 1, ordered before phase 2
+    ws = s.malloc(size)
+    ops.softmax(ws, size, ex, s)
+    s.free(ws)
+    g.open()
+    e = np.exp(data - data.max(1, keepdims=True))
+    np.testing.assert_allclose(out.numpy(s), e / e.sum(1, keepdims=True), rtol=1e-5)
+
+
+@pytest.mark.parametrize("make, code", [
+    (lambda s, x, o: ops.softmax.get_workspace_size(x), INVALID),  # arity
+    (lambda s, x, o: ops.softmax.get_workspace_size(None, o), NULLPTR),
+    (lambda s, x, o: ops.softmax.get_workspace_size(np.zeros((4, 8)), o), INVALID),
+    (lambda s, x, o: ops.softmax.get_workspace_size(x, o, axis=2), INVALID),
+    (lambda s, x, o: ops.softmax.get_workspace_size(x, o, axis=1.0), INVALID),
+    (lambda s, x, o: ops.softmax.get_workspace_size(x, o, dim=1), INVALID),  # unknown attr
+    (lambda s, x, o: ops.softmax.get_workspace_size(x, T(s, np.zeros((8, 4)))), INVALID),
+    (lambda s, x, o: ops.add.get_workspace_size(x, T(s, np.zeros(3)), o), INVALID),  # broadcast
+    (lambda s, x, o: ops.add.get_workspace_size(x, x, o, alpha="2"), INVALID),
+    (lambda s, x, o: ops.add.get_workspace_size(x, x, o, alpha=True), INVALID),
+    (lambda s, x, o: ops.reduce_sum.get_workspace_size(x, T(s, np.zeros(4)), axis=(1, -1)),
+     INVALID),
+    (lambda s, x, o: ops.reduce_sum.get_workspace_size(x, T(s, np.zeros(4)), keepdims=1),
+     INVALID),
+    (lambda s, x, o: ops.reduce_sum.get_workspace_size(x, T(s, np.zeros(8)), axis=1), INVALID),
+    (lambda s, x, o: ops.matmul.get_workspace_size(x, x, o), INVALID),  # inner dims differ
+    (lambda s, x, o: ops.matmul.get_workspace_size(T(s, np.zeros(8)), x, o), INVALID),
+    (lambda s, x, o: ops.layer_norm.get_workspace_size(x, T(s, np.ones(4)), None, o), INVALID),
+    (lambda s, x, o: ops.layer_norm.get_workspace_size(x, None, None, o, eps=-1.0), INVALID),
+    (lambda s, x, o: ops.layer_norm.get_workspace_size(x, T(s, np.ones(8)), None, o,
+                                                       normalized_ndim=2), INVALID),
+    (lambda s, x, o: ops.cumsum.get_workspace_size(x, o), INVALID),  # axis None: out is flat
+    (lambda s, x, o: ops.softmax.get_workspace_size(
+        x, srt.Tensor.empty((4, 8), np.int32, stream=s)), INVALID),  # dtype
+    (lambda s, x, o: ops.softmax.get_workspace_size(
+        x, o.as_strided((4, 8), (0, 1))), INVALID),  # an output writing elements twice
+])
+def test_executor_phase1_rejects_bad_metadata_and_creates_nothing(s, make, code):
+    x, out, _ = softmax_setup(s)
+    before = live()
+    raises(code, make, s, x, out)
+    assert live() == before
+
+
+def test_executor_phase1_rejects_freed_tensors_formats_and_devices(s):
+    x, out, _ = softmax_setup(s)
+    before = live()
+    gone = T(s, np.zeros((4, 8)))
+    gone.free()
+    raises(NULLPTR, ops.softmax.get_workspace_size, gone, out)
+    fmt = srt.Tensor.empty((1, 2, 2, 2, 16), F32, stream=s)
+    nz = fmt.as_strided((1, 2, 2, 2, 16), fmt.strides, format="NC1HWC0")
+    raises(INVALID, ops.softmax.get_workspace_size, nz, nz)
+    s1 = srt.Stream("cpu:1", non_blocking=True)
+    other = srt.Tensor.from_numpy(np.zeros((4, 8), F32), stream=s1)
+    err = raises(INVALID, ops.add.get_workspace_size, x, other, out)
+    assert "cpu:1" in str(err)
+    assert live() == before
+    s1.synchronize()
+    s1.destroy()
+
+
+def test_executor_planner_bug_is_an_inner_error(s, monkeypatch):
+    x, out, _ = softmax_setup(s)
+    before = live()
+    monkeypatch.setattr(type(ops.softmax), "_plan", lambda self, i, o, a: 1 // 0)
+    err = raises(INNER, ops.softmax.get_workspace_size, x, out)
+    assert isinstance(err.__cause__, ZeroDivisionError)
+    assert err.name == "ACLNN_ERR_INNER"
+    assert live() == before
+
+
+# -- phase 2 checks --------------------------------------------------------------------------------
+def _bad_calls(s, size, ex):
+    """(description, call, code) for every phase-2 refusal."""
+    ws = s.malloc(size)
+    small = s.malloc(size // 2) if size > 1024 else None
+    freed = s.malloc(size)
+    s.free(freed)
+    other = srt.Stream("cpu:1", non_blocking=True)
+    far = other.malloc(size)
+    calls = [
+        ("workspace missing", lambda: ops.softmax(None, size, ex, s), NULLPTR),
+        ("null workspace", lambda: ops.softmax(0, size, ex, s), NULLPTR),
+        ("size mismatch", lambda: ops.softmax(ws, size + 1, ex, s), INVALID),
+        ("size not an int", lambda: ops.softmax(ws, float(size), ex, s), INVALID),
+        ("freed workspace", lambda: ops.softmax(freed, size, ex, s), INVALID),
+        ("interior pointer", lambda: ops.softmax(ws + 64, size, ex, s), INVALID),
+        ("workspace on another device", lambda: ops.softmax(far, size, ex, s), INVALID),
+        ("workspace not a pointer", lambda: ops.softmax("ws", size, ex, s), INVALID),
+        ("no executor", lambda: ops.softmax(ws, size, None, s), NULLPTR),
+        ("not an executor", lambda: ops.softmax(ws, size, object(), s), INVALID),
+        ("executor of another op", lambda: ops.add(ws, size, ex, s), INVALID),
+        ("stream of another device", lambda: ops.softmax(ws, size, ex, other), INVALID),
+        ("not a stream", lambda: ops.softmax(ws, size, ex, "s"), INVALID),
+    ]
+    if small is not None:
+        calls.append(("workspace too small", lambda: ops.softmax(small, size, ex, s), INVALID))
+    return ws, other, calls
+
+
+def test_executor_phase2_refusals_enqueue_nothing(s):
+    x, out, ref = softmax_setup(s, rows=256, cols=8)  # a 2 KiB workspace: "small" is real
+    size, ex = ops.softmax.get_workspace_size(x, out)
+    assert size > 1024
+    ws, other, calls = _bad_calls(s, size, ex)
+    for what, call, code in calls:
+        with pytest.raises(srt.ExecutorError) as info:
+            call()
+        assert info.value.code == code, what
+    s.synchronize()
+    assert np.all(out.numpy(s) == 0), "a refused call enqueued work"
+    ops.softmax(ws, size, ex, s)  # the one-shot executor was not consumed by the refusals
+    s.free(ws)
+    np.testing.assert_allclose(out.numpy(s), ref, rtol=1e-5)
+    other.synchronize()
+    other.destroy()
+
+
+def test_executor_workspace_may_be_none_only_when_size_is_zero(s):
+    x, y = T(s, np.ones(4)), T(s, np.full(4, 2.0))
+    out = T(s, np.zeros(4))
+    size, ex = ops.add.get_workspace_size(x, y, out)
+    assert size == 0  # alpha == 1, same dtypes: the seed's size-0 case
+    ops.add(None, 0, ex, s)
+    np.testing.assert_array_equal(out.numpy(s), np.full(4, 3.0))
+    size, ex = ops.add.get_workspace_size(x, y, out)
+    ws = s.malloc(1)  # the seed's advice (allocate a minimum unit anyway) is accepted too
+    ops.add(ws, 0, ex, s)
+    s.free(ws)
+    s.synchronize()
+
+
+def test_executor_accepts_an_srt_malloc_workspace(s):
+    x, out, ref = softmax_setup(s)
+    size, ex = ops.softmax.get_workspace_size(x, out)
+    ws = srt.malloc(size)
+    ops.softmax(ws, size, ex, s)
+    np.testing.assert_allclose(out.numpy(s), ref, rtol=1e-5)
+    srt.free(ws)
+
+
+# -- one-shot and repeatable -----------------------------------------------------------------------
+def test_executor_one_shot_is_refused_on_a_second_run(s):
+    x, out, _ = softmax_setup(s)
+    size, ex = ops.softmax.get_workspace_size(x, out)
+    ws = s.malloc(size)
+    ops.softmax(ws, size, ex, s)
+    err = raises(INVALID, ops.softmax, ws, size, ex, s)
+    assert "already ran" in str(err)
+    s.free(ws)
+    ex.destroy()  # safe after it ran
+    ex.destroy()
+
+
+def test_executor_one_shot_is_released_when_its_work_completes(s, gate):
+    x, out, ref = softmax_setup(s)
+    base = live()
+    g = gate(s)
+    size, ex = ops.softmax.get_workspace_size(x, out)
+    ws = s.malloc(size)
+    ops.softmax(ws, size, ex, s)
+    s.free(ws)
+    assert live() == base + 1  # its kernels have not run: it must stay alive
+    g.open()
+    s.synchronize()
+    assert live() == base
+    np.testing.assert_allclose(out.numpy(s), ref, rtol=1e-5)
+
+
+def test_executor_destroyed_is_refused(s):
+    x, out, _ = softmax_setup(s)
+    before = live()
+    size, ex = ops.softmax.get_workspace_size(x, out)
+    ex.destroy()
+    assert live() == before
+    ws = s.malloc(size)
+    err = raises(INVALID, ops.softmax, ws, size, ex, s)
+    assert "destroyed" in str(err)
+    raises(INVALID, ex.set_repeatable)
+    s.free(ws)
+
+
+def test_executor_repeatable_runs_with_new_addresses(s, gate):
+    rng = np.random.default_rng(2)
+    xs = [rng.standard_normal((3, 5)).astype(F32) for _ in range(3)]
+    ys = [rng.standard_normal((5,)).astype(F32) for _ in range(3)]
+    tx = [T(s, a) for a in xs]
+    ty = [T(s, a) for a in ys]
+    outs = [T(s, np.zeros((3, 5))) for _ in range(3)]
+    size, ex = ops.add.get_workspace_size(tx[0], ty[0], outs[0], alpha=2.0)
+    ex.set_repeatable()
+    assert ex.repeatable
+    g = gate(s)  # nothing runs until all three are enqueued: addresses must be taken by value
+    for i in range(3):
+        ex.set_input_addr(0, tx[i].ptr)
+        ex.set_input_addr(1, ty[i].ptr)
+        ex.set_output_addr(0, outs[i].ptr)
+        ws = s.malloc(size)
+        ops.add(ws, size, ex, s)
+        s.free(ws)
+    g.open()
+    for i in range(3):
+        np.testing.assert_allclose(outs[i].numpy(s), xs[i] + 2 * ys[i], rtol=1e-6)
+    assert ops.stats()["add"]["reuses"] >= 2
+    ex.destroy()
+
+
+def test_executor_address_setters_validate(s):
+    x, out, _ = softmax_setup(s)
+    _, one_shot = ops.softmax.get_workspace_size(x, out)
+    raises(INVALID, one_shot.set_input_addr, 0, x.ptr)  # not repeatable
+    one_shot.destroy()
+    _, ex = ops.layer_norm.get_workspace_size(x, None, None, out)
+    ex.set_repeatable()
+    raises(INVALID, ex.set_input_addr, 3, x.ptr)
+    raises(INVALID, ex.set_input_addr, -1, x.ptr)
+    raises(INVALID, ex.set_output_addr, 1, x.ptr)
+    raises(INVALID, ex.set_input_addr, 1, x.ptr)  # planned without a weight
+    raises(INVALID, ex.set_input_addr, "0", x.ptr)
+    raises(NULLPTR, ex.set_input_addr, 0, None)
+    raises(NULLPTR, ex.set_output_addr, 0, 0)
+    raises(INVALID, ex.set_output_addr, 0, 2.5)
+    ex.destroy()
+
+
+def test_executor_set_repeatable_only_before_the_first_run(s):
+    x = T(s, np.ones(4))
+    size, ex = ops.mul.get_workspace_size(x, x, x)
+    ops.mul(None, size, ex, s)
+    raises(INVALID, ex.set_repeatable)
+    s.synchronize()
+
+
+# -- threads ---------------------------------------------------------------------------------------
+def test_executor_from_another_thread_is_refused(s):
+    x, out, ref = softmax_setup(s)
+    size, ex = ops.softmax.get_workspace_size(x, out)
+    ws = s.malloc(size)
+    codes = {}
+
+    def other_thread():
+        for what, fn in [("run", lambda: ops.softmax(ws, size, ex, s)),
+                         ("set_repeatable", ex.set_repeatable),
+                         ("set_input_addr", lambda: ex.set_input_addr(0, x.ptr)),
+                         ("destroy", ex.destroy)]:
+            try:
+                fn()
+                codes[what] = None
+            except srt.ExecutorError as exc:
+                codes[what] = exc.code
+
+    t = threading.Thread(target=other_thread)
+    t.start()
+    t.join()
+    assert codes == dict.fromkeys(("run", "set_repeatable", "set_input_addr", "destroy"), INVALID)
+    s.synchronize()
+    assert np.all(out.numpy(s) == 0)
+    ops.softmax(ws, size, ex, s)  # the owner still can
+    s.free(ws)
+    np.testing.assert_allclose(out.numpy(s), ref, rtol=1e-5)
+
+
+def test_executor_error_names_and_repr(s):
+    x, out, _ = softmax_setup(s)
+    err = raises(NULLPTR, ops.softmax.get_workspace_size, None, out)
+    assert err.name == "ACLNN_ERR_PARAM_NULLPTR" and isinstance(err, srt.StreamRTError)
+    _, ex = ops.softmax.get_workspace_size(x, out)
+    assert "softmax" in repr(ex) and "ready" in repr(ex)
+    ex.destroy()
+    assert "released" in repr(ex)

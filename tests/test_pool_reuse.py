@@ -1,0 +1,462 @@
+"""Pool reuse rules (DESIGN.md §3 steps 1-6), best fit, split/coalesce, rounding, ownership.
+
+"Not yet complete" is made certain with a closed gate; "already executed without a host
+synchronize" with a host function that sets a ``threading.Event`` after the free.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import streamrt as srt
+
+BLOCK = 2 << 20  # a whole chunk: no fresh remainder competes with the block under test
+BIG = 1 << 30  # a release threshold that keeps every chunk
+RULES = (
+    "reuse_same_stream", "reuse_after_sync", "reuse_event_dependency", "reuse_opportunistic",
+    "grow_count", "reuse_internal_dependency",
+)
+FLAG_NAMES = (
+    "reuse_follow_event_dependencies", "reuse_allow_opportunistic",
+    "reuse_allow_internal_dependencies",
+)
+
+
+@srt.kernel
+def snapshot_kernel(ctx, ptr, n, out):
+    """Pending work of a block's owner: records the bytes it sees."""
+    out.append(ctx.array(ptr, (n,), np.uint8, readonly=True).copy())
+
+
+def served(pool: srt.MemPool, before: dict) -> list[str]:
+    """The step counters that moved since ``before``."""
+    after = pool.stats()
+    return [r for r in RULES if after[r] != before[r]]
+
+
+def stream(dev) -> srt.Stream:
+    return srt.Stream(dev, non_blocking=True)
+
+
+def pool_with(dev, flag: bool | None = None, **kw) -> srt.MemPool:
+    """A pool that keeps its chunks at synchronize; ``flag`` sets all three reuse flags."""
+    kw.setdefault("release_threshold", BIG)
+    if flag is not None:
+        kw.update(dict.fromkeys(FLAG_NAMES, flag))
+    return srt.MemPool(dev, **kw)
+
+
+def used_then_freed(pool: srt.MemPool, s: srt.Stream, size: int = BLOCK, value: int = 0x11) -> int:
+    """A block that ``s`` writes and then frees (the free is not at stream position 0)."""
+    p = s.malloc(size, pool)
+    s.memset(p, value, size)
+    s.free(p)
+    return p
+
+
+def executed(s: srt.Stream) -> None:
+    """Return once ``s`` has executed everything enqueued so far, without a host synchronize."""
+    ran = threading.Event()
+    s.launch_host_func(ran.set)
+    assert ran.wait(timeout=30)
+
+
+# -- step 1: same stream ----------------------------------------------------------------------
+@pytest.mark.parametrize("flags", [True, False])
+def test_pool_reuse_same_stream_always(dev, gate, flags):
+    pool = pool_with(dev, flags)
+    s = stream(dev)
+    gate(s)
+    p = used_then_freed(pool, s)
+    before = pool.stats()
+    q = s.malloc(BLOCK, pool)  # the free is pending, but stream order protects the block
+    assert q == p
+    assert served(pool, before) == ["reuse_same_stream"]
+
+
+def test_pool_no_reuse_across_unrelated_streams_while_pending(dev, gate):
+    pool = pool_with(dev)
+    a, b = stream(dev), stream(dev)
+    gate(b)
+    p = used_then_freed(pool, b)
+    before = pool.stats()
+    q = a.malloc(BLOCK, pool)
+    assert q != p
+    assert served(pool, before) == ["grow_count"]
+
+
+# -- step 2: after a host synchronize ---------------------------------------------------------
+@pytest.mark.parametrize("flags", [True, False])
+def test_pool_reuse_after_sync_whatever_the_flags(dev, flags):
+    pool = pool_with(dev, flags)
+    a, b = stream(dev), stream(dev)
+    p = used_then_freed(pool, b)
+    b.synchronize()
+    before = pool.stats()
+    q = a.malloc(BLOCK, pool)
+    assert q == p
+    assert served(pool, before) == ["reuse_after_sync"]
+
+
+def test_pool_completed_but_unsynchronized_free_is_not_after_sync(dev):
+    pool = pool_with(dev, False)
+    a, b = stream(dev), stream(dev)
+    p = used_then_freed(pool, b)
+    executed(b)  # the free has run, but no host synchronize proved it
+    assert b.query()  # a query that answers True is not a synchronize either
+    before = pool.stats()
+    q = a.malloc(BLOCK, pool)
+    assert q != p
+    assert served(pool, before) == ["grow_count"]
+
+
+def test_pool_event_sync_promotes_split_remainder(dev):
+    # A split remainder keeps its block's free position; an event synchronize that proves that
+    # position makes it reusable by any stream even when a later free on the same stream is
+    # still unproven (regression: the promotion FIFO stopped at the later free).
+    pool = pool_with(dev, False)
+    s, a = stream(dev), stream(dev)
+    x = s.malloc(BLOCK, pool)
+    y = s.malloc(2 * BLOCK, pool)
+    s.memset(x, 1, BLOCK)
+    s.free(x)  # x freed at position 1
+    s.memset(y, 2, 2 * BLOCK)
+    e = s.record()  # position 2
+    s.memset(y, 3, 2 * BLOCK)
+    s.free(y)  # y freed at position 3
+    z = s.malloc(512, pool)  # best fit on s: x, split; the remainder keeps position 1
+    assert z == x
+    e.synchronize()  # proves position 2: the remainder of x, not y
+    before = pool.stats()
+    q = a.malloc(BLOCK // 2, pool)
+    assert served(pool, before) == ["reuse_after_sync"]
+    assert x < q < x + BLOCK
+    s.free(z)
+    a.free(q)
+
+
+# -- step 3: event dependencies ---------------------------------------------------------------
+@pytest.mark.parametrize("on", [True, False])
+def test_pool_reuse_event_dependency(dev, gate, on):
+    pool = pool_with(dev, reuse_follow_event_dependencies=on)
+    a, b = stream(dev), stream(dev)
+    gate(b)
+    p = used_then_freed(pool, b)
+    a.wait(b.record())  # a's next work is ordered after b's free
+    before = pool.stats()
+    q = a.malloc(BLOCK, pool)
+    if on:
+        assert q == p
+        assert served(pool, before) == ["reuse_event_dependency"]
+    else:
+        assert q != p
+        assert served(pool, before) == ["grow_count"]
+
+
+def test_pool_event_recorded_before_free_is_no_dependency(dev, gate):
+    pool = pool_with(dev)
+    a, b = stream(dev), stream(dev)
+    gate(b)
+    p = b.malloc(BLOCK, pool)
+    b.memset(p, 1, BLOCK)
+    a.wait(b.record())  # ordered after the memset, not after the free below
+    b.memset(p, 2, BLOCK)
+    b.free(p)
+    before = pool.stats()
+    q = a.malloc(BLOCK, pool)
+    assert q != p
+    assert served(pool, before) == ["grow_count"]
+
+
+def test_pool_legacy_default_stream_ordering_counts_as_event_dependency(dev, gate, delay):
+    # A blocking stream and the legacy default stream are ordered both ways (CUDA legacy
+    # semantics): that implicit order is an event dependency for reuse, with no user event.
+    pool = pool_with(dev)
+    b = srt.Stream(dev)  # blocking
+    legacy = dev.default_stream
+    p = b.malloc(BLOCK, pool)
+    b.memset(p, 0x11, BLOCK)
+    g = gate(b)
+    seen: list[np.ndarray] = []
+    b.launch(snapshot_kernel, p, BLOCK, seen)  # b's pending use of the block
+    b.free(p)
+    before = pool.stats()
+    q = legacy.malloc(BLOCK, pool)
+    assert q == p
+    assert served(pool, before) == ["reuse_event_dependency"]
+    legacy.memset(q, 0x22, BLOCK)  # the new owner writes; must not reach b's pending read
+    g.open()
+    legacy.synchronize()
+    assert len(seen) == 1 and (seen[0] == 0x11).all()
+    assert (srt.read(q, (BLOCK,), np.uint8) == 0x22).all()
+
+    # and the other way: a block freed on the legacy stream, allocated on a blocking stream
+    g2 = gate(legacy)
+    try:
+        seen.clear()
+        legacy.launch(snapshot_kernel, q, BLOCK, seen)
+        legacy.free(q)  # the legacy stream, the block's new owner, frees it
+        c = srt.Stream(dev)
+        before = pool.stats()
+        r = c.malloc(BLOCK, pool)
+        assert r == q
+        assert served(pool, before) == ["reuse_event_dependency"]
+        c.memset(r, 0x33, BLOCK)
+    finally:
+        g2.open()
+    c.synchronize()
+    assert len(seen) == 1 and (seen[0] == 0x22).all()
+    c.free(r)
+
+
+def test_pool_non_blocking_stream_has_no_legacy_dependency(dev, gate):
+    pool = pool_with(dev)
+    b = stream(dev)
+    gate(b)
+    p = used_then_freed(pool, b)
+    before = pool.stats()
+    q = dev.default_stream.malloc(BLOCK, pool)
+    assert q != p
+    assert served(pool, before) == ["grow_count"]
+    dev.default_stream.free(q)
+
+
+# -- step 4: opportunistic ----------------------------------------------------------------------
+@pytest.mark.parametrize("on", [True, False])
+def test_pool_reuse_opportunistic(dev, on):
+    pool = pool_with(dev, reuse_allow_opportunistic=on)
+    a, b = stream(dev), stream(dev)
+    p = used_then_freed(pool, b)
+    executed(b)  # b has executed its free; no synchronize, no event
+    before = pool.stats()
+    q = a.malloc(BLOCK, pool)
+    if on:
+        assert q == p
+        assert served(pool, before) == ["reuse_opportunistic"]
+    else:
+        assert q != p
+        assert served(pool, before) == ["grow_count"]
+
+
+def test_pool_opportunistic_needs_the_free_to_have_run(dev, gate):
+    pool = pool_with(dev, reuse_allow_opportunistic=True)
+    a, b = stream(dev), stream(dev)
+    gate(b)
+    p = used_then_freed(pool, b)
+    before = pool.stats()
+    q = a.malloc(BLOCK, pool)
+    assert q != p
+    assert served(pool, before) == ["grow_count"]
+
+
+# -- steps 5 and 6: grow, then internal dependencies ------------------------------------------
+def test_pool_grow_preferred_over_internal_dependency(dev, gate):
+    pool = pool_with(dev, reuse_allow_internal_dependencies=True)  # no max_size: growing works
+    a, b = stream(dev), stream(dev)
+    gate(b)
+    p = used_then_freed(pool, b)
+    before = pool.stats()
+    q = a.malloc(BLOCK, pool)
+    assert q != p
+    assert served(pool, before) == ["grow_count"]
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_pool_reuse_internal_dependency(dev, gate, on):
+    pool = pool_with(dev, max_size=BLOCK, reuse_allow_internal_dependencies=on)
+    a, b = stream(dev), stream(dev)
+    gate(b)
+    p = used_then_freed(pool, b)
+    before = pool.stats()
+    pos = a._pos
+    if on:
+        q = a.malloc(BLOCK, pool)
+        assert q == p
+        assert served(pool, before) == ["reuse_internal_dependency"]
+        assert a._pos == pos + 1  # a real wait was enqueued on a
+    else:
+        with pytest.raises(srt.OutOfMemoryError):
+            a.malloc(BLOCK, pool)
+        after = pool.stats()
+        assert after["oom_count"] == before["oom_count"] + 1
+        assert {k: v for k, v in after.items() if k != "oom_count"} == {
+            k: v for k, v in before.items() if k != "oom_count"
+        }
+        assert a._pos == pos  # no wait was enqueued
+
+
+def test_pool_internal_dependency_orders_new_owner_after_old(dev, gate, delay):
+    pool = pool_with(dev, max_size=BLOCK)  # growing is impossible: step 6 must serve
+    a, b = stream(dev), stream(dev)
+    p = b.malloc(BLOCK, pool)
+    b.memset(p, 0x11, BLOCK)
+    g = gate(b)
+    seen: list[np.ndarray] = []
+    b.launch(snapshot_kernel, p, BLOCK, seen)  # the old owner's pending work
+    b.free(p)
+    before = pool.stats()
+    q = a.malloc(BLOCK, pool)
+    assert q == p
+    assert served(pool, before) == ["reuse_internal_dependency"]
+    a.memset(q, 0x22, BLOCK)  # the new owner writes at once
+    a_done = threading.Event()
+    a.launch_host_func(a_done.set)
+    # While b's gate is closed, a is held back by the wait the pool enqueued; without that wait
+    # a would run its memset and this host function right away. (A negative check only.)
+    assert not a_done.wait(timeout=0.2)
+    assert not a.query()
+    g.open()
+    a.synchronize()  # covers b up to the free, through the internal dependency
+    assert len(seen) == 1 and (seen[0] == 0x11).all()  # the old owner saw its own data
+    assert (srt.read(q, (BLOCK,), np.uint8) == 0x22).all()
+    a.free(q)
+
+
+# -- best fit, split, coalesce, rounding --------------------------------------------------------
+def test_pool_rounds_to_512_and_aligns(dev):
+    pool = pool_with(dev)
+    s = stream(dev)
+    sizes = [1, 511, 512, 513, 1000, 1025]
+    rounded = [512, 512, 512, 1024, 1024, 1536]
+    ptrs = [s.malloc(n, pool) for n in sizes]
+    assert all(p % 512 == 0 for p in ptrs)
+    assert pool.used_mem_current == sum(rounded)
+    # carved best-fit from one fresh chunk: each block starts where the previous one ends
+    assert [b - a for a, b in zip(ptrs, ptrs[1:])] == rounded[:-1]
+    assert pool.reserved_mem_current == 2 << 20  # all small: one shared 2 MiB chunk
+    for p in ptrs:
+        s.free(p)
+    assert pool.used_mem_current == 0
+
+    large = pool_with(dev)  # a fresh pool: no small-chunk remainder to carve from
+    big = s.malloc((1 << 20) + 1, large)  # > 1 MiB: its own chunk, rounded to a 2 MiB granule
+    assert big % 512 == 0
+    assert large.reserved_mem_current == 2 << 20
+    assert large.used_mem_current == (1 << 20) + 512
+    huge = s.malloc((3 << 20) + 1, large)  # the remainder is too small: a 4 MiB chunk
+    assert huge % 512 == 0
+    assert large.reserved_mem_current == 6 << 20
+    assert large.used_mem_current == (1 << 20) + 512 + (3 << 20) + 512
+    s.free(big)
+    s.free(huge)
+
+
+def test_pool_best_fit_chooses_closest_size(dev):
+    pool = pool_with(dev)
+    s = stream(dev)
+    a = s.malloc(4096, pool)
+    s.malloc(512, pool)  # live separators: no two free blocks coalesce
+    b = s.malloc(1024, pool)
+    s.malloc(512, pool)
+    c = s.malloc(2048, pool)
+    s.malloc(512, pool)
+    for p in (a, b, c):
+        s.memset(p, 0, 512)
+        s.free(p)
+    # step 1 (pending on s): the closest size wins, not the latest freed or the largest
+    assert s.malloc(1000, pool) == b
+    assert s.malloc(1536, pool) == c
+    assert s.malloc(3000, pool) == a
+    for p in (a, b, c):
+        s.free(p)
+    s.synchronize()  # now all three are ready blocks (step 2): best fit again
+    other = stream(dev)
+    assert other.malloc(2000, pool) == c
+    assert other.malloc(4000, pool) == a
+    assert other.malloc(1, pool) == b
+
+
+def test_pool_best_fit_across_streams(dev):
+    pool = pool_with(dev)
+    a, b, c = stream(dev), stream(dev), stream(dev)
+    p = used_then_freed(pool, b, 4 * BLOCK)
+    q = used_then_freed(pool, c, BLOCK)
+    a.wait(b.record())
+    a.wait(c.record())
+    before = pool.stats()
+    assert a.malloc(BLOCK, pool) == q  # both allowed by events: the closer size wins
+    assert served(pool, before) == ["reuse_event_dependency"]
+    assert a.malloc(3 * BLOCK, pool) == p
+
+
+def test_pool_split_and_coalesce(dev):
+    pool = pool_with(dev)
+    s = stream(dev)
+    x = s.malloc(512, pool)
+    y = s.malloc(512, pool)
+    z = s.malloc(512, pool)
+    assert (y - x, z - y) == (512, 512)
+    st = pool.stats()
+    assert st["chunks"] == 1 and st["largest_free_block"] == BLOCK - 3 * 512  # split remainder
+    for p in (x, z, y):
+        s.memset(p, 0, 512)
+        s.free(p)
+    # pending frees on one stream coalesce with each other (not yet with the ready remainder)
+    st = pool.stats()
+    assert st["largest_free_block"] == BLOCK - 3 * 512
+    assert s.malloc(3 * 512, pool) == x  # x, y, z merged into one block
+    s.free(x)
+    s.synchronize()  # proven: everything merges back into the whole chunk
+    st = pool.stats()
+    assert st["largest_free_block"] == BLOCK and st["chunks"] == 1
+    assert stream(dev).malloc(BLOCK, pool) == x  # the whole chunk, in one piece
+
+
+# -- ownership, srt.free ------------------------------------------------------------------------
+def test_pool_pointer_returns_to_owning_pool(dev):
+    pa, pb = pool_with(dev), pool_with(dev)
+    default = dev.default_mem_pool
+    dev.set_mem_pool(pb)
+    try:
+        s = stream(dev)
+        p = s.malloc(4096, pa)
+        q = s.malloc(4096)  # the device's current pool: pb
+        assert pa.stats()["live_allocations"] == 1 and pb.stats()["live_allocations"] == 1
+        before_b = pb.stats()
+        s.free(p)  # no pool argument: the pointer goes back to pa
+        assert pa.stats()["free_count"] == 1 and pa.used_mem_current == 0
+        assert pb.stats() == before_b
+        assert s.malloc(4096, pa) == p  # and pa serves it again
+        before_a = pa.stats()
+        srt.free(q)  # the synchronous free also finds the owner
+        assert pb.stats()["free_count"] == 1 and pa.stats() == before_a
+        s.free(p)
+    finally:
+        dev.set_mem_pool(default)
+
+
+def test_pool_srt_free_synchronizes_then_frees(dev, gate):
+    pool = srt.MemPool(dev)  # threshold 0: srt.free is itself a synchronize point
+    s = stream(dev)
+    p = s.malloc(BLOCK, pool)
+    s.memset(p, 7, BLOCK)
+    g = gate(s)
+    seen: list[np.ndarray] = []
+    s.launch(snapshot_kernel, p, BLOCK, seen)
+    opener = threading.Timer(0.05, g.open)  # srt.free must block until the gate opens
+    opener.start()
+    try:
+        srt.free(p)
+    finally:
+        opener.cancel()
+        g.open()
+    assert len(seen) == 1 and (seen[0] == 7).all()  # the pending work ran before the free
+    st = pool.stats()
+    assert st["free_count"] == 1 and st["used_mem_current"] == 0
+    assert st["reserved_mem_current"] == 0 and st["release_count"] == 1
+    with pytest.raises(srt.InvalidAddressError):
+        s.free(p)  # gone for good
+
+
+def test_pool_srt_free_makes_block_ready_for_any_stream(dev):
+    pool = pool_with(dev, False)
+    s, other = stream(dev), stream(dev)
+    p = s.malloc(BLOCK, pool)
+    s.memset(p, 1, BLOCK)
+    srt.free(p)
+    before = pool.stats()
+    assert other.malloc(BLOCK, pool) == p
+    assert served(pool, before) == ["reuse_after_sync"]

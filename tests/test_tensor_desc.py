@@ -1,0 +1,203 @@
+"""TensorDesc and Tensor: metadata validation, interned keys, pool-backed data round trips."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import streamrt as srt
+
+
+@pytest.fixture
+def s(dev):
+    st = srt.Stream(dev, non_blocking=True)
+    yield st
+    st.synchronize()
+    st.destroy()
+
+
+# -- TensorDesc ---------------------------------------------------------------------------------
+def test_tensor_desc_defaults_to_c_contiguous():
+    d = srt.TensorDesc((2, 3, 4), np.float32)
+    assert d.strides == (12, 4, 1)
+    assert d.offset == 0 and d.format == "ND" and d.ndim == 3 and d.numel == 24
+    assert d.is_contiguous
+    assert d.storage_nbytes == 24 * 4
+    assert d.dtype is np.dtype(np.float32)
+
+
+def test_tensor_desc_strided_extent_and_contiguity():
+    d = srt.TensorDesc((3, 4), np.float64, strides=(1, 3), offset=5)  # a transposed view
+    assert not d.is_contiguous
+    assert d.storage_nbytes == (5 + 1 + 2 * 1 + 3 * 3) * 8
+    # size-1 dims do not break contiguity, whatever their stride
+    assert srt.TensorDesc((1, 4), np.float32, strides=(99, 1)).is_contiguous
+    assert srt.TensorDesc((0, 4), np.float32).storage_nbytes == 0
+
+
+def test_tensor_desc_scalar_and_int_shape():
+    assert srt.TensorDesc((), np.float32).numel == 1
+    assert srt.TensorDesc(5, np.float32).shape == (5,)
+    assert srt.TensorDesc(np.array([2, 3]), np.float16).shape == (2, 3)
+
+
+def test_tensor_desc_equal_metadata_shares_a_key():
+    a = srt.TensorDesc((2, 3), np.float32)
+    b = srt.TensorDesc([2, 3], "float32", strides=(3, 1))
+    assert a == b and hash(a) == hash(b) and a._kid == b._kid
+    others = [
+        srt.TensorDesc((3, 2), np.float32),
+        srt.TensorDesc((2, 3), np.float64),
+        srt.TensorDesc((2, 3), np.float32, strides=(1, 2)),
+        srt.TensorDesc((2, 3), np.float32, offset=1),
+        srt.TensorDesc((1, 2, 3, 1), np.float32, format="NCHW"),
+        srt.TensorDesc((1, 2, 3, 1), np.float32),
+    ]
+    kids = {d._kid for d in others} | {a._kid}
+    assert len(kids) == len(others) + 1
+
+
+@pytest.mark.parametrize("kwargs, exc", [
+    ({"shape": (2, -1)}, srt.InvalidValueError),
+    ({"shape": (2.0, 3)}, srt.InvalidTypeError),
+    ({"shape": (True, 3)}, srt.InvalidTypeError),
+    ({"shape": "abc"}, srt.InvalidTypeError),
+    ({"shape": object()}, srt.InvalidTypeError),
+    ({"shape": (1,) * 9}, srt.InvalidValueError),
+    ({"dtype": object}, srt.InvalidTypeError),
+    ({"dtype": "U4"}, srt.InvalidTypeError),
+    ({"dtype": "not-a-dtype"}, srt.InvalidTypeError),
+    ({"dtype": ">f4"}, srt.InvalidValueError),
+    ({"strides": (1,)}, srt.InvalidValueError),
+    ({"strides": (-3, 1)}, srt.InvalidValueError),
+    ({"strides": (3.0, 1)}, srt.InvalidTypeError),
+    ({"offset": -1}, srt.InvalidValueError),
+    ({"offset": 1.5}, srt.InvalidTypeError),
+    ({"format": "XYZ"}, srt.InvalidValueError),
+    ({"format": 4}, srt.InvalidTypeError),
+    ({"format": "NCHW"}, srt.InvalidValueError),  # NCHW needs 4 dims, shape has 2
+])
+def test_tensor_desc_rejects_bad_metadata(kwargs, exc):
+    args = {"shape": (2, 3), "dtype": np.float32} | kwargs
+    with pytest.raises(exc):
+        srt.TensorDesc(**args)
+
+
+def test_tensor_desc_bad_metadata_is_a_value_or_type_error():
+    with pytest.raises(ValueError):
+        srt.TensorDesc((-1,), np.float32)
+    with pytest.raises(TypeError):
+        srt.TensorDesc((1,), object)
+
+
+def test_tensor_desc_detects_self_overlap():
+    assert srt.TensorDesc((3, 4), np.float32, strides=(0, 1)).overlaps_itself()
+    assert srt.TensorDesc((3, 4), np.float32, strides=(2, 1)).overlaps_itself()
+    assert not srt.TensorDesc((3, 4), np.float32, strides=(1, 3)).overlaps_itself()
+    assert not srt.TensorDesc((1, 4), np.float32, strides=(0, 1)).overlaps_itself()
+
+
+# -- Tensor -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, np.int32, np.uint8,
+                                   np.bool_])
+def test_tensor_round_trip(s, dtype):
+    a = (np.arange(24).reshape(2, 3, 4) % 7).astype(dtype)
+    t = srt.Tensor.from_numpy(a, stream=s)
+    assert t.shape == a.shape and t.dtype == a.dtype and t.nbytes == a.nbytes
+    assert t.device is s.device and t.stream is s
+    np.testing.assert_array_equal(t.numpy(s), a)
+    t.free()
+
+
+def test_tensor_from_numpy_takes_data_at_call_time(s, gate):
+    g = gate(s)  # the copy cannot run before the gate opens
+    a = np.arange(6, dtype=np.float32)
+    t = srt.Tensor.from_numpy(a, stream=s)
+    a[:] = -1  # too late to matter: the pageable source was staged
+    g.open()
+    np.testing.assert_array_equal(t.numpy(s), np.arange(6, dtype=np.float32))
+
+
+def test_tensor_from_non_contiguous_numpy(s):
+    a = np.arange(20, dtype=np.float64).reshape(4, 5)[:, ::2]
+    t = srt.Tensor.from_numpy(a, stream=s)
+    assert t.desc.is_contiguous
+    np.testing.assert_array_equal(t.numpy(s), a)
+
+
+def test_tensor_strided_view_reads_back(s):
+    base = np.arange(60, dtype=np.float32).reshape(6, 10)
+    t = srt.Tensor.from_numpy(base, stream=s)
+    v = t.as_strided((3, 4), (20, 2), offset=11)  # base[1::2, 1:9:2]
+    np.testing.assert_array_equal(v.numpy(s), base[1::2, 1:9:2])
+    tv = t.as_strided((10, 6), (1, 10))
+    np.testing.assert_array_equal(tv.numpy(), base.T)  # stream None: synchronizes the device
+
+
+def test_tensor_empty_and_zero_size(s):
+    t = srt.Tensor.empty((0, 3), np.float32, stream=s)
+    assert t.numpy(s).shape == (0, 3)
+    t.free()
+    e = srt.Tensor.empty((4,), np.float64, stream=s)
+    assert e.numpy(s).shape == (4,)
+
+
+def test_tensor_memory_comes_from_the_pool(dev, s):
+    pool = srt.MemPool(dev)
+    try:
+        t = srt.Tensor.empty((1024,), np.float32, stream=s, pool=pool)
+        assert pool.used_mem_current >= 4096
+        t.free()
+        assert pool.used_mem_current == 0
+    finally:
+        s.synchronize()
+        pool.destroy()
+
+
+def test_tensor_free_is_final(s):
+    t = srt.Tensor.from_numpy(np.ones(4, np.float32), stream=s)
+    t.free()
+    with pytest.raises(srt.InvalidHandleError):
+        _ = t.ptr
+    with pytest.raises(srt.InvalidHandleError):
+        t.free()
+    with pytest.raises(srt.InvalidHandleError):
+        t.numpy(s)
+    assert "freed" in repr(t)
+
+
+def test_tensor_view_owns_nothing(s):
+    t = srt.Tensor.from_numpy(np.ones((2, 2), np.float32), stream=s)
+    v = t.as_strided((2,), (1,))
+    with pytest.raises(srt.InvalidValueError):
+        v.free()
+    np.testing.assert_array_equal(t.numpy(s), np.ones((2, 2)))  # base still intact
+    t.free()
+
+
+def test_tensor_wraps_a_pool_pointer_and_infers_its_device(s):
+    d1 = srt.Device("cpu:1")
+    s1 = srt.Stream(d1, non_blocking=True)
+    ptr = s1.malloc(64)
+    t = srt.Tensor(srt.TensorDesc((16,), np.float32), ptr)
+    assert t.device is d1
+    t.free(s1)
+    s1.synchronize()
+    s1.destroy()
+
+
+@pytest.mark.parametrize("desc, ptr, exc", [
+    ("not a desc", 4096, srt.InvalidTypeError),
+    (None, 1.5, srt.InvalidTypeError),
+    (None, True, srt.InvalidTypeError),
+    (None, 0, srt.InvalidValueError),
+    (None, -8, srt.InvalidValueError),
+])
+def test_tensor_rejects_bad_construction(desc, ptr, exc):
+    with pytest.raises(exc):
+        srt.Tensor(srt.TensorDesc((2,), np.float32) if desc is None else desc, ptr)
+
+
+def test_tensor_rejects_a_non_stream():
+    with pytest.raises(srt.InvalidTypeError):
+        srt.Tensor.empty((2,), np.float32, stream="s0")
