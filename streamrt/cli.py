@@ -48,7 +48,7 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from . import demo
+    from . import demos
     from .device import Device
     from .errors import StreamRTError
 
@@ -57,7 +57,7 @@ def _demo(args: argparse.Namespace) -> int:
     except StreamRTError as exc:
         print(f"streamrt demo: {exc}", file=sys.stderr)
         return 2
-    return 1 if demo.run(args.device, args.only) else 0
+    return 1 if demos.run(args.device, args.only) else 0
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -68,7 +68,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``streamrt`` console script."""
-    from .demo import SECTIONS
+    from .demos import SECTION_NAMES
 
     ap = argparse.ArgumentParser(prog="streamrt", description="stream-ordered runtime: demo, "
                                  "benchmarks and environment information")
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("demo", help="run the seed scenarios and print what happened")
     d.add_argument("--device", default=None, help="device to run on, e.g. cpu:0 (default: current)")
-    d.add_argument("--only", choices=sorted(SECTIONS), help="run one section only")
+    d.add_argument("--only", choices=SECTION_NAMES, help="run one section only")
     d.set_defaults(fn=_demo)
     b = sub.add_parser("bench", help="run the benchmarks against their peers")
     b.add_argument("--quick", action="store_true", help="small sizes, under a minute")

@@ -391,7 +391,7 @@ class MemPool:
         others = [(sid, fl) for sid, fl in self._pending.items() if sid != a.id and fl.count]
         if others and self._follow_events:
             clock = a._clock
-            b = self._best_of(others, size, lambda sid: 10**9)
+            b = self._best_of(others, size, lambda sid: clock.get(sid, 0))
             if b is not None:
                 st["reuse_event_dependency"] += 1
                 return b
@@ -457,7 +457,28 @@ class MemPool:
             self._reserved_high = self._reserved
         b = _Block(base, chunk, base)
         self._blocks[base] = b
+        from .backends.cpu import SPACE
+
+        arena = SPACE.get(base)
+        if arena is not None:  # cpu backend: enqueue-time copies/memsets check block bounds
+            arena.sub = lambda ptr, nbytes, base=base: self._check_range(base, ptr, nbytes)
         return b
+
+    def _check_range(self, chunk: int, ptr: int, nbytes: int) -> None:
+        """The arena's ``sub`` hook: ``[ptr, ptr + nbytes)`` must lie in one live block."""
+        with self._lock:
+            b = self._blocks.get(ptr)
+            if b is None or b.chunk != chunk:  # an interior pointer: walk the chunk's blocks
+                b = self._blocks.get(chunk)
+                while b is not None and b.addr + b.size <= ptr:
+                    b = b.next
+            if b is None or not b.live or ptr + nbytes > b.addr + b.size:
+                where = (f"its block [{hex(b.addr)}, {hex(b.addr + b.size)})" if b is not None
+                         and b.live else "no live stream-ordered allocation")
+                raise InvalidAddressError(
+                    f"range {hex(ptr)}+{nbytes} is not inside one live pool allocation: "
+                    f"{hex(ptr)} is in {where}"
+                )
 
     def _split(self, b: _Block, size: int) -> None:
         rest = _Block(b.addr + size, b.size - size, b.chunk)

@@ -444,6 +444,8 @@ class Stream:
         self._destroyed = True
         self._refresh()
         dev = self.device
+        # pool blocks freed on it still need a synchronize to prove them: keep it findable
+        dev.__dict__.setdefault("_dead_streams", weakref.WeakSet()).add(self)
         dev._streams.discard(self)
         dev._blocking.discard(self)
         _retire(dev, self._q)
@@ -512,7 +514,7 @@ def synchronize_device(device: Device) -> None:
     retired = device.__dict__.get("_retired", [])
     for q in list(retired):
         q.wait_done(_queue_total(q))
-    for s in streams:
+    for s in streams + list(device.__dict__.get("_dead_streams", ())):
         _proved(s, s._pos, s._clock)
     device.__dict__["_retired"] = [q for q in retired if q._errors]
     _after_sync(device, [(s, s._pos) for s in streams], extra=retired)

@@ -29,7 +29,7 @@ def test_cli_demo_runs_and_checks():
     assert "42" in r.stdout
 
 
-@pytest.mark.parametrize("section", ["streams", "pools"])
+@pytest.mark.parametrize("section", ["streams", "pools", "ops", "graphs"])
 def test_cli_demo_only(section):
     r = streamrt("demo", "--only", section, "--device", "cpu:1")
     assert r.returncode == 0, r.stdout + r.stderr

@@ -82,6 +82,17 @@ def test_cache_never_returns_stale_addresses(s, gate):
     c.clear()
 
 
+def test_cache_never_hits_with_a_freed_tensor(s):
+    c = ops.ExecutorCache()
+    x, out = T(s, rnd((4, 8))), T(s, np.zeros((4, 8)))
+    ops.run(ops.softmax, x, out, stream=s, cache=c)
+    x.free()
+    with pytest.raises(srt.ExecutorError) as info:
+        ops.run(ops.softmax, x, out, stream=s, cache=c)
+    assert info.value.code == 161001 and c.stats()["hits"] == 0
+    c.clear()
+
+
 def _variants(s):
     """(name, first call args, second call args): same op, metadata differing in one way."""
     base = rnd((4, 6))

@@ -142,6 +142,7 @@ def test_run_enqueue_failure_midway_releases_everything(s, pools, monkeypatch):
     assert live() == before and ws_pool.used_mem_current == 0
 
 
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # the op's 2nd kernel
 def test_run_kernel_failure_still_releases(s, pools):
     ws_pool, tp = pools
     before = live()
@@ -336,11 +337,15 @@ def test_run_frees_the_workspace_after_its_kernels(dev, gate, monkeypatch):
     prev = dev.mem_pool
     pool = srt.MemPool(dev, release_threshold=1 << 30)
     s1, s2 = srt.Stream(dev, non_blocking=True), srt.Stream(dev, non_blocking=True)
-    x1, x2 = rnd((64, 8), 1), rnd((64, 8), 2)
+    shape = (1 << 18, 2)  # workspace: 1 MiB of row maxima + 1 MiB of row sums = one whole chunk
+    x1, x2 = rnd(shape, 1), rnd(shape, 2)
     t1, t2 = T(s1, x1, prev), T(s2, x2, prev)
-    o1, o2 = T(s1, np.zeros((64, 8)), prev), T(s2, np.zeros((64, 8)), prev)
+    o1, o2 = T(s1, np.zeros(shape), prev), T(s2, np.zeros(shape), prev)
     s1.synchronize()
     s2.synchronize()
+    size, ex = ops.softmax.get_workspace_size(t1, o1)
+    ex.destroy()
+    assert size == 2 << 20  # no remainder in the chunk that another stream could take instead
     dev.set_mem_pool(pool)
     gates = []
     real_enqueue = ops.Executor._enqueue
@@ -364,6 +369,8 @@ def test_run_frees_the_workspace_after_its_kernels(dev, gate, monkeypatch):
         gates[0].open()
         np.testing.assert_allclose(o1.numpy(s1), softmax_ref(x1), rtol=1e-5)
     finally:
+        for g in gates:
+            g.open()
         dev.synchronize()
         dev.set_mem_pool(prev)
         pool.destroy()

@@ -252,3 +252,33 @@ def test_pool_default_pool_cannot_be_destroyed(dev):
     p = s.malloc(64)  # still the working default pool
     s.free(p)
     assert default.stats()["alloc_count"] == before["alloc_count"] + 1
+
+
+def test_pool_copies_and_memsets_stay_inside_one_live_block(dev):
+    pool = srt.MemPool(dev, release_threshold=1 << 30)
+    s = stream(dev)
+    a = s.malloc(1000, pool)  # 1024 bytes, then b right after it in the same chunk
+    b = s.malloc(512, pool)
+    assert b == a + 1024
+    s.memset(a, 1, 1024)  # the whole rounded block
+    s.memset(a + 1000, 2, 24)  # an interior pointer, up to the end of the block
+    s.memcpy(b, np.zeros(512, np.uint8), 512)
+    host = np.zeros(2048, np.uint8)
+    with unchanged(pool):
+        pos = s._pos
+        with pytest.raises(srt.InvalidAddressError):
+            s.memset(a + 512, 0, 1024)  # runs into b: inside the chunk, outside the block
+        with pytest.raises(srt.InvalidAddressError):
+            s.memcpy(host, a, 1536)
+        with pytest.raises(srt.InvalidAddressError):
+            s.memcpy(b + 256, host, 512)
+        with pytest.raises(srt.InvalidAddressError):
+            s.memset(b + 1024, 0, 16)  # the free rest of the chunk
+        assert s._pos == pos  # nothing was enqueued
+    s.free(b)
+    with pytest.raises(srt.InvalidAddressError):
+        s.memset(b, 0, 16)  # freed (in stream order): no new work may use it
+    s.synchronize()
+    out = srt.read(a, (1024,), np.uint8)
+    assert (out[:1000] == 1).all() and (out[1000:] == 2).all()
+    s.free(a)

@@ -330,7 +330,7 @@ def test_pool_model_random_programs():
     run_state_machine_as_test(
         PoolMachine,
         settings=settings(
-            max_examples=100,
+            max_examples=150,
             stateful_step_count=50,
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow],

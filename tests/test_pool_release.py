@@ -256,11 +256,6 @@ def test_pool_destroy_deferred_until_last_allocation_freed(dev, gate):
     assert dev.memory_info()[0] == free_before + 2 * BLOCK
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="stream.py synchronize_device waits for retired (destroyed) streams' queues but never "
-    "sets their _host, so their pending frees are never proven and the chunk leaks",
-)
 def test_pool_device_synchronize_proves_frees_of_destroyed_stream(dev):
     pool = srt.MemPool(dev)
     s = stream(dev)

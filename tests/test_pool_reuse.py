@@ -105,8 +105,9 @@ def test_pool_completed_but_unsynchronized_free_is_not_after_sync(dev):
     pool = pool_with(dev, False)
     a, b = stream(dev), stream(dev)
     p = used_then_freed(pool, b)
+    e = b.record()
     executed(b)  # the free has run, but no host synchronize proved it
-    assert b.query()  # a query that answers True is not a synchronize either
+    assert e.query()  # a query that answers True is not a synchronize either
     before = pool.stats()
     q = a.malloc(BLOCK, pool)
     assert q != p
@@ -380,6 +381,26 @@ def test_pool_best_fit_across_streams(dev):
     assert a.malloc(BLOCK, pool) == q  # both allowed by events: the closer size wins
     assert served(pool, before) == ["reuse_event_dependency"]
     assert a.malloc(3 * BLOCK, pool) == p
+
+
+def test_pool_split_remainder_keeps_pending_free(dev, gate):
+    # A remainder split off a pending block is still pending on the same free: it must not
+    # become reusable by an unrelated stream while the old owner's work is pending.
+    pool = pool_with(dev)
+    a, b, c = stream(dev), stream(dev), stream(dev)
+    gate(b)
+    p = used_then_freed(pool, b)
+    a.wait(b.record())
+    assert a.malloc(512, pool) == p  # event dependency; the rest of the block splits off
+    before = pool.stats()
+    q = c.malloc(BLOCK - 512, pool)  # fits the remainder, but c has no order with b
+    assert not p <= q < p + BLOCK
+    assert served(pool, before) == ["grow_count"]
+    a.wait(b.record())  # with an order, the remainder is fair game
+    before = pool.stats()
+    r = a.malloc(BLOCK // 2, pool)
+    assert p < r < p + BLOCK
+    assert served(pool, before) == ["reuse_event_dependency"]
 
 
 def test_pool_split_and_coalesce(dev):

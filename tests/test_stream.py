@@ -198,6 +198,7 @@ def test_stream_memcpy_every_direction(dev):
     s.memcpy(mv, a + 32, 32)  # interior pointer, memoryview destination
     assert bytes(mv) == bytes(range(32, 64))
     s.memcpy(a, b"\x09" * 8, 8)  # bytes source
+    s.synchronize()  # s is non-blocking: srt.read (legacy stream) is not ordered after it
     assert srt.read(a, (8,), np.uint8).tolist() == [9] * 8
     for p in (a, b):
         srt.free(p)
@@ -211,6 +212,7 @@ def test_stream_memcpy_pageable_source_taken_at_call_time(s, gate):
     s.memcpy(p, host, 16)
     host[:] = 2.0  # after the call: must not affect the queued copy (CUDA stages pageable H2D)
     g.open()
+    s.synchronize()
     assert srt.read(p, (4,), np.float32).tolist() == [1.0] * 4
     s.free(p)
 

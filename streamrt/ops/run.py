@@ -62,14 +62,14 @@ def run(op: Any, *tensors: Any, stream: Stream | None = None, sync: bool = False
     if not isinstance(op, Op):
         op = _resolve(op)
     s = current_stream() if stream is None else stream
-    if type(s) is not Stream:
+    if not isinstance(s, Stream):
         raise ExecutorError(f"ops.run: stream must be a Stream, not {type(s).__name__}",
                             PARAM_INVALID)
     ex: Executor | None = None
     cached = hit = False  # cached: the cache owns ``ex`` (never release it here)
     key = None
     if cache is not None:
-        if type(cache) is not ExecutorCache:
+        if not isinstance(cache, ExecutorCache):
             raise ExecutorError(f"ops.run: cache must be an ExecutorCache, not "
                                 f"{type(cache).__name__}", PARAM_INVALID)
         key = _key(op, tensors, attrs)
@@ -91,9 +91,7 @@ def run(op: Any, *tensors: Any, stream: Stream | None = None, sync: bool = False
         size = ex._ws
         if size:
             ws = s.malloc(size)
-            s.free(ws)
         ex._launch(s, ws, hit)
-        ws = None
     except BaseException:
         if not cached:
             ex._release()

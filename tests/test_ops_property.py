@@ -1,0 +1,87 @@
+"""Property tests (hypothesis): random shapes, axes, strides and offsets vs numpy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import streamrt as srt
+from streamrt import ops
+
+SETTINGS = settings(max_examples=40, deadline=None,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@pytest.fixture(scope="module")
+def s():
+    st_ = srt.Stream("cpu:0", non_blocking=True)
+    yield st_
+    st_.synchronize()
+    st_.destroy()
+
+
+@st.composite
+def strided(draw, max_dims=4, max_side=7):
+    """(array, device-view recipe): a random shape, seen through random steps and an offset."""
+    shape = tuple(draw(st.lists(st.integers(1, max_side), min_size=1, max_size=max_dims)))
+    steps = tuple(draw(st.lists(st.integers(1, 3), min_size=len(shape), max_size=len(shape))))
+    start = draw(st.integers(0, 5))
+    perm = draw(st.permutations(range(len(shape))))
+    return shape, steps, start, tuple(perm)
+
+
+def device_view(s, shape, steps, start, perm, seed):
+    """A strided, offset, transposed device view and the numpy array it shows."""
+    base_shape = tuple(d * k for d, k in zip(shape, steps))
+    flat = np.random.default_rng(seed).uniform(-1, 1, start + int(np.prod(base_shape)))
+    flat = flat.astype(np.float32)
+    base = flat[start:].reshape(base_shape)
+    view = base[tuple(slice(None, None, k) for k in steps)].transpose(perm)
+    t = srt.Tensor.from_numpy(flat, stream=s)
+    strides = tuple(x // 4 for x in view.strides)
+    return t.as_strided(view.shape, strides, start), view
+
+
+@SETTINGS
+@given(spec=strided(), data=st.data())
+def test_property_reduce_sum(s, spec, data):
+    x, xv = device_view(s, *spec, seed=1)
+    nd = xv.ndim
+    axes = tuple(sorted(data.draw(st.sets(st.integers(0, nd - 1), min_size=1))))
+    keep = data.draw(st.booleans())
+    ref = xv.astype(np.float64).sum(axis=axes, keepdims=keep)
+    out = srt.Tensor.empty(ref.shape, np.float32, stream=s)
+    ops.run(ops.reduce_sum, x, out, stream=s, axis=axes, keepdims=keep)
+    np.testing.assert_allclose(out.numpy(s), ref, rtol=1e-5, atol=1e-5)
+
+
+@SETTINGS
+@given(spec=strided(), data=st.data())
+def test_property_cumsum_and_softmax(s, spec, data):
+    x, xv = device_view(s, *spec, seed=2)
+    axis = data.draw(st.integers(-xv.ndim, xv.ndim - 1) | st.none())
+    ref = np.cumsum(xv.astype(np.float64), axis=axis)
+    out = srt.Tensor.empty(ref.shape, np.float32, stream=s)
+    ops.run(ops.cumsum, x, out, stream=s, axis=axis)
+    np.testing.assert_allclose(out.numpy(s), ref, rtol=1e-5, atol=1e-5)
+    if axis is not None:
+        e = np.exp(xv - xv.max(axis, keepdims=True))
+        sm = srt.Tensor.empty(xv.shape, np.float32, stream=s)
+        ops.run(ops.softmax, x, sm, stream=s, axis=axis)
+        np.testing.assert_allclose(sm.numpy(s), e / e.sum(axis, keepdims=True), rtol=1e-5)
+
+
+@SETTINGS
+@given(a=strided(max_dims=3), data=st.data())
+def test_property_add_broadcast(s, a, data):
+    x, xv = device_view(s, *a, seed=3)
+    # y: a suffix of x's shape with random dims collapsed to 1 (numpy broadcasting)
+    k = data.draw(st.integers(0, xv.ndim))
+    yshape = tuple(d if data.draw(st.booleans()) else 1 for d in xv.shape[xv.ndim - k:])
+    yh = np.random.default_rng(4).uniform(-1, 1, yshape).astype(np.float32)
+    alpha = data.draw(st.sampled_from([1.0, -2.0, 0.5]))
+    out = srt.Tensor.empty(xv.shape, np.float32, stream=s)
+    ops.run(ops.add, x, srt.Tensor.from_numpy(yh, stream=s), out, stream=s, alpha=alpha)
+    np.testing.assert_allclose(out.numpy(s), xv + alpha * yh, rtol=1e-6, atol=1e-6)
