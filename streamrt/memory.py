@@ -5,11 +5,15 @@ State and invariants (per pool, all guarded by ``_lock``):
   of at most 1 MiB, else the request rounded up to a 2 MiB granule. ``reserved`` is the sum of
   chunk sizes. Each chunk is a doubly linked list of blocks that tile it exactly.
 - A block is live (allocated, in ``_owners``) or free. A free block is either *pending*: freed
-  on stream F at position p (``block.stream``/``block.pos``), indexed in ``_pending[F.id]`` and
-  in F's FIFO for promotion; or *ready*: its free was proven complete by a host synchronize
-  (``block.stream is None``), indexed in ``_ready``.
-- Free neighbours coalesce only when that loses no ordering knowledge: two ready blocks, or
-  two blocks pending on the same stream (tagged with the later position).
+  on stream F at position p (``block.stream``/``block.pos``), indexed in ``_pending[F.id]``;
+  or *ready*: its free was proven complete by a host synchronize (``block.stream is None``),
+  indexed in ``_ready``. A synchronize promotes the pending blocks it proved.
+- Free neighbours coalesce on free only when that loses no ordering knowledge: two ready
+  blocks, or two blocks pending on the same stream (tagged with the later position). Just
+  before growing, a run of adjacent blocks that are ready or pending on the allocating stream
+  A is merged if it fits the request: A may use all of it (step 1 and 2 memory).
+- Fast paths (same results, fewer steps): a malloc served by an exact-size block freed on the
+  same non-blocking stream, and a free with no same-stream free neighbour.
 - ``used`` is the bytes of live blocks (rounded to 512), as CUDA's USED_MEM_CURRENT ("in use by
   the application"); ``used <= reserved`` always. High watermarks only grow, and reset only to
   the current value.
@@ -18,6 +22,9 @@ State and invariants (per pool, all guarded by ``_lock``):
   ``clock[A][F] >= p``; 4. (opportunistic) one whose free F has already executed
   (``done[F] >= p``); 5. a new chunk; 6. (internal dependencies) any pending block, after
   enqueueing a wait of A on F at p; 7. ``OutOfMemoryError``. Within a step, best fit wins.
+  Between 4 and 5, a run of adjacent free blocks usable by A (ready, or freed on A) that fits
+  is merged and used (``reuse_merged``): this avoids growing when only fragmentation prevents
+  steps 1-2.
 - The release threshold is applied only at synchronize points, after promoting the frees the
   synchronize proved; ``trim_to`` releases down to its argument, whatever the threshold.
 """
@@ -26,8 +33,6 @@ from __future__ import annotations
 
 import threading
 import weakref
-from bisect import bisect_right
-from collections import deque
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +46,7 @@ from .errors import (
     InvalidValueError,
     OutOfMemoryError,
 )
-from .stream import sync_listeners
+from .hooks import sync_listeners
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -176,10 +181,6 @@ def _pick(lst: list[_Block], ok: Callable[[_Block], bool] | None) -> _Block | No
     return None
 
 
-def _entry_pos(entry: tuple[int, _Block]) -> int:
-    return entry[0]
-
-
 def _round(n: int) -> int:
     return (max(n, 1) + ALIGN - 1) // ALIGN * ALIGN
 
@@ -221,23 +222,23 @@ class MemPool:
         self._internal = _flag(reuse_allow_internal_dependencies, "reuse_allow_internal_dependencies")
         self._is_default = False
         self._destroyed = False
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()
         self._chunks: dict[int, int] = {}  # base -> size
         self._blocks: dict[int, _Block] = {}  # addr -> block (live and free)
         self._ready = _FreeList()
         self._pending: dict[int, _FreeList] = {}
-        self._fifo: dict[int, deque] = {}  # stream id -> (pos, block) in free order
         self._pstream: dict[int, Stream] = {}  # stream id -> stream, for pending lists
         self._reserved = self._reserved_high = 0
         self._used = self._used_high = 0
         self._stats = dict.fromkeys(
             (
                 "alloc_count", "free_count", "reuse_same_stream", "reuse_after_sync",
-                "reuse_event_dependency", "reuse_opportunistic", "grow_count",
+                "reuse_event_dependency", "reuse_opportunistic", "reuse_merged", "grow_count",
                 "reuse_internal_dependency", "oom_count", "release_count",
             ),
             0,
         )
+        self._fast_allocs = self._fast_frees = 0  # counted apart: the fast paths stay short
         self.device._pools.add(self)
         _pools.add(self)
 
@@ -337,6 +338,9 @@ class MemPool:
         with self._lock:
             out = {a.name.lower(): self.get_attr(a) for a in MemPoolAttr}
             out.update(self._stats)
+            out["alloc_count"] += self._fast_allocs
+            out["reuse_same_stream"] += self._fast_allocs
+            out["free_count"] += self._fast_frees
             largest = self._ready.largest()
             for fl in self._pending.values():
                 largest = max(largest, fl.largest())
@@ -347,6 +351,24 @@ class MemPool:
 
     # -- allocation -----------------------------------------------------------------------------
     def _malloc(self, stream: Stream, nbytes: int) -> int:
+        if not stream._slow and not self._destroyed and stream.device is self.device:
+            # fast path of step 1: an exact-size block freed on this (non-blocking) stream
+            size = (nbytes + ALIGN - 1) // ALIGN * ALIGN or ALIGN
+            fl = self._pending.get(stream.id)
+            if fl is not None and fl.bins.get(size):
+                with self._lock:
+                    lst = fl.bins.get(size)
+                    if lst:
+                        b = lst.pop()
+                        fl.count -= 1
+                        b.live = True
+                        b.stream = None
+                        _owners[b.addr] = self
+                        used = self._used = self._used + size
+                        if used > self._used_high:
+                            self._used_high = used
+                        self._fast_allocs += 1  # alloc_count and reuse_same_stream, see stats()
+                        return b.addr
         self._check_alive()
         if stream.device is not self.device:
             raise InvalidValueError(
@@ -400,6 +422,10 @@ class MemPool:
             if b is not None:
                 st["reuse_opportunistic"] += 1
                 return b
+        b = self._merge_for(a, size)
+        if b is not None:
+            st["reuse_merged"] += 1
+            return b
         b = self._grow(size)
         if b is not None:
             st["grow_count"] += 1
@@ -420,6 +446,73 @@ class MemPool:
             f"{self._reserved} bytes ({self._used} used), {limit}; device has {free} of {total} "
             "bytes free"
         )
+
+    def _merge_for(self, a: Stream, size: int) -> _Block | None:
+        """Before growing: merge the smallest run of adjacent blocks, each ready or freed on
+        ``a``, that fits ``size``. Both kinds are usable by ``a`` (steps 1-2), so the merged
+        block is tagged as freed on ``a`` (it must not become usable by other streams)."""
+        best: list[_Block] | None = None
+        best_size = 0
+        for base in self._chunks:
+            run: list[_Block] = []
+            total = 0
+            b = self._blocks.get(base)
+            while b is not None:
+                if not b.live and (b.stream is None or b.stream is a):
+                    run.append(b)
+                    total += b.size
+                    while total - run[0].size >= size:  # shortest run ending here
+                        total -= run.pop(0).size
+                    if total >= size and len(run) > 1 and (best is None or total < best_size):
+                        best, best_size = list(run), total
+                else:
+                    run, total = [], 0
+                b = b.next
+        if best is None:
+            return None
+        pieces = [(b.addr, b.size, b.stream, b.pos) for b in best]
+        for b in best:
+            self._remove_free(b)
+        lo = best[0]
+        lo.pos = max((b.pos for b in best if b.stream is a), default=0)
+        lo.stream = a
+        for hi in best[1:]:
+            lo.size += hi.size
+            lo.next = hi.next
+            if hi.next is not None:
+                hi.next.prev = lo
+            del self._blocks[hi.addr]
+            hi.stream = None
+        # give the part past the request back with its original tags (ready stays ready)
+        end = lo.addr + lo.size
+        lo.size = size
+        parts: list[list] = []
+        for addr, psize, stream, pos in pieces:
+            start = max(addr, lo.addr + size)
+            if start >= addr + psize:
+                continue
+            if parts and parts[-1][2] is stream:  # same kind next to each other: one block
+                parts[-1][1] = addr + psize - parts[-1][0]
+                parts[-1][3] = max(parts[-1][3], pos)
+            else:
+                parts.append([start, addr + psize - start, stream, pos])
+        tail = lo
+        created = []
+        for start, psize, stream, pos in parts:
+            rest = _Block(start, psize, lo.chunk)
+            rest.stream, rest.pos = stream, pos
+            rest.prev, rest.next = tail, tail.next
+            if tail.next is not None:
+                tail.next.prev = rest
+            tail.next = rest
+            self._blocks[start] = rest
+            created.append(rest)
+            tail = rest
+        assert tail.addr + tail.size == end
+        lo.live = True  # taken: the pieces must not coalesce back into it
+        for r in created:
+            self._insert_free(self._coalesce(r))
+        return lo
 
     def _best_of(self, others: list, size: int, limit_of: Any) -> _Block | None:
         best: _Block | None = None
@@ -499,18 +592,8 @@ class MemPool:
             fl = self._pending.get(sid)
             if fl is None:
                 fl = self._pending[sid] = _FreeList()
-                self._fifo[sid] = deque()
                 self._pstream[sid] = b.stream
             fl.add(b)
-            fifo = self._fifo[sid]
-            if fifo and fifo[-1][0] > b.pos:
-                # A split remainder keeps its block's older free position. ``_on_sync`` stops at
-                # the first unproven entry, so the FIFO must stay sorted by position, or a
-                # remainder queued behind a later free is never promoted by a synchronize that
-                # proved it (DESIGN.md §3 step 2). Rare: only splits queue out of order.
-                fifo.insert(bisect_right(fifo, b.pos, key=_entry_pos), (b.pos, b))
-            else:
-                fifo.append((b.pos, b))
 
     def _remove_free(self, b: _Block) -> None:
         if b.stream is None:
@@ -531,12 +614,33 @@ class MemPool:
             if hi.next is not None:
                 hi.next.prev = lo
             del self._blocks[hi.addr]
-            hi.stream = None  # a dead block: stale FIFO entries must not match it
+            hi.stream = None  # a dead block
             b = lo
         return b
 
     # -- free -----------------------------------------------------------------------------------
     def _free(self, stream: Stream, ptr: int) -> None:
+        if not stream._slow and stream.device is self.device and not self._destroyed:
+            with self._lock:
+                b = self._blocks.get(ptr)
+                if (b is not None and b.live and (b.prev is None or b.prev.live
+                        or b.prev.stream is not stream) and (b.next is None or b.next.live
+                        or b.next.stream is not stream)):
+                    # fast path: nothing to coalesce with (no free neighbour of this stream)
+                    del _owners[ptr]
+                    b.live = False
+                    b.stream = stream
+                    b.pos = stream._pos
+                    self._used -= b.size
+                    self._fast_frees += 1  # free_count, see stats()
+                    fl = self._pending.get(stream.id)
+                    lst = fl.bins.get(b.size) if fl is not None else None
+                    if lst is None:
+                        self._insert_free(b)
+                    else:  # the bin exists: append, as _FreeList.add would
+                        lst.append(b)
+                        fl.count += 1
+                    return
         if stream.device is not self.device:
             raise InvalidValueError(
                 f"{hex(ptr)} belongs to a pool of {self.device.name}; free it on a stream of "
@@ -572,21 +676,15 @@ class MemPool:
     def _on_sync(self) -> None:
         """Promote the frees a host synchronize proved, then apply the release threshold."""
         with self._lock:
-            for sid in list(self._fifo):
-                fifo = self._fifo[sid]
-                while fifo:
-                    pos, b = fifo[0]
-                    s = b.stream
-                    if (s is not None and s.id == sid and b.pos == pos
-                            and self._blocks.get(b.addr) is b):
-                        if s._host < pos:
-                            break
-                        self._pending[sid].remove(b)
-                        b.stream = None
-                        self._ready.add(self._coalesce(b))
-                    fifo.popleft()
-                if not fifo and not self._pending[sid].count:
-                    del self._fifo[sid], self._pending[sid], self._pstream[sid]
+            for sid in list(self._pending):
+                fl = self._pending[sid]
+                host = self._pstream[sid]._host
+                for b in [b for b in fl.blocks() if b.pos <= host]:
+                    fl.remove(b)
+                    b.stream = None
+                    self._ready.add(self._coalesce(b))
+                if not fl.count:
+                    del self._pending[sid], self._pstream[sid]
             keep = 0 if self._destroyed else self._threshold
             if self._reserved > keep:
                 self._release_chunks(keep)
@@ -633,7 +731,6 @@ class MemPool:
             self._chunks.clear()
             self._ready = _FreeList()
             self._pending.clear()
-            self._fifo.clear()
             self._pstream.clear()
             self._reserved = self._used = 0
             self._destroyed = True
@@ -649,7 +746,7 @@ def _attr(attr: Any) -> MemPoolAttr:
 def _on_any_sync(device: Device) -> None:
     # A synchronize of one device can prove frees of streams of another (events carry clocks).
     for pool in list(_pools):
-        if pool._fifo or pool._destroyed or pool._reserved > pool._threshold:
+        if pool._pending or pool._destroyed or pool._reserved > pool._threshold:
             pool._on_sync()
 
 

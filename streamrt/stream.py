@@ -38,7 +38,7 @@ from .errors import (
 )
 from .hooks import sync_listeners
 from .kernel import Kernel, KernelContext, dim3
-from .memory import MemPool, find_pool, pool_of
+from .memory import MemPool, _owners, pool_of
 
 __all__ = ["Stream", "Event", "current_stream"]
 
@@ -115,6 +115,7 @@ def host_view(obj: Any, nbytes: int, *, writable: bool) -> np.ndarray:
     return flat[:nbytes]
 
 
+_owners_get = _owners.get  # live pool pointer -> pool
 _ONE = 1  # small ints are singletons in CPython: ``grid is _ONE`` is a cheap default test
 
 
@@ -315,19 +316,23 @@ class Stream:
     def malloc(self, nbytes: int, pool: Any = None) -> int:
         """Stream-ordered allocation from ``pool`` (default: the device's current pool)."""
         if pool is None:
-            pool = self.device.mem_pool
-        elif not isinstance(pool, MemPool):
+            pool = self.device._pool or self.device.default_mem_pool
+        elif type(pool) is not MemPool and not isinstance(pool, MemPool):
             raise InvalidTypeError(f"pool must be a MemPool, not {type(pool).__name__}")
-        self._check_alive()
-        return pool._malloc(self, check_size(nbytes))
+        if self._destroyed:
+            self._check_alive()
+        return pool._malloc(self, nbytes if type(nbytes) is int and nbytes >= 0
+                            else check_size(nbytes))
 
     def free(self, ptr: int) -> None:
         """Stream-ordered free (``cudaFreeAsync``): the block returns to its pool after prior work."""
-        self._check_alive()
-        ptr = check_ptr(ptr)
+        if self._destroyed:
+            self._check_alive()
+        if type(ptr) is not int:
+            ptr = check_ptr(ptr)
         if self._capture is not None:
             return self._capture.add_mem_free(self, ptr)
-        pool = find_pool(ptr)
+        pool = _owners_get(ptr)
         if pool is None and graph_memory.find(ptr) is not None:
             graph_memory.free_outside(ptr)  # graph memory, freed outside the graph
             return

@@ -34,7 +34,7 @@ ALIGN = 512
 SIZES = [1, 4096, 300_000, (1 << 20) + 1, 2 << 20, 2 << 20, 3 << 20]
 REUSE = (
     "reuse_same_stream", "reuse_after_sync", "reuse_event_dependency", "reuse_opportunistic",
-    "reuse_internal_dependency",
+    "reuse_internal_dependency", "reuse_merged",
 )
 STEPS = (*REUSE, "grow_count")
 # reuse rules whose block is a pending free: every byte of it was freed by the program
@@ -176,6 +176,8 @@ class PoolMachine(RuleBasedStateMachine):
                 assert f == i
             elif step == "reuse_after_sync":
                 assert self.host[f] >= p, "reused before a host synchronize proved the free"
+            elif step == "reuse_merged":  # adjacent pieces freed on this stream or proven
+                assert f == i or self.host[f] >= p, "merged a block another stream may still use"
             elif step == "reuse_event_dependency":
                 assert pool.reuse_follow_event_dependencies
                 assert clock_before.get(f, 0) >= p, "no event orders the free before the malloc"
