@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from . import errors, ops
+from . import (
+    errors,
+    ops,
+    sanitizer,  # noqa: E402,I001  (last: may switch itself on from STREAMRT_SANITIZE)
+)
 from .blocking import free, free_host, malloc, malloc_host, memcpy, memset, read, write
 from .device import Device, current_device, device_count
 from .errors import (
@@ -48,6 +52,7 @@ from .kernel import Dim3, Kernel, KernelContext, kernel
 from .memory import MemPool, MemPoolAttr
 from .stream import Event, Stream, current_stream
 from .tensor import Tensor, TensorDesc
+from .trace import trace  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -63,6 +68,8 @@ __all__ = [
     "MemPool", "MemPoolAttr",
     # tensors and two-phase operators
     "Tensor", "TensorDesc", "ops",
+    # tools
+    "sanitizer", "trace",
     # graphs
     "Graph", "Node", "NodeType", "GraphExec", "GraphExecUpdateResult", "CaptureMode",
     "CaptureStatus", "CaptureInfo", "graph_capture", "exchange_capture_mode",

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from . import instrument
 from .backends import get_backend
 from .device import Device, current_device, devices
 from .errors import InvalidAddressError
@@ -17,7 +18,10 @@ def malloc(nbytes: int, device: Any = None) -> int:
     """Allocate device memory synchronously (``cudaMalloc`` / ``aclrtMalloc``)."""
     check_unsafe("srt.malloc")
     n = check_size(nbytes)
-    return Device(device)._impl.malloc(n)
+    ptr = Device(device)._impl.malloc(n)
+    if instrument.listeners:
+        instrument.notify("alloc", None, ptr, n)
+    return ptr
 
 
 def free(ptr: int) -> None:
@@ -31,11 +35,15 @@ def free(ptr: int) -> None:
     pool = find_pool(ptr)
     if pool is not None:
         pool.device.synchronize()
+        if instrument.listeners:
+            instrument.notify("free", None, ptr)
         pool._free_now(ptr)
         return
     for dev in devices():
         if dev._impl.owns(ptr):
             dev.synchronize()
+            if instrument.listeners:
+                instrument.notify("free", None, ptr)
             dev._impl.free(ptr)
             return
     raise InvalidAddressError(f"free of {hex(ptr)}: not a live device allocation (double free?)")

@@ -57,6 +57,14 @@ def _demo(args: argparse.Namespace) -> int:
     except StreamRTError as exc:
         print(f"streamrt demo: {exc}", file=sys.stderr)
         return 2
+    if args.trace:
+        from .trace import trace
+
+        with trace(args.trace):
+            failed = demos.run(args.device, args.only)
+        print(f"trace written to {args.trace} (open it in https://ui.perfetto.dev or "
+              "chrome://tracing)")
+        return 1 if failed else 0
     return 1 if demos.run(args.device, args.only) else 0
 
 
@@ -77,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     d = sub.add_parser("demo", help="run the seed scenarios and print what happened")
     d.add_argument("--device", default=None, help="device to run on, e.g. cpu:0 (default: current)")
     d.add_argument("--only", choices=SECTION_NAMES, help="run one section only")
+    d.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace of the demo")
     d.set_defaults(fn=_demo)
     b = sub.add_parser("bench", help="run the benchmarks against their peers")
     b.add_argument("--quick", action="store_true", help="small sizes, under a minute")

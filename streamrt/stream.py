@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from . import instrument
 from .backends.cpu import SPACE, copy_op, fill_op, host_call
 from .device import Device, current_device
 from .errors import (
@@ -34,6 +35,7 @@ from .errors import (
     InvalidValueError,
     LaunchError,
     NotReadyError,
+    SanitizerError,
     StreamRTError,
 )
 from .hooks import sync_listeners
@@ -63,7 +65,7 @@ def set_launch_blocking(on: bool) -> bool:
 def refresh_global() -> None:
     """Recompute the process-wide slow-path switch after a global setting changed."""
     global _global_slow
-    _global_slow = _launch_blocking
+    _global_slow = _launch_blocking or instrument.active()
 
 
 def launch_blocking() -> bool:
@@ -195,7 +197,12 @@ class Stream:
     def _order_after(self, other: Stream, pos: int, clock: dict[int, int]) -> None:
         """Enqueue a real wait for ``other`` to reach ``pos`` and merge its clock."""
         self._pos += 1
-        self._q.submit(other._q.wait_done, (pos,))
+        if _global_slow and instrument.listeners:
+            fn, args = instrument.wrap(self, other._q.wait_done, (pos,), "wait",
+                                       f"wait {other.name}@{pos}", extra={"on": (other, pos)})
+            self._q.submit(fn, args)
+        else:
+            self._q.submit(other._q.wait_done, (pos,))
         mine = self._clock
         for sid, p in clock.items():
             if p > mine.get(sid, 0):
@@ -225,12 +232,15 @@ class Stream:
         """Recompute whether launches must leave the fast path (blocking, captured, destroyed)."""
         self._slow = (not self.non_blocking) or self._capture is not None or self._destroyed
 
-    def _submit(self, fn: Callable[..., Any], args: tuple) -> None:
+    def _submit(self, fn: Callable[..., Any], args: tuple, kind: str = "op", name: str = "",
+                accesses: tuple = (), extra: dict | None = None) -> None:
         if self._destroyed:
             self._check_alive()
         if not self.non_blocking:
             self._implicit()
         self._pos += 1
+        if _global_slow and instrument.listeners:
+            fn, args = instrument.wrap(self, fn, args, kind, name or kind, accesses, extra)
         self._q.submit(fn, args)
         if _launch_blocking:
             self.synchronize()
@@ -269,7 +279,8 @@ class Stream:
         self._check_alive()
         if self._capture is not None:
             return self._capture.add_kernel(self, kernel, args, ctx.grid, ctx.block)
-        self._submit(kernel.fn, (ctx, *args))
+        self._submit(kernel.fn, (ctx, *args), "kernel", kernel.name,
+                     extra={"grid": tuple(ctx.grid), "block": tuple(ctx.block)})
 
     def memcpy(self, dst: Any, src: Any, nbytes: int) -> None:
         """Enqueue a copy (``cudaMemcpyAsync``); each side a device pointer or a host buffer.
@@ -287,7 +298,9 @@ class Stream:
             return
         if not isinstance(src, int | np.integer):
             src_view = src_view.copy()  # pageable source: staged at call time
-        self._submit(copy_op, (dst_view, src_view))
+        self._submit(copy_op, (dst_view, src_view), "memcpy", f"memcpy {n} B",
+                     tuple((int(p), n, w) for p, w in ((dst, True), (src, False))
+                           if isinstance(p, int | np.integer)), {"bytes": n})
         if not isinstance(dst, int | np.integer):  # pageable destination: synchronous
             self._q.wait_done(self._pos)
 
@@ -303,7 +316,8 @@ class Stream:
         if self._capture is not None:
             return self._capture.add_memset(self, ptr, int(value), n)
         if n:
-            self._submit(fill_op, (view, int(value)))
+            self._submit(fill_op, (view, int(value)), "memset", f"memset {n} B",
+                         ((ptr, n, True),), {"bytes": n, "value": int(value)})
 
     def launch_host_func(self, fn: Callable[..., Any], *args: Any) -> None:
         """Enqueue ``fn(*args)`` to run on a host thread in stream order (``cudaLaunchHostFunc``)."""
@@ -311,7 +325,7 @@ class Stream:
             raise InvalidTypeError(f"launch_host_func needs a callable, not {type(fn).__name__}")
         if self._capture is not None:
             return self._capture.add_host(self, fn, args)
-        self._submit(host_call, (fn, args))
+        self._submit(host_call, (fn, args), "host", getattr(fn, "__qualname__", repr(fn)))
 
     def malloc(self, nbytes: int, pool: Any = None) -> int:
         """Stream-ordered allocation from ``pool`` (default: the device's current pool)."""
@@ -321,8 +335,11 @@ class Stream:
             raise InvalidTypeError(f"pool must be a MemPool, not {type(pool).__name__}")
         if self._destroyed:
             self._check_alive()
-        return pool._malloc(self, nbytes if type(nbytes) is int and nbytes >= 0
-                            else check_size(nbytes))
+        ptr = pool._malloc(self, nbytes if type(nbytes) is int and nbytes >= 0
+                           else check_size(nbytes))
+        if _global_slow and instrument.listeners and self._capture is None:
+            instrument.notify("alloc", self, ptr, nbytes)
+        return ptr
 
     def free(self, ptr: int) -> None:
         """Stream-ordered free (``cudaFreeAsync``): the block returns to its pool after prior work."""
@@ -333,10 +350,14 @@ class Stream:
         if self._capture is not None:
             return self._capture.add_mem_free(self, ptr)
         pool = _owners_get(ptr)
+        if _global_slow and instrument.listeners and pool is not None:
+            instrument.notify("free", self, ptr)
         if pool is None and graph_memory.find(ptr) is not None:
             graph_memory.free_outside(ptr)  # graph memory, freed outside the graph
             return
         (pool or pool_of(ptr))._free(self, ptr)
+        if _global_slow and instrument.listeners:
+            instrument.notify("freed", self, pool)
 
     def record(self, event: Event | None = None) -> Event:
         """Record ``event`` (a new one if None) at the current tail (``cudaEventRecord``)."""
@@ -354,7 +375,7 @@ class Stream:
             return self._capture.record(self, event)
         if event.timing:
             slot = [None]
-            self._submit(_stamp, (slot,))
+            self._submit(_stamp, (slot,), "record", "timing event")
             event._stamp = slot
         elif not self.non_blocking:
             self._implicit()
@@ -389,12 +410,18 @@ class Stream:
         global _capturing
         capture.begin(self, capture.CaptureMode.GLOBAL if mode is None else mode)
         _capturing = True
+        if instrument.listeners:
+            instrument.notify("capture", self, "begin")
 
     def end_capture(self) -> Any:
         """End the capture begun on this stream and return its graph (``cudaStreamEndCapture``)."""
         from .graph import capture
 
-        return capture.end(self)
+        try:
+            return capture.end(self)
+        finally:
+            if instrument.listeners:
+                instrument.notify("capture", self, "end")
 
     def is_capturing(self) -> bool:
         """True while the stream takes part in an active capture (``cudaStreamIsCapturing``)."""
@@ -493,6 +520,8 @@ def _after_sync(device: Device, covered: list[tuple[Stream, int]], extra: list |
     """Tell the pools a synchronize happened, then raise the first failure it covers."""
     for fn in sync_listeners:
         fn(device)
+    if _global_slow and instrument.listeners:
+        instrument.notify("sync", device)
     errors: list[tuple[int, BaseException, str, str]] = []
     for s, upto in covered:
         for pos, exc, what in s._q.take_errors(upto):
@@ -500,6 +529,13 @@ def _after_sync(device: Device, covered: list[tuple[Stream, int]], extra: list |
     for q in extra or ():
         for pos, exc, what in q.take_errors():
             errors.append((pos, exc, what, q.name))
+    if _global_slow and instrument.listeners:
+        from . import sanitizer
+
+        if sanitizer.enabled():
+            # a kernel the sanitizer stopped failed with its SanitizerError: report the finding
+            errors = [e for e in errors if not isinstance(e[1], SanitizerError)]
+            sanitizer.raise_pending()
     if errors:
         pos, exc, what, where = errors[0]
         more = f" (and {len(errors) - 1} more failure(s))" if len(errors) > 1 else ""

@@ -128,6 +128,7 @@ def programs(draw) -> Program:
     live: list[int] = []  # temporaries
     ntmp = 0
     nb, nh = prog.nbuf, prog.nhost
+    sink = ("buf", nb)  # one more buffer, written only by _fold_and_free
     for kind, s, a, b, c in raw:
         buf = ("buf", a % nb)
         src = ("buf", b % nb)
@@ -163,15 +164,22 @@ def programs(draw) -> Program:
                 m.emit(s, ("mix", s, buf, t, c), reads=(buf, t), writes=(buf,))
         elif kind == "free" and live:
             t = live.pop(a % len(live))
-            m.emit(s, ("free", s, t), writes=(t,))
+            _fold_and_free(m, s, t, sink)
         elif kind == "sync":
             m.sync(s, a % nstreams)
     for side in range(1, nstreams):  # join every side stream back
         m.sync(side, 0)
     for t in live:
-        m.emit(0, ("free", 0, t), writes=(t,))
+        _fold_and_free(m, 0, t, sink)
     prog.ops = m.ops
     return prog
+
+
+def _fold_and_free(m: _Model, s: int, t: tuple, sink: tuple) -> None:
+    """Fold a temporary's final bytes into the sink buffer, then free it: makes every temporary
+    observable (two temporaries wrongly sharing memory change the sink)."""
+    m.emit(s, ("mix", s, sink, t, 1), reads=(sink, t), writes=(sink,))
+    m.emit(s, ("free", s, t), writes=(t,))
 
 
 class _Run:
@@ -243,7 +251,7 @@ def _check(prog: Program, seed: int) -> None:
     dev = srt.Device("cpu:0")
     origin = srt.Stream(dev, non_blocking=True)
     streams = [origin] + [srt.Stream(dev, non_blocking=not b) for b in prog.blocking]
-    bufs = [srt.malloc(NB, dev) for _ in range(prog.nbuf)]
+    bufs = [srt.malloc(NB, dev) for _ in range(prog.nbuf + 1)]  # + the sink
     run = _Run(dev, prog, streams, bufs)
     execs = []
     try:
@@ -322,7 +330,7 @@ def test_graph_differential_fixed_program_with_everything():
     m.emit(2, ("copy", 2, b1, b0, NB), reads=(b0,), writes=(b1,))
     m.emit(0, ("memset", 0, b0, 17, 10), writes=(b0,))
     m.emit(0, ("mix", 0, b0, t, 1), reads=(b0, t), writes=(b0,))
-    m.emit(2, ("free", 2, t), writes=(t,))
+    _fold_and_free(m, 2, t, ("buf", 3))
     m.emit(1, ("d2h", 1, ("hout", 0), b0), reads=(b0,), writes=(("hout", 0),))
     m.emit(2, ("host", 2, ("hout", 0), 5), reads=(("hout", 0),))
     m.emit(0, ("d2h", 0, ("hout", 1), b1), reads=(b1,), writes=(("hout", 1),))

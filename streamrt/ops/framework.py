@@ -243,6 +243,12 @@ def _check_workspace(name: str, ws: Any, size: int, ex: Executor) -> None:
                        NULLPTR)
         return
     have = usable_bytes(ws)
+    from .. import sanitizer
+
+    if sanitizer.enabled():  # a finding as well as the error: the sanitizer's report names it
+        sanitizer._SAN.check_workspace(name, ws, size, have)
+        if have is not None and have >= size:
+            sanitizer._SAN.tag(ws, f"workspace of {name}")
     if have is None:
         raise _bad(name, f"workspace {hex(ws)} is not a live device allocation (freed, never "
                          "allocated, or an interior pointer of a pool block)")

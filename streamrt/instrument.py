@@ -1,0 +1,148 @@
+"""Instrumentation shared by the sanitizer and the tracer: one record per enqueued operation.
+
+When any listener is active, every stream operation is wrapped: it carries an :class:`OpInfo`
+(stream, position, vector clock at enqueue, kind, name, the user's call site, the memory it
+declares) and runs through :func:`run`, which marks it as the worker thread's current operation
+(kernel views find their operation there) and tells the listeners when it starts and ends.
+With no listener, nothing here runs: the streams take their fast paths.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+_PKG = os.path.dirname(os.path.abspath(__file__))
+_seq = itertools.count(1)
+_tls = threading.local()
+listeners: list[Any] = []  # objects with op_start(op), op_end(op) and optional on_* hooks
+
+
+class OpInfo:
+    """One enqueued operation, as the sanitizer and the tracer see it."""
+
+    __slots__ = (
+        "stream", "pos", "seq", "kind", "name", "site", "clock", "accesses", "t0", "t1", "args",
+        "parent", "index", "ancestors", "thread",
+    )
+
+    def __init__(self, stream: Any, kind: str, name: str, clock: dict[int, int],
+                 accesses: tuple = (), args: dict | None = None) -> None:
+        self.stream = stream
+        self.pos = stream._pos if stream is not None else 0  # 1-based position of this op
+        self.seq = next(_seq)  # global enqueue order (host-ordered events compare with it)
+        self.kind = kind
+        self.name = name
+        self.site = user_site() if _want_sites() else ""
+        self.clock = clock  # what is ordered before this op: stream id -> position
+        self.accesses = accesses  # declared (ptr, nbytes, write) ranges (copies, memsets)
+        self.args = args or {}
+        self.t0 = self.t1 = 0.0
+        self.parent: OpInfo | None = None  # the graph launch of a graph node
+        self.index = -1  # node index within its launch
+        self.ancestors = 0  # bitset of node indices ordered before it within the launch
+        self.thread = ""
+
+    def where(self) -> str:
+        """``stream@pos`` (and the node within its graph launch)."""
+        if self.parent is not None:
+            return f"{self.parent.where()} node #{self.index}"
+        return f"{self.stream.name}@{self.pos}" if self.stream is not None else "host"
+
+    def describe(self) -> str:
+        """``kernel 'scale' on cpu:0/3@7 (enqueued at file.py:12)``."""
+        site = f" (enqueued at {self.site})" if self.site else ""
+        return f"{self.kind} {self.name!r} on {self.where()}{site}"
+
+    def __repr__(self) -> str:
+        return f"<OpInfo {self.describe()}>"
+
+
+def active() -> bool:
+    """Whether any listener wants operations instrumented."""
+    return bool(listeners)
+
+
+def _want_sites() -> bool:
+    return any(getattr(lst, "wants_sites", False) for lst in listeners)
+
+
+def user_site() -> str:
+    """``file:line`` of the innermost caller outside the streamrt package."""
+    f = sys._getframe(2)
+    while f is not None and f.f_code.co_filename.startswith(_PKG):
+        f = f.f_back
+    if f is None:
+        return ""
+    return f"{os.path.relpath(f.f_code.co_filename)}:{f.f_lineno}"
+
+
+def before_clock(stream: Any) -> dict[int, int]:
+    """The clock of the next operation of ``stream``: its own earlier ops and what it waited on."""
+    clock = stream._clock.copy()
+    clock[stream.id] = stream._pos - 1
+    return clock
+
+
+def wrap(stream: Any, fn: Callable[..., Any], args: tuple, kind: str, name: str,
+         accesses: tuple = (), extra: dict | None = None) -> tuple[Callable[..., Any], tuple]:
+    """Wrap a queue operation (call after ``stream._pos`` was incremented for it)."""
+    op = OpInfo(stream, kind, name, before_clock(stream), accesses, extra)
+    for lst in listeners:
+        hook = getattr(lst, "on_enqueue", None)
+        if hook is not None:
+            hook(op)
+    return run, (op, fn, args)
+
+
+def run(op: OpInfo, fn: Callable[..., Any], args: tuple) -> None:
+    """Queue operation: run ``fn(*args)`` as ``op``."""
+    prev = getattr(_tls, "op", None)
+    _tls.op = op
+    op.thread = threading.current_thread().name
+    op.t0 = time.perf_counter()
+    try:
+        for lst in listeners:
+            lst.op_start(op)
+        fn(*args)
+    finally:
+        op.t1 = time.perf_counter()
+        _tls.op = prev
+        for lst in listeners:
+            lst.op_end(op)
+
+
+def current() -> OpInfo | None:
+    """The operation the calling worker thread is running, if instrumented."""
+    return getattr(_tls, "op", None)
+
+
+def notify(event: str, *args: Any) -> None:
+    """Call ``on_<event>(*args)`` on every listener that has it."""
+    for lst in listeners:
+        hook = getattr(lst, "on_" + event, None)
+        if hook is not None:
+            hook(*args)
+
+
+def add(listener: Any) -> None:
+    """Activate a listener (turns the streams' slow path on)."""
+    from . import stream
+
+    if listener not in listeners:
+        listeners.append(listener)
+    stream.refresh_global()
+
+
+def remove(listener: Any) -> None:
+    """Deactivate a listener."""
+    from . import stream
+
+    if listener in listeners:
+        listeners.remove(listener)
+    stream.refresh_global()

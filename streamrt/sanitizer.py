@@ -1,0 +1,376 @@
+"""Stream-order sanitizer: a happens-before checker over the accesses every operation declares.
+
+State and invariants (guarded by ``_lock``):
+- Every allocation is a *generation*: a range with its alloc event and, once freed, its free
+  event. Stream-ordered allocations are events of their stream (a malloc enqueues a marker so
+  it has a position); ``srt.malloc``/``srt.free`` are host events, ordered by enqueue sequence
+  (``srt.free`` synchronizes the device first). Freed generations are kept for a while, so a
+  late access is reported as a use-after-free rather than as an unknown address.
+- Each generation keeps its recent accesses ``(lo, hi, write, op)``. A new access is checked
+  against the newest generation whose alloc is ordered before it (none: use-before-alloc),
+  against that generation's bounds (out-of-bounds) and free (not ordered before the free:
+  use-after-free), and against earlier accesses that conflict and are not ordered before it
+  (race). Operation A is ordered before X when X's clock covers A's position (graph nodes of one
+  launch: when A is an ancestor of X in the DAG).
+- Findings are kept in order. In ``raise`` mode the next synchronize raises the first one not yet
+  raised as :class:`SanitizerError`; in ``collect`` mode they only accumulate (``report()``).
+  A correct program produces no finding: a false positive is a bug.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from sortedcontainers import SortedList
+
+from . import instrument
+from .errors import InvalidValueError, SanitizerError
+from .instrument import OpInfo
+
+__all__ = ["enable", "disable", "enabled", "report", "clear", "check_leaks", "Finding"]
+
+KINDS = ("race", "use-after-free", "use-before-alloc", "out-of-bounds", "invalid-address",
+         "workspace", "leak")
+_HISTORY = 4096  # freed generations remembered
+_MAX_ACCESSES = 64  # accesses remembered per generation
+
+
+@dataclass
+class Finding:
+    """One stream-ordering bug: what, where, and the two operations involved."""
+
+    kind: str
+    ptr: int
+    nbytes: int
+    message: str
+    op: Any = None
+    other: Any = None
+    streams: tuple = field(default_factory=tuple)
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.message}"
+
+
+class _Event:
+    """An alloc or free: on a stream at a position (with its clock), or on the host."""
+
+    __slots__ = ("stream", "pos", "clock", "seq", "site", "what")
+
+    def __init__(self, stream: Any, what: str, clock: dict[int, int] | None = None) -> None:
+        self.stream = stream
+        self.pos = stream._pos if stream is not None else 0
+        self.clock = clock or {}
+        self.seq = next(instrument._seq)
+        self.site = instrument.user_site()
+        self.what = what
+
+    def describe(self) -> str:
+        where = f"{self.stream.name}@{self.pos}" if self.stream is not None else "the host"
+        return f"{self.what} on {where}" + (f" (at {self.site})" if self.site else "")
+
+
+class _Gen:
+    __slots__ = ("lo", "hi", "alloc", "free", "accesses", "label")
+
+    def __init__(self, lo: int, hi: int, alloc: _Event, label: str) -> None:
+        self.lo, self.hi = lo, hi
+        self.alloc = alloc
+        self.free: _Event | None = None
+        self.accesses: list[tuple[int, int, bool, OpInfo]] = []
+        self.label = label
+
+
+def _top(op: OpInfo) -> OpInfo:
+    return op.parent if op.parent is not None else op
+
+
+def op_before_op(a: OpInfo, x: OpInfo) -> bool:
+    """Operation ``a`` happens before operation ``x``."""
+    if a.parent is not None and a.parent is x.parent:
+        return bool(x.ancestors >> a.index & 1)
+    ta, tx = _top(a), _top(x)
+    if ta is tx:
+        return False
+    return tx.clock.get(ta.stream.id, 0) >= ta.pos
+
+
+def _alloc_before(e: _Event, x: OpInfo) -> bool:
+    tx = _top(x)
+    if e.stream is None:
+        return e.seq < tx.seq
+    return tx.clock.get(e.stream.id, 0) >= e.pos
+
+
+def _before_free(x: OpInfo, e: _Event) -> bool:
+    tx = _top(x)
+    if e.stream is None:
+        return tx.seq < e.seq
+    return e.clock.get(tx.stream.id, 0) >= tx.pos
+
+
+class Sanitizer:
+    """The checker; one per process (``streamrt.sanitizer``)."""
+
+    wants_sites = True
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self.mode = "raise"
+        self.findings: list[Finding] = []
+        self._raised = 0
+        self._gens = SortedList(key=lambda g: (g.lo, g.alloc.seq))
+        self._live: dict[int, _Gen] = {}
+        self._freed: deque[_Gen] = deque()
+        self._max = 0
+        self._tags: dict[int, str] = {}
+
+    # -- allocation events ---------------------------------------------------------------------
+    def on_alloc(self, stream: Any, ptr: int, nbytes: int, label: str = "allocation") -> None:
+        """A stream-ordered (stream given) or host allocation of ``[ptr, ptr + nbytes)``."""
+        if stream is not None:
+            stream._submit(_marker, ())  # the malloc gets a position of its own
+        ev = _Event(stream, f"malloc of {hex(ptr)} ({nbytes} B)",
+                    instrument.before_clock(stream) if stream is not None else None)
+        with self._lock:
+            g = _Gen(ptr, ptr + max(nbytes, 1), ev, label)
+            self._live[ptr] = g
+            self._gens.add(g)
+            self._max = max(self._max, g.hi - g.lo)
+
+    def on_free(self, stream: Any, ptr: int) -> None:
+        """A stream-ordered (stream given) or host free of the allocation at ``ptr``."""
+        clock = None
+        if stream is not None:
+            clock = stream._clock.copy()
+            clock[stream.id] = stream._pos
+        with self._lock:
+            g = self._live.pop(ptr, None)
+            if g is None:
+                return
+            g.free = _Event(stream, f"free of {hex(ptr)}", clock)
+            self._tags.pop(ptr, None)
+            self._freed.append(g)
+            while len(self._freed) > _HISTORY:
+                self._gens.discard(self._freed.popleft())
+
+    def tag(self, ptr: int, label: str) -> None:
+        """Name an allocation's role in messages (an operator's workspace)."""
+        with self._lock:
+            g = self._live.get(ptr)
+            if g is not None:
+                g.label = label
+
+    # -- accesses ------------------------------------------------------------------------------
+    def access(self, op: OpInfo | None, ptr: int, nbytes: int, write: bool) -> Finding | None:
+        """Check one access of ``op``; returns the finding it caused, if any."""
+        if op is None or nbytes <= 0:
+            return None
+        lo, hi = ptr, ptr + nbytes
+        with self._lock:
+            start = self._gens.bisect_key_left((lo - self._max, 0))
+            stop = self._gens.bisect_key_left((hi, 0))
+            gens = sorted(self._gens[start:stop], key=lambda g: g.alloc.seq, reverse=True)
+            gens = [g for g in gens if g.lo < hi and lo < g.hi]
+            cur = next((g for g in gens if _alloc_before(g.alloc, op)), None)
+            if cur is None:
+                if gens:
+                    g = gens[0]
+                    return self._find("use-before-alloc", ptr, nbytes, op, g.alloc,
+                                      f"{op.describe()} touches {hex(ptr)}+{nbytes}, whose {g.label} "
+                                      f"is not ordered before it: {g.alloc.describe()}")
+                if self._in_pool_chunk(ptr):
+                    return self._find("invalid-address", ptr, nbytes, op, None,
+                                      f"{op.describe()} touches {hex(ptr)}+{nbytes}, pool memory "
+                                      "that no allocation ever covered")
+                return None  # not an allocation the sanitizer tracks (pinned host, graph memory)
+            if not (cur.lo <= lo and hi <= cur.hi):
+                return self._find("out-of-bounds", ptr, nbytes, op, cur.alloc,
+                                  f"{op.describe()} touches {hex(ptr)}+{nbytes}, outside its "
+                                  f"{cur.label} [{hex(cur.lo)}, {hex(cur.hi)}) from "
+                                  f"{cur.alloc.describe()}")
+            if cur.free is not None and not _before_free(op, cur.free):
+                kind = "workspace" if "workspace" in cur.label else "use-after-free"
+                return self._find(kind, ptr, nbytes, op, cur.free,
+                                  f"{op.describe()} touches {hex(ptr)}+{nbytes} of a {cur.label} "
+                                  f"that may already be freed: {cur.free.describe()} is not "
+                                  "ordered after it")
+            found = None
+            for alo, ahi, aw, aop in cur.accesses:
+                if (aw or write) and alo < hi and lo < ahi and aop is not op \
+                        and not op_before_op(aop, op):
+                    found = self._find(
+                        "race", ptr, nbytes, op, aop,
+                        f"{op.describe()} {'writes' if write else 'reads'} {hex(ptr)}+{nbytes} "
+                        f"while {aop.describe()} {'writes' if aw else 'reads'} "
+                        f"{hex(alo)}+{ahi - alo}, and neither is ordered before the other")
+                    break
+            acc = cur.accesses
+            if not (acc and acc[-1][3] is op and acc[-1][:3] == (lo, hi, write)):
+                if write:  # superseded: earlier accesses ordered before this write, inside it
+                    acc[:] = [a for a in acc if not (lo <= a[0] and a[1] <= hi
+                                                     and op_before_op(a[3], op))]
+                acc.append((lo, hi, write, op))
+                if len(acc) > _MAX_ACCESSES:
+                    del acc[0]
+            return found
+
+    @staticmethod
+    def _in_pool_chunk(ptr: int) -> bool:
+        from .backends.cpu import SPACE
+        from .memory import _pools
+
+        alloc = SPACE.find(ptr)
+        return alloc is not None and any(alloc.base in p._chunks for p in list(_pools))
+
+    def _find(self, kind: str, ptr: int, nbytes: int, op: Any, other: Any, msg: str) -> Finding:
+        streams = tuple(x.where() if isinstance(x, OpInfo) else x.describe()
+                        for x in (op, other) if x is not None)
+        f = Finding(kind, ptr, nbytes, msg, op, other, streams)
+        self.findings.append(f)
+        return f
+
+    def check_workspace(self, op_name: str, ptr: int | None, size: int, usable: int | None) -> None:
+        """Phase 2 was given a workspace smaller than phase 1 asked for."""
+        if size and (ptr is None or usable is None or usable < size):
+            with self._lock:
+                self._find("workspace", ptr or 0, size, None, None,
+                           f"{op_name}: workspace {hex(ptr or 0)} holds {usable} bytes, phase 1 "
+                           f"asked for {size}")
+
+    # -- listener interface ----------------------------------------------------------------------
+    def op_start(self, op: OpInfo) -> None:
+        for ptr, nbytes, write in op.accesses:
+            self.access(op, ptr, nbytes, write)
+
+    def op_end(self, op: OpInfo) -> None:
+        pass
+
+    def pending(self) -> Finding | None:
+        """The first finding not yet raised (raise mode), marking it raised."""
+        with self._lock:
+            if self.mode == "raise" and self._raised < len(self.findings):
+                f = self.findings[self._raised]
+                self._raised = len(self.findings)
+                return f
+        return None
+
+
+def _marker() -> None:
+    """Queue operation standing for a stream-ordered malloc."""
+
+
+_SAN = Sanitizer()
+_on = False
+
+
+def enable(mode: str = "raise", *, leaks: bool = False) -> None:
+    """Turn the sanitizer on: ``mode`` "raise" (synchronize raises) or "collect"."""
+    global _on
+    if mode not in ("raise", "collect"):
+        raise InvalidValueError(f"sanitizer mode must be 'raise' or 'collect', not {mode!r}")
+    _SAN.mode = mode
+    if not _on:
+        from .kernel import KernelContext
+
+        KernelContext.array = _checked_array  # views declare their accesses
+        _on = True
+        instrument.add(_SAN)
+    if leaks:
+        atexit.register(_report_leaks_at_exit)
+
+
+def disable() -> None:
+    """Turn the sanitizer off (findings are kept until :func:`clear`)."""
+    global _on
+    if _on:
+        from .kernel import KernelContext
+
+        KernelContext.array = KernelContext._fast_array
+        _on = False
+        instrument.remove(_SAN)
+
+
+def enabled() -> bool:
+    """Whether the sanitizer is on."""
+    return _on
+
+
+def report() -> list[Finding]:
+    """Every finding so far, in order."""
+    with _SAN._lock:
+        return list(_SAN.findings)
+
+
+def clear() -> None:
+    """Forget the findings (and what was raised)."""
+    with _SAN._lock:
+        _SAN.findings.clear()
+        _SAN._raised = 0
+
+
+def _checked_array(ctx: Any, ptr: int, shape: Any, dtype: Any, *, readonly: bool = False) -> Any:
+    """``KernelContext.array`` while the sanitizer is on: check the access, then make the view."""
+    import numpy as np
+
+    from .backends.cpu import SPACE
+
+    try:
+        dt = np.dtype(dtype)
+        shp = (shape,) if isinstance(shape, int | np.integer) else tuple(int(d) for d in shape)
+        nbytes = int(np.prod(shp, dtype=np.int64)) * dt.itemsize
+        p = int(ptr) if isinstance(ptr, int | np.integer) and not isinstance(ptr, bool) else None
+    except (TypeError, ValueError):
+        p = None
+    if p is not None:
+        op = instrument.current()
+        if SPACE.find(p) is None and op is not None:
+            with _SAN._lock:
+                found = _SAN._find("invalid-address", p, nbytes, op, None,
+                                   f"{op.describe()} touches {hex(p)}+{nbytes}, which is inside "
+                                   "no allocation")
+        else:
+            found = _SAN.access(op, p, nbytes, not readonly)
+        if found is not None and found.kind in ("out-of-bounds", "invalid-address") \
+                and _SAN.mode == "raise":
+            raise SanitizerError(str(found), found)  # stop the kernel before it writes
+    return SPACE.array(ptr, shape, dtype, readonly)
+
+
+def raise_pending() -> None:
+    """Called by every synchronize: raise the first new finding (raise mode)."""
+    f = _SAN.pending()
+    if f is not None:
+        raise SanitizerError(f"{f.kind}: {f.message}", f)
+
+
+def check_leaks() -> list[Finding]:
+    """Findings for what is still alive: executors, stream-ordered and synchronous allocations."""
+    from .ops.executor import live_executors
+
+    found = []
+    with _SAN._lock:
+        n = live_executors()
+        if n:
+            found.append(_SAN._find("leak", 0, 0, None, None,
+                                    f"{n} operator executor(s) never released (destroy them, or "
+                                    "let ops.run manage them)"))
+        for ptr, g in sorted(_SAN._live.items()):
+            found.append(_SAN._find("leak", ptr, g.hi - g.lo, None, g.alloc,
+                                    f"{g.label} {hex(ptr)} ({g.hi - g.lo} B) never freed: "
+                                    f"{g.alloc.describe()}"))
+    return found
+
+
+def _report_leaks_at_exit() -> None:
+    for f in check_leaks():
+        print(f"streamrt sanitizer: {f}", file=sys.stderr)
+
+
+if os.environ.get("STREAMRT_SANITIZE", "") not in ("", "0"):
+    enable("collect" if os.environ["STREAMRT_SANITIZE"] == "collect" else "raise")

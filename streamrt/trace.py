@@ -1,0 +1,187 @@
+"""Chrome/Perfetto trace writer: one track per stream, a slice per operation, flows, counters.
+
+Open the file in https://ui.perfetto.dev or chrome://tracing. Each device is a process, each
+stream a named thread track; every operation is a slice (kernel name, bytes, arguments) and a
+graph launch contains its nodes as nested slices (nodes run by graph workers get a track of
+their own). A wait that really blocked on another stream is a flow arrow from the operation it
+waited for; pool reserved/used bytes are counters; capture begin/end are instant markers.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from . import instrument
+from .instrument import OpInfo
+
+__all__ = ["trace", "Tracer"]
+
+
+class Tracer:
+    """Collects trace events while active; :meth:`write` saves them as Chrome JSON."""
+
+    wants_sites = False
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._t0 = time.perf_counter()
+        self.events: list[dict] = []
+        self._tracks: dict[tuple[int, Any], str] = {}
+        self._procs: dict[int, str] = {}
+        self._ends: dict[tuple[int, int], tuple[int, Any, float]] = {}  # (stream id, pos) -> end
+        self._flow = 0
+
+    def _us(self, t: float) -> float:
+        return round((t - self._t0) * 1e6, 3)
+
+    def _pid(self, device: Any) -> int:
+        pid = device.index + (1 if device.backend == "cpu" else 1001)
+        self._procs.setdefault(pid, f"device {device.name}")
+        return pid
+
+    def _track(self, op: OpInfo) -> tuple[int, Any]:
+        top = op.parent if op.parent is not None else op
+        s = top.stream
+        pid = self._pid(s.device)
+        if op.parent is not None and not op.thread.startswith("streamrt-cpu"):
+            tid = f"{s.id}/{op.thread}"  # a graph worker thread: a track of its own
+            self._tracks.setdefault((pid, tid), f"stream {s.name} graph worker {op.thread}")
+        else:
+            tid = s.id
+            kind = "legacy default" if s._legacy else ("non-blocking" if s.non_blocking else
+                                                       "blocking")
+            self._tracks.setdefault((pid, tid), f"stream {s.name} ({kind})")
+        return pid, tid
+
+    # -- listener interface ------------------------------------------------------------------
+    def op_start(self, op: OpInfo) -> None:
+        pass
+
+    def op_end(self, op: OpInfo) -> None:
+        with self._lock:
+            pid, tid = self._track(op)
+            ts, end = self._us(op.t0), self._us(op.t1)
+            args = {k: _plain(v) for k, v in op.args.items()}
+            args["position"] = op.pos if op.parent is None else f"node #{op.index}"
+            self.events.append({"name": op.name, "cat": op.kind, "ph": "X", "ts": ts,
+                                "dur": max(end - ts, 0.001), "pid": pid, "tid": tid,
+                                "args": args})
+            if op.parent is None:
+                self._ends[(op.stream.id, op.pos)] = (pid, tid, end)
+                if len(self._ends) > 100000:
+                    self._ends.clear()
+            on = op.args.get("on")
+            if op.kind == "wait" and on is not None:
+                src = self._ends.get((on[0].id, on[1]))
+                if src is not None:  # arrow from the awaited operation to the wait
+                    self._flow += 1
+                    spid, stid, sts = src
+                    self.events.append({"name": "wait", "cat": "flow", "ph": "s", "id": self._flow,
+                                        "ts": max(sts - 0.001, 0), "pid": spid, "tid": stid})
+                    self.events.append({"name": "wait", "cat": "flow", "ph": "f", "bp": "e",
+                                        "id": self._flow, "ts": ts, "pid": pid, "tid": tid})
+
+    def on_alloc(self, stream: Any, ptr: int, nbytes: int) -> None:
+        self._pool_counter(ptr)
+
+    def on_freed(self, stream: Any, pool: Any) -> None:
+        self._count(pool)
+
+    def on_sync(self, device: Any) -> None:
+        for pool in list(device._pools):
+            self._count(pool)
+
+    def _pool_counter(self, ptr: int) -> None:
+        from .memory import find_pool
+
+        pool = find_pool(ptr)
+        if pool is not None:
+            self._count(pool)
+
+    def _count(self, pool: Any) -> None:
+        with self._lock:
+            self.events.append({"name": f"pool {id(pool):x} ({pool.device.name})", "ph": "C",
+                                "ts": self._us(time.perf_counter()), "pid": self._pid(pool.device),
+                                "args": {"reserved": pool._reserved, "used": pool._used}})
+
+    def on_capture(self, stream: Any, what: str) -> None:
+        with self._lock:
+            pid = self._pid(stream.device)
+            self._tracks.setdefault((pid, stream.id), f"stream {stream.name}")
+            self.events.append({"name": f"capture {what}", "ph": "i", "s": "t",
+                                "ts": self._us(time.perf_counter()), "pid": pid,
+                                "tid": stream.id})
+
+    # -- output ------------------------------------------------------------------------------
+    def to_json(self) -> dict:
+        """The trace as a Chrome trace-event JSON object."""
+        with self._lock:
+            meta: list[dict] = [{"name": "process_name", "ph": "M", "pid": pid,
+                                 "args": {"name": name}} for pid, name in self._procs.items()]
+            for (pid, tid), name in self._tracks.items():
+                meta.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
+                             "args": {"name": name}})
+            return {"traceEvents": meta + list(self.events), "displayTimeUnit": "ms",
+                    "otherData": {"generator": "streamrt"}}
+
+    def write(self) -> Path:
+        """Write the JSON file; returns its path."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps(self.to_json()))
+        return self.path
+
+
+def _plain(v: Any) -> Any:
+    return v if isinstance(v, int | float | str | bool) or v is None else str(v)
+
+
+def _drain() -> None:
+    """Wait (without raising) for every stream's queued work, so its slices are recorded."""
+    from .device import devices
+
+    for dev in devices():
+        for s in list(dev._streams):
+            s._q.wait_done(s._pos)
+
+
+class trace:  # noqa: N801 - used like a function
+    """``with srt.trace("out.json"):`` records a Chrome/Perfetto trace of what runs inside."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.tracer = Tracer(path)
+
+    def __enter__(self) -> Tracer:
+        instrument.add(self.tracer)
+        return self.tracer
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            _drain()
+        finally:
+            instrument.remove(self.tracer)
+            self.tracer.write()
+
+
+def _start_from_env() -> None:
+    path = os.environ.get("STREAMRT_TRACE")
+    if not path:
+        return
+    tracer = Tracer(path)
+    instrument.add(tracer)
+
+    def finish() -> None:
+        _drain()
+        instrument.remove(tracer)
+        tracer.write()
+
+    atexit.register(finish)
+
+
+_start_from_env()

@@ -1,0 +1,264 @@
+"""The stream-order sanitizer: every finding kind from a planted bug, no false positives."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import streamrt as srt
+from streamrt import ops
+
+from .conftest import fill_kernel
+
+HERE = "test_sanitizer.py:"
+
+
+@pytest.fixture
+def san():
+    srt.sanitizer.clear()
+    srt.sanitizer.enable("collect")
+    yield srt.sanitizer
+    srt.sanitizer.disable()
+    srt.sanitizer.clear()
+
+
+@srt.kernel
+def write_k(ctx, p, n, v):
+    ctx.array(p, (n,), np.float32)[:] = v
+
+
+@srt.kernel
+def read_k(ctx, p, n, out):
+    out.append(float(ctx.array(p, (n,), np.float32, readonly=True).sum()))
+
+
+def streams(dev, k=2):
+    return [srt.Stream(dev, non_blocking=True) for _ in range(k)]
+
+
+def kinds(report):
+    return [f.kind for f in report]
+
+
+def test_sanitizer_race_between_unordered_streams(dev, san):
+    a, b = streams(dev)
+    p = srt.malloc(1024)  # host allocation: ordered before everything
+    a.launch(write_k, p, 256, 1.0)
+    b.launch(write_k, p, 256, 2.0)  # BUG: no wait on a's write
+    dev.synchronize()
+    rep = san.report()
+    assert kinds(rep) == ["race"]
+    f = rep[0]
+    assert f.ptr == p and len(f.streams) == 2 and a.name in str(f) and b.name in str(f)
+    assert str(f).count(HERE) == 2  # both enqueue sites, file and line
+    srt.free(p)
+
+
+def test_sanitizer_ordered_streams_are_clean(dev, san):
+    a, b = streams(dev)
+    p = srt.malloc(1024)
+    a.launch(write_k, p, 256, 1.0)
+    b.wait(a.record())
+    out = []
+    b.launch(read_k, p, 256, out)
+    a.wait(b.record())
+    a.launch(write_k, p, 256, 3.0)
+    dev.synchronize()
+    assert san.report() == [] and out == [256.0]
+    srt.free(p)
+
+
+def test_sanitizer_read_read_is_not_a_race(dev, san):
+    a, b = streams(dev)
+    p = srt.malloc(1024)
+    out = []
+    a.launch(read_k, p, 256, out)
+    b.launch(read_k, p, 256, out)
+    dev.synchronize()
+    assert san.report() == []
+    srt.free(p)
+
+
+def test_sanitizer_use_after_free(dev, san, gate):
+    a, b = streams(dev)
+    p = a.malloc(1024)
+    a.launch(write_k, p, 256, 1.0)
+    b.wait(a.record())
+    g = gate(b)
+    out = []
+    b.launch(read_k, p, 256, out)  # still pending behind the gate
+    a.free(p)  # BUG: the free is not ordered after b's read
+    g.open()
+    dev.synchronize()
+    rep = san.report()
+    assert kinds(rep) == ["use-after-free"]
+    assert "free of" in rep[0].message and rep[0].message.count(HERE) == 2
+
+
+def test_sanitizer_use_before_alloc(dev, san):
+    a, b = streams(dev)
+    p = a.malloc(1024)
+    out = []
+    b.launch(read_k, p, 256, out)  # BUG: b is not ordered after a's stream-ordered malloc
+    dev.synchronize()
+    assert kinds(san.report()) == ["use-before-alloc"]
+    a.free(p)
+
+
+def test_sanitizer_alloc_then_event_is_clean(dev, san):
+    a, b = streams(dev)
+    p = a.malloc(1024)
+    b.wait(a.record())  # recorded after the malloc: b is ordered after it
+    b.launch(write_k, p, 256, 1.0)
+    a.wait(b.record())
+    a.free(p)
+    dev.synchronize()
+    assert san.report() == []
+
+
+def test_sanitizer_out_of_bounds_stops_the_kernel(dev, san):
+    srt.sanitizer.enable("raise")
+    s, = streams(dev, 1)
+    p = s.malloc(1024)
+    q = s.malloc(1024)  # the neighbour in the same pool chunk
+    s.memset(q, 7, 1024)
+    s.launch(write_k, p, 512, 1.0)  # BUG: 2048 bytes from a 1024-byte block
+    with pytest.raises(srt.SanitizerError) as info:
+        s.synchronize()
+    assert info.value.kind == "out-of-bounds" and info.value.ptr == p
+    s.synchronize()  # reported once; the kernel's own failure is not raised again
+    out = np.empty(1024, np.uint8)
+    s.memcpy(out, q, 1024)
+    assert (out == 7).all()  # stopped before writing
+    s.free(p)
+    s.free(q)
+
+
+def test_sanitizer_invalid_address(dev, san):
+    s, = streams(dev, 1)
+    p = s.malloc(512)
+    s.launch(write_k, p + 8192, 4, 1.0)  # inside the pool chunk, never allocated
+    s.synchronize()
+    assert kinds(san.report()) == ["invalid-address"]
+    s.free(p)
+
+
+def test_sanitizer_raise_mode_raises_at_synchronize(dev, san):
+    srt.sanitizer.enable("raise")
+    a, b = streams(dev)
+    p = srt.malloc(1024)
+    a.launch(write_k, p, 256, 1.0)
+    b.launch(write_k, p, 256, 2.0)
+    with pytest.raises(srt.SanitizerError) as info:
+        dev.synchronize()
+    assert info.value.kind == "race" and info.value.ptr == p
+    assert isinstance(info.value.finding, srt.sanitizer.Finding)
+    dev.synchronize()  # raised once
+    srt.free(p)
+
+
+def test_sanitizer_workspace_freed_too_early(dev, san, gate):
+    a, b = streams(dev)
+    x = srt.Tensor.from_numpy(np.ones((64, 64), np.float32), stream=a)
+    y = srt.Tensor.empty((64, 64), np.float32, stream=a)
+    size, ex = ops.softmax.get_workspace_size(x, y)
+    assert size > 0  # softmax keeps its row max and sum in the workspace
+    ws = a.malloc(size)
+    g = gate(a)
+    ops.softmax(ws, size, ex, a)
+    b.wait(srt.Event(dev))  # (never recorded: no ordering)
+    b.free(ws)  # BUG: freed on another stream, not ordered after the executor's kernels
+    g.open()
+    dev.synchronize()
+    rep = san.report()
+    assert rep and rep[0].kind == "workspace" and "softmax" in rep[0].message
+    x.free(a)
+    y.free(a)
+
+
+def test_sanitizer_leaks(dev, san):
+    s, = streams(dev, 1)
+    p = s.malloc(4096)
+    size, ex = ops.add.get_workspace_size(
+        srt.Tensor.empty((4,), np.float32, stream=s), srt.Tensor.empty((4,), np.float32, stream=s),
+        srt.Tensor.empty((4,), np.float32, stream=s))
+    found = srt.sanitizer.check_leaks()
+    assert any(f.kind == "leak" and f.ptr == p for f in found)
+    assert any("executor" in f.message for f in found)
+    ex.destroy()
+    s.free(p)
+
+
+def test_sanitizer_enable_validation():
+    with pytest.raises(srt.InvalidValueError):
+        srt.sanitizer.enable("loud")
+
+
+def test_sanitizer_env_switch():
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np, streamrt as srt\n"
+        "@srt.kernel\ndef w(ctx, p):\n    ctx.array(p, (4,), np.float32)[:] = 1\n"
+        "a = srt.Stream(non_blocking=True); b = srt.Stream(non_blocking=True)\n"
+        "p = srt.malloc(16); a.launch(w, p); b.launch(w, p)\n"
+        "try:\n    srt.Device().synchronize()\nexcept srt.SanitizerError as e:\n    print(e.kind)\n"
+    )
+    env = dict(os.environ, STREAMRT_SANITIZE="1")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "race"
+
+
+# -- no false positives on correct programs --------------------------------------------------
+program = st.lists(
+    st.tuples(st.integers(0, 2), st.sampled_from(("write", "read", "realloc", "op")),
+              st.integers(0, 2)),
+    min_size=1, max_size=25,
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(program)
+def test_sanitizer_no_false_positives_on_correct_programs(ops_list):
+    """Random programs made correct by construction: each access waits on the last accesses of
+    the buffer on other streams; frees wait for every use; no finding is allowed."""
+    srt.sanitizer.clear()
+    srt.sanitizer.enable("collect")
+    try:
+        dev = srt.Device("cpu:0")
+        ss = streams(dev, 3)
+        n = 64
+        bufs = [ss[0].malloc(n * 4) for _ in range(3)]
+        last: dict[int, list] = {i: [ss[0].record()] for i in range(3)}  # events after uses
+        out: list = []
+        for si, what, bi in ops_list:
+            s = ss[si]
+            for e in last[bi]:
+                s.wait(e)  # ordered after every earlier use of the buffer
+            if what == "write":
+                s.launch(fill_kernel, bufs[bi], n, float(si))
+            elif what == "read":
+                s.launch(read_k, bufs[bi], n, out)
+            elif what == "op":
+                t = srt.Tensor(srt.TensorDesc((n,), np.float32), bufs[bi], device=dev)
+                ops.run(ops.add, t, t, t, stream=s)
+            else:  # free and allocate again on this stream
+                s.free(bufs[bi])
+                bufs[bi] = s.malloc(n * 4)
+            last[bi] = [s.record()]
+        for s in ss:
+            for bi in range(3):
+                for e in last[bi]:
+                    s.wait(e)
+        for b in bufs:
+            ss[0].free(b)
+        dev.synchronize()
+        assert srt.sanitizer.report() == []
+    finally:
+        srt.sanitizer.disable()
+        srt.sanitizer.clear()
