@@ -32,13 +32,13 @@ class OpInfo:
     )
 
     def __init__(self, stream: Any, kind: str, name: str, clock: dict[int, int],
-                 accesses: tuple = (), args: dict | None = None) -> None:
+                 accesses: tuple = (), args: dict | None = None, site: str | None = None) -> None:
         self.stream = stream
         self.pos = stream._pos if stream is not None else 0  # 1-based position of this op
         self.seq = next(_seq)  # global enqueue order (host-ordered events compare with it)
         self.kind = kind
         self.name = name
-        self.site = user_site() if _want_sites() else ""
+        self.site = site if site is not None else (user_site() if _want_sites() else "")
         self.clock = clock  # what is ordered before this op: stream id -> position
         self.accesses = accesses  # declared (ptr, nbytes, write) ranges (copies, memsets)
         self.args = args or {}

@@ -262,3 +262,24 @@ def test_sanitizer_no_false_positives_on_correct_programs(ops_list):
     finally:
         srt.sanitizer.disable()
         srt.sanitizer.clear()
+
+
+def test_sanitizer_graph_nodes(dev, san):
+    s, = streams(dev, 1)
+    p = srt.malloc(1024)
+    g = srt.Graph()
+    a = g.add_kernel_node(write_k, p, 256, 1.0)
+    b = g.add_kernel_node(write_k, p, 256, 2.0)  # BUG: no edge between the two writers
+    ge = g.instantiate()
+    ge.launch(s)
+    s.synchronize()
+    rep = san.report()
+    assert kinds(rep) == ["race"] and "node #0" in str(rep[0]) and "node #1" in str(rep[0])
+    srt.sanitizer.clear()
+    g.add_dependencies(a, b)  # fixed: ordered by an edge, and launches are ordered too
+    ge2 = g.instantiate()
+    for _ in range(3):
+        ge2.launch(s)
+    s.synchronize()
+    assert san.report() == []
+    srt.free(p)

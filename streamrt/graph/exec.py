@@ -15,6 +15,7 @@ State and invariants:
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .. import instrument
 from ..backends.cpu import SPACE, copy_op, fill_op, host_call
 from ..errors import (
     GraphExecUpdateError,
@@ -86,10 +88,27 @@ def _run_plan(plan: _Plan) -> None:
     """Stream operation: replay a plan (inline when it is one chain)."""
     ops = plan.single
     if ops is not None:
+        if instrument.listeners:
+            _launch_tls.parent = instrument.current()
         for fn, args in ops:
             fn(*args)
         return
     _run_parallel(plan)
+
+
+_launch_tls = threading.local()  # the graph launch an instrumented node belongs to
+
+
+def _node_call(meta: tuple, fn: Any, args: tuple) -> None:
+    """An instrumented node: its own OpInfo, nested in the launch, with its DAG ancestry."""
+    index, kind, name, ancestors, accesses, site = meta
+    parent = getattr(_launch_tls, "parent", None)
+    if parent is not None and parent.site:
+        site = f"{site}, launched at {parent.site}" if site else f"launched at {parent.site}"
+    op = instrument.OpInfo(None, kind, name, {}, accesses, site=site)
+    op.parent = parent
+    op.index, op.ancestors = index, ancestors
+    instrument.run(op, fn, args)
 
 
 def _run_parallel(plan: _Plan) -> None:
@@ -101,7 +120,10 @@ def _run_parallel(plan: _Plan) -> None:
     errors: list[BaseException] = []
     pool = _workers()
 
+    parent = instrument.current() if instrument.listeners else None
+
     def run(i: int) -> None:
+        _launch_tls.parent = parent
         while i is not None:
             if not errors:
                 try:
@@ -139,8 +161,14 @@ class GraphExec:
         if not isinstance(auto_free_on_launch, bool):
             raise InvalidTypeError("auto_free_on_launch must be a bool")
         self.auto_free_on_launch = auto_free_on_launch
-        self._template = graph.clone()
-        self._order = _topo(self._template)
+        gc_was = gc.isenabled()
+        gc.disable()  # cloning makes many long-lived objects: keep instantiate linear
+        try:
+            self._template = graph.clone()
+            self._order = _topo(self._template)
+        finally:
+            if gc_was:
+                gc.enable()
         # event nodes anywhere, child graphs included: they act at launch on the host, and
         # walking only the top level silently dropped the waits and records of child graphs
         self._event_nodes = [n for n in self._template._walk()
@@ -194,13 +222,21 @@ class GraphExec:
 
     # -- compile -------------------------------------------------------------------------------
     def _plan(self, stream: Stream) -> _Plan:
-        plan = self._plans.get(stream.id)
+        key = (stream.id, bool(instrument.listeners))  # instrumented plans wrap every node
+        plan = self._plans.get(key)
         if plan is None:
-            plan = self._plans[stream.id] = self._compile(stream)
+            gc_was = gc.isenabled()
+            gc.disable()  # many long-lived objects: generational passes would make it quadratic
+            try:
+                plan = self._plans[key] = self._compile(stream)
+            finally:
+                if gc_was:
+                    gc.enable()
         return plan
 
     def _compile(self, stream: Stream) -> _Plan:
         flat: list[tuple[Any, list[int]]] = []  # (op or None, deps as flat indices)
+        nodes: list[Node | None] = []  # the node of each flat entry (None: a child's exit)
 
         def inline(graph: Graph, entry_deps: list[int], top: bool) -> list[int]:
             index: dict[int, int] = {}
@@ -209,14 +245,18 @@ class GraphExec:
                 if n.type is NodeType.GRAPH:
                     leaves = inline(n._params["graph"], deps, False)
                     flat.append((None, leaves))
+                    nodes.append(None)
                 else:
                     disabled = top and n.index in self._disabled
                     flat.append((None if disabled else _op(n, stream), deps))
+                    nodes.append(n)
                 index[n.index] = len(flat) - 1
             dependents = {d for _, deps in flat for d in deps}
             return [i for i in index.values() if i not in dependents] or list(entry_deps)
 
         inline(self._template, [], True)
+        if instrument.listeners:
+            flat = _instrumented(flat, nodes)
         return _chains(flat)
 
     # -- launch --------------------------------------------------------------------------------
@@ -243,7 +283,8 @@ class GraphExec:
             for n in self._event_nodes:
                 if n.type is NodeType.WAIT_EVENT:
                     stream.wait(n._params["event"])
-            stream._submit(_run_plan, (plan,))
+            stream._submit(_run_plan, (plan,), "graph",
+                           f"graph launch ({len(self._template._nodes)} nodes)")
             for n in self._event_nodes:
                 if n.type is NodeType.EVENT_RECORD:
                     stream.record(n._params["event"])
@@ -396,6 +437,39 @@ def _topo(graph: Graph) -> list[Node]:
     if len(out) != len(graph._nodes):
         raise InvalidValueError(f"{graph!r} has a cycle")
     return out
+
+
+def _instrumented(flat: list[tuple[Any, list[int]]],
+                  nodes: list[Node | None]) -> list[tuple[Any, list[int]]]:
+    """Wrap every node op with its index, name, ancestors and declared memory (for the
+    sanitizer and traces)."""
+    anc = [0] * len(flat)
+    out = []
+    for i, (op, deps) in enumerate(flat):
+        acc = 0
+        for d in deps:
+            acc |= anc[d] | (1 << d)
+        anc[i] = acc
+        n = nodes[i]
+        if op is not None and n is not None:
+            kind, name, accesses = _describe(n)
+            site = n._params.get("site", "")
+            op = (_node_call, ((i, kind, name, acc, accesses, site), *op))
+        out.append((op, deps))
+    return out
+
+
+def _describe(n: Node) -> tuple[str, str, tuple]:
+    p = n._params
+    if n.type is NodeType.MEMCPY:
+        acc = tuple((int(x), p["nbytes"], w) for x, w in ((p["dst"], True), (p["src"], False))
+                    if isinstance(x, int | np.integer) and not isinstance(x, bool))
+        return "memcpy", f"memcpy {p['nbytes']} B", acc
+    if n.type is NodeType.MEMSET:
+        return "memset", f"memset {p['nbytes']} B", ((p["ptr"], p["nbytes"], True),)
+    if n.type is NodeType.HOST:
+        return "host", getattr(p["fn"], "__qualname__", repr(p["fn"])), ()
+    return "kernel", p["kernel"].name, ()
 
 
 def _op(n: Node, stream: Stream) -> tuple | None:

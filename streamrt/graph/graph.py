@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .. import instrument
 from ..device import Device
 from ..errors import InvalidTypeError, InvalidValueError
 from ..kernel import Kernel, dim3
@@ -42,6 +43,8 @@ class Graph:
     # -- building ---------------------------------------------------------------------------
     def _add(self, type: NodeType, params: dict[str, Any], deps: Any) -> Node:
         dep_nodes = self._as_nodes(deps, "deps")
+        if instrument.listeners:  # the sanitizer names a node by where it was made
+            params["site"] = instrument.user_site()
         node = Node(self, type, len(self._nodes), params)
         for d in dict.fromkeys(dep_nodes):  # duplicates collapse to one edge
             node._deps.append(d)
