@@ -40,7 +40,7 @@ def build(branches: int, length: int, bufs: list[int], serial: bool) -> srt.Grap
 def run(branches: int = 2, length: int = 8, repeat: int = 3, quick: bool = False) -> dict:
     """Seconds per launch of the parallel and serial graphs; ``rows`` for ``streamrt bench``."""
     if quick:
-        length, repeat = 4, 2
+        repeat = 1
     s = srt.Stream(non_blocking=True)
     bufs = [srt.malloc(ELEMS * 8) for _ in range(branches)]
     for p in bufs:

@@ -53,3 +53,22 @@ def test_cli_unknown_device_is_clean():
 def test_cli_help(cmd):
     r = streamrt(*cmd, "--help")
     assert r.returncode == 0 and "usage:" in r.stdout
+
+
+def test_cli_bench_quick_emits_json_and_markdown(tmp_path):
+    import json
+
+    js, md = tmp_path / "b.json", tmp_path / "b.md"
+    r = streamrt("bench", "--quick", "--json", str(js), "--markdown", str(md), timeout=300)
+    assert r.returncode in (0, 1), r.stderr  # 1: some target missed; still a complete table
+    rows = json.loads(js.read_text())
+    assert {row["bench"] for row in rows} >= {
+        "eager_launch", "pool_alloc", "pool_footprint", "ops_cache", "graph_replay",
+        "graph_instantiate", "graph_branches", "sanitizer_overhead"}
+    for row in rows:
+        assert {"claim", "ours", "peer", "unit", "ratio", "target", "pass"} <= set(row)
+        assert row["ratio"] > 0
+    assert (r.returncode == 0) == all(row["pass"] for row in rows)
+    table = md.read_text()
+    assert table.startswith("| claim | ours | peer / limit | ratio | target | pass |")
+    assert table.count("\n") == len(rows) + 2

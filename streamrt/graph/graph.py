@@ -36,6 +36,7 @@ class Graph:
         self._nodes: list[Node] = []
         # id(original node) -> (original, clone node), for find_in_clone; holds the originals
         self._origin: dict[int, tuple[Node, Node]] = {}
+        self._keep: list[Any] = []  # objects the graph's work needs alive (captured executors)
 
     def __repr__(self) -> str:
         return f"<Graph #{self.id} {len(self._nodes)} nodes>"
@@ -199,6 +200,7 @@ class Graph:
     def clone(self) -> Graph:
         """A copy with the same nodes, params and edges (``cudaGraphClone``)."""
         g = Graph()
+        g._keep = list(self._keep)
         for n in self._nodes:
             params = dict(n._params)
             if n.type is NodeType.GRAPH:
