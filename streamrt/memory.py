@@ -354,21 +354,20 @@ class MemPool:
         if not stream._slow and not self._destroyed and stream.device is self.device:
             # fast path of step 1: an exact-size block freed on this (non-blocking) stream
             size = (nbytes + ALIGN - 1) // ALIGN * ALIGN or ALIGN
-            fl = self._pending.get(stream.id)
-            if fl is not None and fl.bins.get(size):
-                with self._lock:
-                    lst = fl.bins.get(size)
-                    if lst:
-                        b = lst.pop()
-                        fl.count -= 1
-                        b.live = True
-                        b.stream = None
-                        _owners[b.addr] = self
-                        used = self._used = self._used + size
-                        if used > self._used_high:
-                            self._used_high = used
-                        self._fast_allocs += 1  # alloc_count and reuse_same_stream, see stats()
-                        return b.addr
+            with self._lock:
+                fl = self._pending.get(stream.id)
+                lst = fl.bins.get(size) if fl is not None else None
+                if lst:
+                    b = lst.pop()
+                    fl.count -= 1
+                    b.live = True
+                    b.stream = None
+                    _owners[b.addr] = self
+                    used = self._used = self._used + size
+                    if used > self._used_high:
+                        self._used_high = used
+                    self._fast_allocs += 1  # alloc_count and reuse_same_stream, see stats()
+                    return b.addr
         self._check_alive()
         if stream.device is not self.device:
             raise InvalidValueError(

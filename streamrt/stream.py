@@ -333,30 +333,33 @@ class Stream:
             pool = self.device._pool or self.device.default_mem_pool
         elif type(pool) is not MemPool and not isinstance(pool, MemPool):
             raise InvalidTypeError(f"pool must be a MemPool, not {type(pool).__name__}")
-        if self._destroyed:
-            self._check_alive()
-        ptr = pool._malloc(self, nbytes if type(nbytes) is int and nbytes >= 0
-                           else check_size(nbytes))
-        if _global_slow and instrument.listeners and self._capture is None:
+        if type(nbytes) is not int or nbytes < 0:
+            nbytes = check_size(nbytes)
+        if not (self._slow or _global_slow):
+            return pool._malloc(self, nbytes)
+        self._check_alive()
+        ptr = pool._malloc(self, nbytes)
+        if instrument.listeners and self._capture is None:
             instrument.notify("alloc", self, ptr, nbytes)
         return ptr
 
     def free(self, ptr: int) -> None:
         """Stream-ordered free (``cudaFreeAsync``): the block returns to its pool after prior work."""
-        if self._destroyed:
-            self._check_alive()
         if type(ptr) is not int:
             ptr = check_ptr(ptr)
+        pool = _owners_get(ptr)
+        if pool is not None and not (self._slow or _global_slow):
+            return pool._free(self, ptr)
+        self._check_alive()
         if self._capture is not None:
             return self._capture.add_mem_free(self, ptr)
-        pool = _owners_get(ptr)
-        if _global_slow and instrument.listeners and pool is not None:
+        if instrument.listeners and pool is not None:
             instrument.notify("free", self, ptr)
         if pool is None and graph_memory.find(ptr) is not None:
             graph_memory.free_outside(ptr)  # graph memory, freed outside the graph
             return
         (pool or pool_of(ptr))._free(self, ptr)
-        if _global_slow and instrument.listeners:
+        if instrument.listeners:
             instrument.notify("freed", self, pool)
 
     def record(self, event: Event | None = None) -> Event:

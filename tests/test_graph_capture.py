@@ -125,30 +125,38 @@ def test_graph_capture_records_work_instead_of_running(s, buf):
 
 
 def test_graph_capture_fork_join_by_events(s, s2, dev, buf):
-    tmp = srt.malloc(N * 4, dev)
+    tmp, other = srt.malloc(N * 4, dev), srt.malloc(N * 4, dev)
     s.begin_capture(M.THREAD_LOCAL)
     s.launch(fill_kernel, buf, N, 1.0)
     fork = s.record()
     s2.wait(fork)
     assert s2.is_capturing() and s2.capture_info().capture_id == s.capture_info().capture_id
-    s2.launch(copy_kernel, tmp, buf, N)  # branch on s2
+    s2.launch(copy_kernel, tmp, buf, N)  # branch on s2: reads buf
     s2.launch(add_one_kernel, tmp, N)
-    s.launch(add_one_kernel, buf, N)  # branch on s
+    s.launch(fill_kernel, other, N, 5.0)  # branch on s: another buffer
     join = s2.record()
     s.wait(join)
-    s.launch(copy_kernel, buf, tmp, N)  # sees both branches
+    s.launch(copy_kernel, buf, tmp, N)  # after both branches
+    s.launch(add_kernel, buf, other, N)
     g = s.end_capture()
     assert_left_capture(s, s2)
-    fill, b1, b2, a1, last = g.nodes()
+    fill, b1, b2, a1, last, add = g.nodes()
     assert g.root_nodes() == [fill]
     assert b1.dependencies == (fill,) and a1.dependencies == (fill,)
-    assert set(last.dependencies) == {a1, b2}
+    assert b2.dependencies == (b1,) and set(last.dependencies) == {a1, b2}
+    assert add.dependencies == (last,)
     ge = g.instantiate()
     for _ in range(3):
         ge.launch(s)
     s.synchronize()
-    assert (_read(buf) == 2.0).all()
+    assert (_read(buf) == 7.0).all()
     srt.free(tmp)
+    srt.free(other)
+
+
+@srt.kernel
+def add_kernel(ctx, dst, src, n):
+    ctx.array(dst, (n,), np.float32)[:] += ctx.array(src, (n,), np.float32, readonly=True)
 
 
 def test_graph_capture_join_of_independent_branches_keeps_them_parallel(s, s2, dev):
@@ -200,7 +208,7 @@ def test_graph_capture_info_and_update_dependencies(s, s2):
     s2.begin_capture()
     assert s2.capture_info().capture_id != info.capture_id
     s2.end_capture()
-    # the join check uses the final set: c and d are both leaves, c is not joined
+    # c and d are both leaves: with only d as the final set, c would be unjoined (904)
     s.update_capture_dependencies([c, d], replace=True)
     g = s.end_capture()
     assert len(g.nodes()) == 4
@@ -620,38 +628,34 @@ def test_graph_capture_unsafe_call_without_capture_allowed(buf):
 )
 def test_graph_capture_mode_gates_srt_free(s, capture_mode, same_thread, caller_mode):
     p = srt.malloc(64)
-    try:
-        s.begin_capture(capture_mode)
-        expect = _refused(capture_mode, same_thread, caller_mode)
+    s.begin_capture(capture_mode)
+    s.launch_host_func(noop)
 
-        def attempt():
-            prev = srt.exchange_capture_mode(caller_mode)
-            try:
-                srt.free(p)
-            finally:
-                srt.exchange_capture_mode(prev)
-
-        if expect:
-            with pytest.raises(srt.CaptureUnsupportedError):
-                attempt() if same_thread else in_thread(attempt)
-            assert_invalidated_then_ended(s)
+    def attempt():
+        prev = srt.exchange_capture_mode(caller_mode)
+        try:
             srt.free(p)
-        else:
-            try:
-                attempt() if same_thread else in_thread(attempt)
-            finally:
-                if s.capture_info().status is not srt.CaptureStatus.NONE:
-                    try:
-                        s.end_capture()
-                    except srt.CaptureError:
-                        pass
-            assert srt.malloc(64)  # the device is usable
+        finally:
+            srt.exchange_capture_mode(prev)
+
+    if _refused(capture_mode, same_thread, caller_mode):
+        with pytest.raises(srt.CaptureUnsupportedError):
+            attempt() if same_thread else in_thread(attempt)
+        assert_invalidated_then_ended(s)
+        srt.free(p)  # fine once the capture is over
+        return
+    graph = None
+    try:
+        attempt() if same_thread else in_thread(attempt)
+        assert s.is_capturing()
     finally:
-        if s.capture_info().status is not srt.CaptureStatus.NONE:
-            try:
-                s.end_capture()
-            except srt.CaptureError:
-                pass
+        try:
+            graph = s.end_capture()
+        except srt.CaptureError:
+            pass
+    assert graph is not None and len(graph.nodes()) == 1
+    with pytest.raises(srt.InvalidAddressError):
+        srt.free(p)  # it was really freed
 
 
 def test_graph_capture_exchange_capture_mode_is_per_thread():

@@ -43,6 +43,11 @@ def _read(p, n=N):
     return srt.read(p, (n,), np.float32)
 
 
+@srt.kernel
+def add_kernel(ctx, dst, src, n):
+    ctx.array(dst, (n,), np.float32)[:] += ctx.array(src, (n,), np.float32, readonly=True)
+
+
 def _pairs_chain(count, nbytes, *, free=True):
     """alloc -> fill -> free, ``count`` times in one chain; returns (graph, alloc nodes)."""
     g = srt.Graph()
@@ -60,7 +65,7 @@ def test_graph_memory_chain_of_pairs_shares_one_allocation(s):
     g, allocs = _pairs_chain(4, MIB)
     assert len({a.ptr for a in allocs}) == 4  # distinct addresses...
     ge = g.instantiate()
-    assert ge.memory_footprint == MIB  # ...one physical allocation
+    assert MIB <= ge.memory_footprint < 2 * MIB  # ...about one physical allocation
     for _ in range(3):
         ge.launch(s)
     s.synchronize()
@@ -70,8 +75,8 @@ def test_graph_memory_chain_of_pairs_shares_one_allocation(s):
 def test_graph_memory_independent_allocations_do_not_share(s, out):
     # two branches allocate, fill with different values concurrently, then combine
     g = srt.Graph()
-    a = g.add_mem_alloc_node(N * 4)
-    b = g.add_mem_alloc_node(N * 4)
+    a = g.add_mem_alloc_node(MIB)
+    b = g.add_mem_alloc_node(MIB)
     fa = g.add_kernel_node(fill_kernel, a.ptr, N, 1.0, deps=a)
     fb = g.add_kernel_node(fill_kernel, b.ptr, N, 2.0, deps=b)
     ca = g.add_kernel_node(copy_kernel, out, a.ptr, N, deps=[fa, fb])
@@ -79,17 +84,12 @@ def test_graph_memory_independent_allocations_do_not_share(s, out):
     g.add_mem_free_node(a.ptr, deps=cb)
     g.add_mem_free_node(b.ptr, deps=cb)
     ge = g.instantiate()
-    assert ge.memory_footprint >= 2 * 512  # both live at once: no sharing
+    assert ge.memory_footprint >= 2 * MIB  # both live at once: no sharing
     for _ in range(3):
         ge.launch(s)
     s.synchronize()
     assert (_read(out) == 3.0).all()
     ge.destroy()
-
-
-@srt.kernel
-def add_kernel(ctx, dst, src, n):
-    ctx.array(dst, (n,), np.float32)[:] += ctx.array(src, (n,), np.float32, readonly=True)
 
 
 def test_graph_memory_alloc_overlapping_a_live_one_does_not_share(s, out):
@@ -103,7 +103,7 @@ def test_graph_memory_alloc_overlapping_a_live_one_does_not_share(s, out):
     g.add_mem_free_node(a.ptr, deps=c)
     g.add_mem_free_node(b.ptr, deps=c)
     ge = g.instantiate()
-    assert ge.memory_footprint == 2 * MIB
+    assert ge.memory_footprint >= 2 * MIB
     ge.launch(s)
     s.synchronize()
     assert (_read(out) == 5.0).all()
@@ -119,7 +119,7 @@ def test_graph_memory_captured_pairs_share(s, out):
         s.free(p)
     g = s.end_capture()
     ge = g.instantiate()
-    assert ge.memory_footprint == MIB
+    assert MIB <= ge.memory_footprint < 2 * MIB
     for _ in range(3):
         ge.launch(s)
     s.synchronize()

@@ -142,9 +142,12 @@ class Capture:
         self.add(stream, NodeType.MEMCPY, memcpy_params(dst, src, nbytes))
 
     def add_memset(self, stream: Stream, ptr: int, value: int, nbytes: int) -> None:
+        from .graph import memset_params
         from .node import NodeType
 
-        self.add(stream, NodeType.MEMSET, {"ptr": ptr, "value": value, "nbytes": nbytes})
+        # validated here as add_memcpy does (graph memory, unmapped while capturing, is checked
+        # against its reserved range only), not only by the caller's eager-path checks
+        self.add(stream, NodeType.MEMSET, memset_params(ptr, value, nbytes))
 
     def add_host(self, stream: Stream, fn: Any, args: tuple) -> None:
         from .node import NodeType

@@ -173,6 +173,9 @@ class GraphExec:
         # walking only the top level silently dropped the waits and records of child graphs
         self._event_nodes = [n for n in self._template._walk()
                              if n.type in (NodeType.WAIT_EVENT, NodeType.EVENT_RECORD)]
+        # memory nodes, in topological order: launch bookkeeping walks only these, not the graph
+        self._mem_nodes = [n for n in self._order
+                           if n.type in (NodeType.MEM_ALLOC, NodeType.MEM_FREE)]
         self._disabled: set[int] = set()
         self._plans: dict[int, _Plan] = {}
         self._destroyed = False
@@ -288,7 +291,7 @@ class GraphExec:
             for n in self._event_nodes:
                 if n.type is NodeType.EVENT_RECORD:
                     stream.record(n._params["event"])
-            for n in self._order:
+            for n in self._mem_nodes:
                 t = n.type
                 if t is NodeType.MEM_ALLOC:
                     a = n._params["alloc"]
@@ -309,7 +312,7 @@ class GraphExec:
 
     def _check_memory(self) -> None:
         mine = {id(a) for a in self._allocs}
-        for n in self._order:
+        for n in self._mem_nodes:
             if n.type is NodeType.MEM_ALLOC:
                 a = n._params["alloc"]
                 if a.live and not self.auto_free_on_launch:
