@@ -243,3 +243,6 @@ class SanitizerError(StreamRTError):
         self.finding = finding
         self.kind = getattr(finding, "kind", None)
         self.ptr = getattr(finding, "ptr", None)
+        self.streams = getattr(finding, "streams", ())  # where the two operations ran
+        self.op = getattr(finding, "op", None)  # the operation that made the access
+        self.other = getattr(finding, "other", None)  # the operation or alloc/free it conflicts with

@@ -155,6 +155,8 @@ def test_sanitizer_raise_mode_raises_at_synchronize(dev, san):
         dev.synchronize()
     assert info.value.kind == "race" and info.value.ptr == p
     assert isinstance(info.value.finding, srt.sanitizer.Finding)
+    assert len(info.value.streams) == 2 and info.value.op is not None and info.value.other
+    assert {info.value.op.stream, info.value.other.stream} == {a, b}
     dev.synchronize()  # raised once
     srt.free(p)
 
@@ -216,7 +218,7 @@ def test_sanitizer_env_switch():
 
 # -- no false positives on correct programs --------------------------------------------------
 program = st.lists(
-    st.tuples(st.integers(0, 2), st.sampled_from(("write", "read", "realloc", "op")),
+    st.tuples(st.integers(0, 2), st.sampled_from(("write", "read", "realloc", "op", "graph")),
               st.integers(0, 2)),
     min_size=1, max_size=25,
 )
@@ -247,6 +249,13 @@ def test_sanitizer_no_false_positives_on_correct_programs(ops_list):
             elif what == "op":
                 t = srt.Tensor(srt.TensorDesc((n,), np.float32), bufs[bi], device=dev)
                 ops.run(ops.add, t, t, t, stream=s)
+            elif what == "graph":  # a two-node chain on the buffer, launched twice
+                g = srt.Graph()
+                w = g.add_kernel_node(fill_kernel, bufs[bi], n, 1.0)
+                g.add_kernel_node(read_k, bufs[bi], n, out, deps=[w])
+                ge = g.instantiate()
+                ge.launch(s)
+                ge.launch(s)
             else:  # free and allocate again on this stream
                 s.free(bufs[bi])
                 bufs[bi] = s.malloc(n * 4)

@@ -31,6 +31,7 @@ from ..errors import (
     InvalidHandleError,
     InvalidTypeError,
     InvalidValueError,
+    StreamRTError,
 )
 from ..kernel import KernelContext, dim3
 from ..stream import Stream, host_view
@@ -340,11 +341,33 @@ class GraphExec:
         """Release the exec and its graph memory (``cudaGraphExecDestroy``)."""
         if self._destroyed:
             raise InvalidHandleError(f"{self!r} was destroyed")
-        self._destroyed = True
-        for device, base, footprint in self._arenas:
-            memory.unmap_allocs(self, device, self._allocs, base, footprint)
-        self._arenas = []
-        self._plans.clear()
+        with self._lock:
+            self._destroyed = True
+            arenas, self._arenas = self._arenas, []
+            self._plans.clear()
+            last = self._last
+        if not arenas:
+            return
+        if last is None or last[0]._q.done >= last[1]:
+            self._unmap(arenas)
+            return
+        # A launch is still in flight: unmapping now made its kernels fail on their own memory.
+        # As cudaGraphExecDestroy does, let it finish and release the memory asynchronously
+        # (a thread of its own: a pool worker could be needed by that very launch).
+        stream, pos = last
+
+        def release() -> None:
+            stream._q.wait_done(pos)
+            self._unmap(arenas)
+
+        threading.Thread(target=release, name="streamrt-graph-release", daemon=True).start()
+
+    def _unmap(self, arenas: list[tuple[Any, int, int]]) -> None:
+        for device, base, footprint in arenas:
+            try:
+                memory.unmap_allocs(self, device, self._allocs, base, footprint)
+            except StreamRTError:
+                pass  # the device was reset meanwhile: its memory is already gone
 
     # -- per-node updates ------------------------------------------------------------------------
     def _node(self, node: Any, *types: NodeType) -> Node:
