@@ -79,7 +79,17 @@ def user_site() -> str:
         f = f.f_back
     if f is None:
         return ""
-    return f"{os.path.relpath(f.f_code.co_filename)}:{f.f_lineno}"
+    name = f.f_code.co_filename
+    short = _short.get(name)
+    if short is None:
+        try:
+            short = _short[name] = os.path.relpath(name)
+        except ValueError:  # another drive (Windows)
+            short = _short[name] = name
+    return f"{short}:{f.f_lineno}"
+
+
+_short: dict[str, str] = {}  # file name -> as shown in messages (relpath is slow)
 
 
 def before_clock(stream: Any) -> dict[int, int]:

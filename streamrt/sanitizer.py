@@ -20,6 +20,7 @@ State and invariants (guarded by ``_lock``):
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import sys
 import threading
@@ -39,6 +40,7 @@ KINDS = ("race", "use-after-free", "use-before-alloc", "out-of-bounds", "invalid
          "workspace", "leak")
 _HISTORY = 4096  # freed generations remembered
 _MAX_ACCESSES = 64  # accesses remembered per generation
+_PER_ADDRESS = 4  # generations remembered per start address
 
 
 @dataclass
@@ -86,6 +88,10 @@ class _Gen:
         self.label = label
 
 
+def _seq_of(g: _Gen) -> int:
+    return g.alloc.seq
+
+
 def _top(op: OpInfo) -> OpInfo:
     return op.parent if op.parent is not None else op
 
@@ -128,6 +134,7 @@ class Sanitizer:
         self._live: dict[int, _Gen] = {}
         self._freed: deque[_Gen] = deque()
         self._max = 0
+        self._by_lo: dict[int, deque[_Gen]] = {}
         self._tags: dict[int, str] = {}
 
     # -- allocation events ---------------------------------------------------------------------
@@ -142,6 +149,14 @@ class Sanitizer:
             self._live[ptr] = g
             self._gens.add(g)
             self._max = max(self._max, g.hi - g.lo)
+            # a pool hands the same address out again and again: remember only the last few
+            # generations that started there (older ones would only slow every lookup down)
+            hist = self._by_lo.setdefault(ptr, deque())
+            hist.append(g)
+            while len(hist) > _PER_ADDRESS:
+                old = hist.popleft()
+                if old.free is not None:
+                    self._gens.discard(old)
 
     def on_free(self, stream: Any, ptr: int) -> None:
         """A stream-ordered (stream given) or host free of the allocation at ``ptr``."""
@@ -175,8 +190,8 @@ class Sanitizer:
         with self._lock:
             start = self._gens.bisect_key_left((lo - self._max, 0))
             stop = self._gens.bisect_key_left((hi, 0))
-            gens = sorted(self._gens[start:stop], key=lambda g: g.alloc.seq, reverse=True)
-            gens = [g for g in gens if g.lo < hi and lo < g.hi]
+            gens = [g for g in self._gens[start:stop] if g.lo < hi and lo < g.hi]
+            gens.sort(key=_seq_of, reverse=True)
             cur = next((g for g in gens if _alloc_before(g.alloc, op)), None)
             if cur is None:
                 if gens:
@@ -323,7 +338,7 @@ def _checked_array(ctx: Any, ptr: int, shape: Any, dtype: Any, *, readonly: bool
     try:
         dt = np.dtype(dtype)
         shp = (shape,) if isinstance(shape, int | np.integer) else tuple(int(d) for d in shape)
-        nbytes = int(np.prod(shp, dtype=np.int64)) * dt.itemsize
+        nbytes = math.prod(shp) * dt.itemsize
         p = int(ptr) if isinstance(ptr, int | np.integer) and not isinstance(ptr, bool) else None
     except (TypeError, ValueError):
         p = None

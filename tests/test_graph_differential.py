@@ -125,7 +125,7 @@ def programs(draw) -> Program:
     m = _Model(nstreams)
     for side in range(1, nstreams):  # fork every side stream from the origin
         m.sync(0, side)
-    live: list[int] = []  # temporaries
+    live: list[tuple] = []  # live temporaries
     ntmp = 0
     nb, nh = prog.nbuf, prog.nhost
     sink = ("buf", nb)  # one more buffer, written only by _fold_and_free

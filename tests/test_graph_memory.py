@@ -240,6 +240,24 @@ def test_graph_memory_unmapped_without_live_exec(s):
         srt.memset(a.ptr, 0, 4)  # the exec is gone: so is the backing
 
 
+def test_graph_memory_destroy_with_launch_in_flight(s, out, gate):
+    # cudaGraphExecDestroy of an exec still running: the launch completes on its own memory
+    g = srt.Graph()
+    a = g.add_mem_alloc_node(N * 4)
+    k = g.add_kernel_node(fill_kernel, a.ptr, N, 3.0, deps=a)
+    c = g.add_kernel_node(copy_kernel, out, a.ptr, N, deps=k)
+    g.add_mem_free_node(a.ptr, deps=c)
+    ge = g.instantiate()
+    hold = gate(s)
+    ge.launch(s)
+    ge.destroy()
+    hold.open()
+    s.synchronize()  # no LaunchError: the memory outlived the destroy
+    assert (_read(out) == 3.0).all()
+    with pytest.raises(srt.InvalidHandleError):
+        ge.launch(s)
+
+
 def test_graph_memory_captured_free_on_other_stream(s, dev, out):
     s2 = srt.Stream(dev, non_blocking=True)
     s.begin_capture()
