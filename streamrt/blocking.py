@@ -11,7 +11,7 @@ from .backends import get_backend
 from .device import Device, current_device, devices
 from .errors import InvalidAddressError
 from .graph.capture import check_unsafe
-from .stream import check_ptr, check_size, current_stream
+from .stream import check_ptr, check_size, current_stream, synchronize_device
 
 
 def malloc(nbytes: int, device: Any = None) -> int:
@@ -34,14 +34,14 @@ def free(ptr: int) -> None:
 
     pool = find_pool(ptr)
     if pool is not None:
-        pool.device.synchronize()
+        synchronize_device(pool.device, skip_capturing=True)
         if instrument.listeners:
             instrument.notify("free", None, ptr)
         pool._free_now(ptr)
         return
     for dev in devices():
         if dev._impl.owns(ptr):
-            dev.synchronize()
+            synchronize_device(dev, skip_capturing=True)
             if instrument.listeners:
                 instrument.notify("free", None, ptr)
             dev._impl.free(ptr)

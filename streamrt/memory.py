@@ -646,7 +646,7 @@ class MemPool:
                 f"that device, not {stream.device.name}"
             )
         if stream._capture is not None:
-            return stream._capture.add_mem_free(stream, self, ptr)
+            return stream._capture.add_mem_free(stream, ptr)
         if not stream.non_blocking:
             stream._implicit()  # the free is a stream operation: legacy ordering applies
         self._release_block(ptr, stream, stream._pos)

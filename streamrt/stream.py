@@ -290,10 +290,10 @@ class Stream:
         (``srt.malloc_host``) is fully asynchronous.
         """
         n = check_size(nbytes)
+        if self._capture is not None:  # graph memory may have no backing yet: not resolved here
+            return self._capture.add_memcpy(self, dst, src, n)
         dst_view = _endpoint(dst, n, writable=True)
         src_view = _endpoint(src, n, writable=False)
-        if self._capture is not None:
-            return self._capture.add_memcpy(self, dst, src, n)
         if n == 0:
             return
         if not isinstance(src, int | np.integer):
@@ -312,9 +312,9 @@ class Stream:
             raise InvalidTypeError(f"memset value must be an int, not {type(value).__name__}")
         if not 0 <= value <= 255:
             raise InvalidValueError(f"memset value must be a byte 0-255, got {value}")
-        view = SPACE.span(ptr, n)
-        if self._capture is not None:
+        if self._capture is not None:  # validated by the capture; graph memory may be unmapped
             return self._capture.add_memset(self, ptr, int(value), n)
+        view = SPACE.span(ptr, n)
         if n:
             self._submit(fill_op, (view, int(value)), "memset", f"memset {n} B",
                          ((ptr, n, True),), {"bytes": n, "value": int(value)})
@@ -547,12 +547,17 @@ def _after_sync(device: Device, covered: list[tuple[Stream, int]], extra: list |
         ) from exc
 
 
-def synchronize_device(device: Device) -> None:
-    """``cudaDeviceSynchronize``: wait for every stream of ``device``, then report failures."""
+def synchronize_device(device: Device, *, skip_capturing: bool = False) -> None:
+    """``cudaDeviceSynchronize``: wait for every stream of ``device``, then report failures.
+
+    ``skip_capturing`` (the implicit synchronize of ``srt.free``, which mode gating allowed):
+    capturing streams have no work to wait for, so they are left alone instead of refused.
+    """
     from .graph.capture import check_device_sync
 
-    check_device_sync(device)
-    streams = list(device._streams)
+    if not skip_capturing:
+        check_device_sync(device)
+    streams = [s for s in device._streams if not (skip_capturing and s._capture is not None)]
     for s in streams:
         s._q.wait_done(s._pos)
     retired = device.__dict__.get("_retired", [])

@@ -617,13 +617,9 @@ def test_graph_capture_unsafe_call_without_capture_allowed(buf):
         pytest.param(M.THREAD_LOCAL, True, M.THREAD_LOCAL, id="refused-own-thread-local"),
         pytest.param(M.GLOBAL, False, M.GLOBAL, id="refused-other-global"),
         pytest.param(
-            M.RELAXED, True, M.GLOBAL, id="allowed-relaxed-capture",
-            marks=pytest.mark.xfail(strict=True, reason="srt.free synchronizes the device, which a "
-                                    "capture always refuses (bug in streamrt/blocking.py free)")),
+            M.RELAXED, True, M.GLOBAL, id="allowed-relaxed-capture"),
         pytest.param(
-            M.THREAD_LOCAL, False, M.GLOBAL, id="allowed-other-thread",
-            marks=pytest.mark.xfail(strict=True, reason="srt.free synchronizes the device, which a "
-                                    "capture always refuses (bug in streamrt/blocking.py free)")),
+            M.THREAD_LOCAL, False, M.GLOBAL, id="allowed-other-thread"),
     ],
 )
 def test_graph_capture_mode_gates_srt_free(s, capture_mode, same_thread, caller_mode):

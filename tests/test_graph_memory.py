@@ -293,9 +293,6 @@ def test_graph_memory_captured_alloc_escapes_then_freed_outside(s, out):
     ge.destroy()
 
 
-@pytest.mark.xfail(strict=True, reason="Stream.memcpy/memset resolve device pointers before the "
-                   "capture check, so graph memory (unmapped during capture) is refused: bug in "
-                   "streamrt/stream.py memcpy/memset")
 def test_graph_memory_captured_copy_and_memset_of_graph_memory(s, out):
     s.begin_capture()
     try:
