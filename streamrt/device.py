@@ -140,6 +140,13 @@ class Device:
         impl = self._impl
         return max(impl.capacity - impl.used(), 0), impl.capacity
 
+    def graph_mem_info(self) -> dict[str, int]:
+        """Graph memory: ``reserved`` (backing live execs) and ``used`` (live allocations)
+        (``cudaDeviceGetGraphMemAttribute``)."""
+        from .graph import memory
+
+        return memory.info(self)
+
     @property
     def default_mem_pool(self) -> MemPool:
         """The device's default memory pool (``cudaDeviceGetDefaultMemPool``)."""

@@ -324,3 +324,22 @@ def test_graph_memory_explicit_copy_and_memset_of_graph_memory(s, out):
     s.synchronize()
     assert (_read(out) == 1.0).all()
     ge.destroy()
+
+
+def test_graph_memory_device_info(dev):
+    base = dev.graph_mem_info()
+    g = srt.Graph()
+    a = g.add_mem_alloc_node(1 << 20)
+    ge = g.instantiate()
+    info = dev.graph_mem_info()
+    assert info["reserved"] - base["reserved"] == ge.memory_footprint >= 1 << 20
+    s = srt.Stream(dev, non_blocking=True)
+    ge.launch(s)
+    assert dev.graph_mem_info()["used"] - base["used"] == 1 << 20  # live until freed
+    s.free(a.ptr)
+    s.synchronize()
+    assert dev.graph_mem_info()["used"] == base["used"]
+    ge.destroy()
+    s.synchronize()
+    dev.synchronize()
+    assert dev.graph_mem_info()["reserved"] == base["reserved"]

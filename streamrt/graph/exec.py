@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import gc
 import os
+import random
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
@@ -25,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import instrument
+from ..backends import cpu
 from ..backends.cpu import SPACE, copy_op, fill_op, host_call
 from ..errors import (
     GraphExecUpdateError,
@@ -91,10 +94,19 @@ def _run_plan(plan: _Plan) -> None:
     if ops is not None:
         if instrument.listeners:
             _launch_tls.parent = instrument.current()
+        if cpu.delay_us():
+            ops = _delayed(ops)
         for fn, args in ops:
             fn(*args)
         return
     _run_parallel(plan)
+
+
+def _delayed(ops: list[tuple]) -> Any:
+    """Delay injection reaches graph nodes too: a missing edge shows up as a wrong result."""
+    for op in ops:
+        time.sleep(random.random() * cpu.delay_us() * 1e-6)
+        yield op
 
 
 _launch_tls = threading.local()  # the graph launch an instrumented node belongs to
@@ -128,7 +140,8 @@ def _run_parallel(plan: _Plan) -> None:
         while i is not None:
             if not errors:
                 try:
-                    for fn, args in chains[i]:
+                    chain = _delayed(chains[i]) if cpu.delay_us() else chains[i]
+                    for fn, args in chain:
                         fn(*args)
                 except BaseException as exc:  # stop the replay; reported by the stream
                     errors.append(exc)
