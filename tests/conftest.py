@@ -9,6 +9,9 @@ import pytest
 
 import streamrt as srt
 from streamrt.backends import cpu
+from streamrt.graph import capture
+
+BUF_N = 16  # float32 elements of the ``buf``/``out`` fixtures
 
 
 @pytest.fixture
@@ -74,3 +77,46 @@ def add_one_kernel(ctx, ptr, n):
 @srt.kernel
 def copy_kernel(ctx, dst, src, n):
     ctx.array(dst, (n,), np.float32)[:] = ctx.array(src, (n,), np.float32, readonly=True)
+
+
+@pytest.fixture(autouse=True)
+def _no_capture_leak():
+    """A failed test must not leave a capture active (it would break every later test)."""
+    yield
+    srt.exchange_capture_mode(srt.CaptureMode.GLOBAL)
+    leaked = list(capture._active)
+    for cap in leaked:
+        cap.finish()
+    assert not leaked, f"captures left active: {leaked}"
+
+
+@pytest.fixture
+def s(dev):
+    """A non-blocking stream on cpu:0."""
+    return srt.Stream(dev, non_blocking=True)
+
+
+@pytest.fixture
+def s2(dev):
+    """A second non-blocking stream on cpu:0."""
+    return srt.Stream(dev, non_blocking=True)
+
+
+@pytest.fixture
+def buf(dev):
+    """``BUF_N`` zeroed float32 of device memory."""
+    p = srt.malloc(BUF_N * 4, dev)
+    srt.memset(p, 0, BUF_N * 4)
+    yield p
+    srt.free(p)
+
+
+@pytest.fixture
+def out(buf):
+    """The same as ``buf``, under another name."""
+    return buf
+
+
+def read_f32(p, n=BUF_N):
+    """A synchronous copy of ``n`` float32 at ``p``."""
+    return srt.read(p, (n,), np.float32)

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import streamrt as srt
-from streamrt.graph import capture
 
 from .conftest import add_one_kernel, copy_kernel, fill_kernel
+from .conftest import read_f32 as _read
 
 N = 16
 M = srt.CaptureMode
@@ -20,39 +20,6 @@ T = srt.NodeType
 
 def noop():
     pass
-
-
-@pytest.fixture(autouse=True)
-def _no_capture_leak(dev):
-    """A failed test must not leave a capture active (it would break every later test)."""
-    yield
-    srt.exchange_capture_mode(M.GLOBAL)
-    leaked = list(capture._active)
-    for cap in leaked:
-        cap.finish()
-    assert not leaked, f"captures left active: {leaked}"
-
-
-@pytest.fixture
-def s(dev):
-    return srt.Stream(dev, non_blocking=True)
-
-
-@pytest.fixture
-def s2(dev):
-    return srt.Stream(dev, non_blocking=True)
-
-
-@pytest.fixture
-def buf(dev):
-    p = srt.malloc(N * 4, dev)
-    srt.memset(p, 0, N * 4)
-    yield p
-    srt.free(p)
-
-
-def _read(p, n=N):
-    return srt.read(p, (n,), np.float32)
 
 
 def in_thread(fn):

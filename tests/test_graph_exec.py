@@ -9,34 +9,13 @@ import numpy as np
 import pytest
 
 import streamrt as srt
-from streamrt.graph import capture
 
 from .conftest import add_one_kernel, copy_kernel, fill_kernel
+from .conftest import read_f32 as _read
 
 N = 16
 R = srt.GraphExecUpdateResult
 WINDOW = 0.25  # seconds a correct runtime keeps something blocked; only a failing one is faster
-
-
-@pytest.fixture(autouse=True)
-def _no_capture_leak(dev):
-    """A failed test must not leave a capture active (it would break every later test)."""
-    yield
-    srt.exchange_capture_mode(srt.CaptureMode.GLOBAL)
-    leaked = list(capture._active)
-    for cap in leaked:
-        cap.finish()
-    assert not leaked, f"captures left active: {leaked}"
-
-
-@pytest.fixture
-def s(dev):
-    return srt.Stream(dev, non_blocking=True)
-
-
-@pytest.fixture
-def s2(dev):
-    return srt.Stream(dev, non_blocking=True)
 
 
 @pytest.fixture
@@ -47,10 +26,6 @@ def bufs(dev):
     yield ptrs
     for p in ptrs:
         srt.free(p)
-
-
-def _read(p, n=N):
-    return srt.read(p, (n,), np.float32)
 
 
 @srt.kernel
