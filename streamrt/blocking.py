@@ -11,7 +11,9 @@ from .backends import get_backend
 from .device import Device, current_device, devices
 from .errors import InvalidAddressError
 from .graph.capture import check_unsafe
-from .stream import check_ptr, check_size, current_stream, synchronize_device
+from .hostsync import synchronize_device
+from .stream import current_stream
+from .validate import check_ptr, check_size
 
 
 def malloc(nbytes: int, device: Any = None) -> int:

@@ -131,7 +131,7 @@ class Device:
 
     def synchronize(self) -> None:
         """Wait for all work on every stream of this device (``cudaDeviceSynchronize``)."""
-        from .stream import synchronize_device
+        from .hostsync import synchronize_device
 
         synchronize_device(self)
 
@@ -180,7 +180,7 @@ class Device:
 
     def reset(self) -> None:
         """Synchronize, then destroy every stream, event, pool and allocation (``aclrtResetDevice``)."""
-        from .stream import reset_device
+        from .hostsync import reset_device
 
         reset_device(self)
 

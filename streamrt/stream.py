@@ -1,4 +1,4 @@
-"""Streams and events, with the host-side ordering bookkeeping of DESIGN.md §2.
+"""Streams, with the host-side ordering bookkeeping of DESIGN.md §2 (events: event.py).
 
 State and invariants (per stream S):
 - ``_pos``: operations enqueued on S; the backend queue's ``done`` counts completed ones.
@@ -19,33 +19,31 @@ from __future__ import annotations
 import itertools
 import os
 import threading
-import time
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from . import instrument
+from . import hostsync, instrument
 from .backends.cpu import SPACE, copy_op, fill_op, host_call
 from .device import Device, current_device
 from .errors import (
     InvalidHandleError,
     InvalidTypeError,
     InvalidValueError,
-    LaunchError,
-    NotReadyError,
-    SanitizerError,
-    StreamRTError,
 )
-from .hooks import sync_listeners
+from .event import Event, _stamp
+from .hostsync import after_sync, covered, proved, reset_device, retire, synchronize_device
 from .kernel import Kernel, KernelContext, dim3
 from .memory import MemPool, _owners, pool_of
+from .validate import check_ptr, check_size, host_view
 
-__all__ = ["Stream", "Event", "current_stream"]
+_owners_get = _owners.get  # live pool pointer -> pool
+
+__all__ = ["Stream", "Event", "current_stream", "synchronize_device", "reset_device"]
 
 _ids = itertools.count(1)
-_by_id: weakref.WeakValueDictionary[int, Stream] = weakref.WeakValueDictionary()
 _tls = threading.local()
 _launch_blocking = os.environ.get("STREAMRT_LAUNCH_BLOCKING", "") not in ("", "0")
 # True when any process-wide switch (launch blocking, sanitizer, trace) needs the slow path
@@ -73,56 +71,7 @@ def launch_blocking() -> bool:
     return _launch_blocking
 
 
-def check_size(nbytes: Any, what: str = "nbytes") -> int:
-    """Validate a byte count: a non-negative int."""
-    if type(nbytes) is int and nbytes >= 0:  # the common case, cheaply
-        return nbytes
-    if not isinstance(nbytes, int | np.integer) or isinstance(nbytes, bool):
-        raise InvalidTypeError(f"{what} must be an int, not {type(nbytes).__name__}")
-    if nbytes < 0:
-        raise InvalidValueError(f"{what} must be >= 0, got {nbytes}")
-    return int(nbytes)
-
-
-def check_ptr(ptr: Any, what: str = "pointer") -> int:
-    """Validate a device pointer: an int."""
-    if type(ptr) is int:
-        return ptr
-    if not isinstance(ptr, int | np.integer) or isinstance(ptr, bool):
-        raise InvalidTypeError(f"{what} must be an int device pointer, not {type(ptr).__name__}")
-    return int(ptr)
-
-
-def host_view(obj: Any, nbytes: int, *, writable: bool) -> np.ndarray:
-    """A flat ``uint8`` view of a host buffer (numpy array, bytearray, memoryview, bytes)."""
-    if isinstance(obj, np.ndarray):
-        if not obj.flags.c_contiguous:
-            raise InvalidValueError("host buffer must be C-contiguous (use np.ascontiguousarray)")
-        flat = obj.reshape(-1).view(np.uint8)
-    else:
-        try:
-            mv = memoryview(obj)
-        except TypeError:
-            raise InvalidTypeError(
-                "a copy endpoint is an int device pointer or a host buffer (numpy array, "
-                f"bytearray, memoryview), not {type(obj).__name__}"
-            ) from None
-        if not mv.c_contiguous:
-            raise InvalidValueError("host buffer must be C-contiguous")
-        flat = np.frombuffer(mv.cast("B"), np.uint8) if mv.nbytes else np.empty(0, np.uint8)
-    if writable and not flat.flags.writeable:
-        raise InvalidValueError("destination host buffer is read-only")
-    if flat.size < nbytes:
-        raise InvalidValueError(f"host buffer holds {flat.size} bytes, the copy needs {nbytes}")
-    return flat[:nbytes]
-
-
-_owners_get = _owners.get  # live pool pointer -> pool
 _ONE = 1  # small ints are singletons in CPython: ``grid is _ONE`` is a cheap default test
-
-
-def _stamp(slot: list) -> None:
-    slot[0] = time.perf_counter()
 
 
 class Stream:
@@ -167,8 +116,8 @@ class Stream:
         device._streams.add(self)
         if not non_blocking and not legacy:
             device._blocking.add(self)
-        _by_id[self.id] = self
-        weakref.finalize(self, _retire, device, self._q)
+        hostsync.streams[self.id] = self
+        weakref.finalize(self, retire, device, self._q)
 
     def __repr__(self) -> str:
         kind = "legacy default" if self._legacy else (
@@ -454,8 +403,8 @@ class Stream:
             illegal_sync(self, "synchronize")
         pos = self._pos
         self._q.wait_done(pos)
-        _proved(self, pos, self._clock)
-        _after_sync(self.device, [(self, pos)] + _covered(self._clock))
+        proved(self, pos, self._clock)
+        after_sync(self.device, [(self, pos)] + covered(self._clock))
 
     def query(self) -> bool:
         """True when all enqueued work has completed (``cudaStreamQuery``); not a synchronize."""
@@ -483,15 +432,7 @@ class Stream:
         dev.__dict__.setdefault("_dead_streams", weakref.WeakSet()).add(self)
         dev._streams.discard(self)
         dev._blocking.discard(self)
-        _retire(dev, self._q)
-
-
-def _retire(device: Device, q: Any) -> None:
-    """A stream is gone: its queue drains and stops; its failures stay reportable by the device."""
-    q.close()
-    retired = device.__dict__.setdefault("_retired", [])
-    if q not in retired:
-        retired.append(q)
+        retire(dev, self._q)
 
 
 def _endpoint(obj: Any, n: int, *, writable: bool) -> np.ndarray:
@@ -500,187 +441,12 @@ def _endpoint(obj: Any, n: int, *, writable: bool) -> np.ndarray:
     return host_view(obj, n, writable=writable)
 
 
-def _covered(clock: dict[int, int]) -> list[tuple[Stream, int]]:
-    out = []
-    for sid, p in clock.items():
-        s = _by_id.get(sid)
-        if s is not None:
-            out.append((s, p))
-    return out
-
-
-def _proved(stream: Stream, pos: int, clock: dict[int, int]) -> None:
-    """Record that the host saw ``stream`` reach ``pos`` (and so everything ``clock`` covers)."""
-    if pos > stream._host:
-        stream._host = pos
-    for sid, p in clock.items():
-        s = _by_id.get(sid)
-        if s is not None and p > s._host:
-            s._host = p
-
-
-def _after_sync(device: Device, covered: list[tuple[Stream, int]], extra: list | None = None) -> None:
-    """Tell the pools a synchronize happened, then raise the first failure it covers."""
-    for fn in sync_listeners:
-        fn(device)
-    if _global_slow and instrument.listeners:
-        instrument.notify("sync", device)
-    errors: list[tuple[int, BaseException, str, str]] = []
-    for s, upto in covered:
-        for pos, exc, what in s._q.take_errors(upto):
-            errors.append((pos, exc, what, s.name))
-    for q in extra or ():
-        for pos, exc, what in q.take_errors():
-            errors.append((pos, exc, what, q.name))
-    if _global_slow and instrument.listeners:
-        from . import sanitizer
-
-        if sanitizer.enabled():
-            # a kernel the sanitizer stopped failed with its SanitizerError: report the finding
-            errors = [e for e in errors if not isinstance(e[1], SanitizerError)]
-            sanitizer.raise_pending()
-    if errors:
-        pos, exc, what, where = errors[0]
-        more = f" (and {len(errors) - 1} more failure(s))" if len(errors) > 1 else ""
-        raise LaunchError(
-            f"{what} on stream {where} raised {type(exc).__name__}: {exc}{more}"
-        ) from exc
-
-
-def synchronize_device(device: Device, *, skip_capturing: bool = False) -> None:
-    """``cudaDeviceSynchronize``: wait for every stream of ``device``, then report failures.
-
-    ``skip_capturing`` (the implicit synchronize of ``srt.free``, which mode gating allowed):
-    capturing streams have no work to wait for, so they are left alone instead of refused.
-    """
-    from .graph.capture import check_device_sync
-
-    if not skip_capturing:
-        check_device_sync(device)
-    streams = [s for s in device._streams if not (skip_capturing and s._capture is not None)]
-    for s in streams:
-        s._q.wait_done(s._pos)
-    retired = device.__dict__.get("_retired", [])
-    for q in list(retired):
-        q.wait_done(_queue_total(q))
-    for s in streams + list(device.__dict__.get("_dead_streams", ())):
-        _proved(s, s._pos, s._clock)
-    device.__dict__["_retired"] = [q for q in retired if q._errors]
-    _after_sync(device, [(s, s._pos) for s in streams], extra=retired)
-
-
-def _queue_total(q: Any) -> int:
-    # a retired queue only drains: its final position is what it has done plus what is queued
-    return q.done + len(q._ops)
-
-
-def reset_device(device: Device) -> None:
-    """``aclrtResetDevice``: synchronize, then destroy the device's streams, pools and memory."""
-    try:
-        synchronize_device(device)
-    except StreamRTError:
-        pass  # a reset discards pending failures along with everything else
-    for s in list(device._streams):
-        s._destroy_quiet()
-    device._legacy = None
-    device.__dict__["_retired"] = []
-    for e in list(device._events):
-        e._stream = None
-    for pool in list(device._pools):
-        pool._reset()
-    device._default_pool = None
-    device._pool = None
-    device._impl.free_all()
-
-
 def current_stream() -> Stream:
     """The stream ``srt.*`` helpers use: the innermost ``with stream:``, else the default stream."""
     stack = getattr(_tls, "streams", None)
     if stack:
         return stack[-1]
     return current_device().default_stream
-
-
-class Event:
-    """A marker in a stream (``cudaEvent_t``); ``timing=True`` lets it measure elapsed time."""
-
-    __slots__ = (
-        "device", "timing", "_stream", "_pos", "_clock", "_stamp", "_destroyed", "_capture",
-        "_nodes", "__weakref__",
-    )
-
-    def __init__(self, device: Any = None, *, timing: bool = False) -> None:
-        if not isinstance(timing, bool):
-            raise InvalidTypeError("timing must be a bool")
-        self.device = Device(device)
-        self.timing = timing
-        self._stream: Stream | None = None
-        self._pos = 0
-        self._clock: dict[int, int] = {}
-        self._stamp: list | None = None
-        self._destroyed = False
-        self._capture = None  # the capture that recorded it, while that capture lasts
-        self._nodes: tuple = ()  # captured node set
-        self.device._events.add(self)
-
-    def __repr__(self) -> str:
-        state = "unrecorded" if self._stream is None else f"at {self._stream.name}@{self._pos}"
-        return f"<Event {self.device.name} {state}{' timing' if self.timing else ''}>"
-
-    def _check_alive(self) -> None:
-        if self._destroyed:
-            raise InvalidHandleError(f"{self!r} was destroyed")
-
-    def _refresh(self) -> None:
-        """Recompute whether launches must leave the fast path (blocking, captured, destroyed)."""
-        self._slow = (not self.non_blocking) or self._capture is not None or self._destroyed
-
-    def _check_capture(self, what: str) -> None:
-        if self._capture is not None:
-            from .graph.capture import illegal_event_use
-
-            illegal_event_use(self, what)
-
-    def query(self) -> bool:
-        """True when the recorded work has completed, or the event was never recorded."""
-        self._check_alive()
-        self._check_capture("query")
-        s = self._stream
-        return s is None or s._q.done >= self._pos
-
-    def synchronize(self) -> None:
-        """Block until the recorded work has completed (``cudaEventSynchronize``)."""
-        self._check_alive()
-        self._check_capture("synchronize")
-        s = self._stream
-        if s is None:
-            return
-        s._q.wait_done(self._pos)
-        _proved(s, self._pos, self._clock)
-        _after_sync(self.device, _covered(self._clock))
-
-    def elapsed_time(self, end: Event) -> float:
-        """Milliseconds from this event to ``end``; both must be timing events, recorded, complete."""
-        if not isinstance(end, Event):
-            raise InvalidTypeError(f"elapsed_time needs an Event, not {type(end).__name__}")
-        for e in (self, end):
-            e._check_alive()
-            if not e.timing:
-                raise InvalidHandleError(
-                    f"{e!r} was created without timing=True; it cannot measure elapsed time"
-                )
-            if e._stream is None or e._stamp is None:
-                raise InvalidHandleError(f"{e!r} has not been recorded")
-        for e in (self, end):
-            if e._stamp[0] is None:
-                raise NotReadyError(f"{e!r} has not completed yet")
-        return (end._stamp[0] - self._stamp[0]) * 1000.0
-
-    def destroy(self) -> None:
-        """Destroy the event (``cudaEventDestroy``)."""
-        self._check_alive()
-        self._destroyed = True
-        self.device._events.discard(self)
 
 
 # graph/ imports this module: bind it once this module is fully defined

@@ -37,7 +37,8 @@ from ..errors import (
     StreamRTError,
 )
 from ..kernel import KernelContext, dim3
-from ..stream import Stream, host_view
+from ..stream import Stream
+from ..validate import host_view
 from . import memory
 from .graph import Graph, host_params, memcpy_params, memset_params
 from .node import Node, NodeType

@@ -17,8 +17,9 @@ import numpy as np
 from .. import instrument
 from ..device import Device
 from ..errors import InvalidTypeError, InvalidValueError
+from ..event import Event
 from ..kernel import Kernel, dim3
-from ..stream import Event, check_ptr, check_size, host_view
+from ..validate import check_ptr, check_size, host_view
 from .memory import GraphAlloc
 from .node import Node, NodeType
 

@@ -1,0 +1,126 @@
+"""Host synchronization: what a synchronize proves, reports and releases (DESIGN.md §2).
+
+A synchronize of a stream, an event or a device waits for its queue positions, records on every
+stream it covers the position the host saw complete (``_host``: pools reuse such frees whatever
+their flags), lets the pools apply their release threshold, then raises the first failure of the
+work it covers (``LaunchError``, or the sanitizer's first finding). ``streams`` maps stream ids
+to live streams, for clocks that name them.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from . import instrument
+from .errors import LaunchError, SanitizerError, StreamRTError
+from .hooks import sync_listeners
+
+if TYPE_CHECKING:
+    from .device import Device
+    from .stream import Stream
+
+__all__ = ["synchronize_device", "reset_device"]
+
+streams: weakref.WeakValueDictionary[int, Stream] = weakref.WeakValueDictionary()
+
+
+def retire(device: Device, q: Any) -> None:
+    """A stream is gone: its queue drains and stops; its failures stay reportable by the device."""
+    q.close()
+    retired = device.__dict__.setdefault("_retired", [])
+    if q not in retired:
+        retired.append(q)
+
+
+def covered(clock: dict[int, int]) -> list[tuple[Stream, int]]:
+    out = []
+    for sid, p in clock.items():
+        s = streams.get(sid)
+        if s is not None:
+            out.append((s, p))
+    return out
+
+
+def proved(stream: Stream, pos: int, clock: dict[int, int]) -> None:
+    """Record that the host saw ``stream`` reach ``pos`` (and so everything ``clock`` covers)."""
+    if pos > stream._host:
+        stream._host = pos
+    for sid, p in clock.items():
+        s = streams.get(sid)
+        if s is not None and p > s._host:
+            s._host = p
+
+
+def after_sync(device: Device, covered: list[tuple[Stream, int]], extra: list | None = None) -> None:
+    """Tell the pools a synchronize happened, then raise the first failure it covers."""
+    for fn in sync_listeners:
+        fn(device)
+    if instrument.listeners:
+        instrument.notify("sync", device)
+    errors: list[tuple[int, BaseException, str, str]] = []
+    for s, upto in covered:
+        for pos, exc, what in s._q.take_errors(upto):
+            errors.append((pos, exc, what, s.name))
+    for q in extra or ():
+        for pos, exc, what in q.take_errors():
+            errors.append((pos, exc, what, q.name))
+    if instrument.listeners:
+        from . import sanitizer
+
+        if sanitizer.enabled():
+            # a kernel the sanitizer stopped failed with its SanitizerError: report the finding
+            errors = [e for e in errors if not isinstance(e[1], SanitizerError)]
+            sanitizer.raise_pending()
+    if errors:
+        pos, exc, what, where = errors[0]
+        more = f" (and {len(errors) - 1} more failure(s))" if len(errors) > 1 else ""
+        raise LaunchError(
+            f"{what} on stream {where} raised {type(exc).__name__}: {exc}{more}"
+        ) from exc
+
+
+def synchronize_device(device: Device, *, skip_capturing: bool = False) -> None:
+    """``cudaDeviceSynchronize``: wait for every stream of ``device``, then report failures.
+
+    ``skip_capturing`` (the implicit synchronize of ``srt.free``, which mode gating allowed):
+    capturing streams have no work to wait for, so they are left alone instead of refused.
+    """
+    from .graph.capture import check_device_sync
+
+    if not skip_capturing:
+        check_device_sync(device)
+    streams = [s for s in device._streams if not (skip_capturing and s._capture is not None)]
+    for s in streams:
+        s._q.wait_done(s._pos)
+    retired = device.__dict__.get("_retired", [])
+    for q in list(retired):
+        q.wait_done(_queue_total(q))
+    for s in streams + list(device.__dict__.get("_dead_streams", ())):
+        proved(s, s._pos, s._clock)
+    device.__dict__["_retired"] = [q for q in retired if q._errors]
+    after_sync(device, [(s, s._pos) for s in streams], extra=retired)
+
+
+def _queue_total(q: Any) -> int:
+    # a retired queue only drains: its final position is what it has done plus what is queued
+    return q.done + len(q._ops)
+
+
+def reset_device(device: Device) -> None:
+    """``aclrtResetDevice``: synchronize, then destroy the device's streams, pools and memory."""
+    try:
+        synchronize_device(device)
+    except StreamRTError:
+        pass  # a reset discards pending failures along with everything else
+    for s in list(device._streams):
+        s._destroy_quiet()
+    device._legacy = None
+    device.__dict__["_retired"] = []
+    for e in list(device._events):
+        e._stream = None
+    for pool in list(device._pools):
+        pool._reset()
+    device._default_pool = None
+    device._pool = None
+    device._impl.free_all()

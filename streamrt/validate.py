@@ -1,0 +1,55 @@
+"""Argument checks shared by every enqueue and allocation call: sizes, pointers, host buffers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .errors import InvalidTypeError, InvalidValueError
+
+__all__ = ["check_size", "check_ptr", "host_view"]
+
+
+def check_size(nbytes: Any, what: str = "nbytes") -> int:
+    """Validate a byte count: a non-negative int."""
+    if type(nbytes) is int and nbytes >= 0:  # the common case, cheaply
+        return nbytes
+    if not isinstance(nbytes, int | np.integer) or isinstance(nbytes, bool):
+        raise InvalidTypeError(f"{what} must be an int, not {type(nbytes).__name__}")
+    if nbytes < 0:
+        raise InvalidValueError(f"{what} must be >= 0, got {nbytes}")
+    return int(nbytes)
+
+
+def check_ptr(ptr: Any, what: str = "pointer") -> int:
+    """Validate a device pointer: an int."""
+    if type(ptr) is int:
+        return ptr
+    if not isinstance(ptr, int | np.integer) or isinstance(ptr, bool):
+        raise InvalidTypeError(f"{what} must be an int device pointer, not {type(ptr).__name__}")
+    return int(ptr)
+
+
+def host_view(obj: Any, nbytes: int, *, writable: bool) -> np.ndarray:
+    """A flat ``uint8`` view of a host buffer (numpy array, bytearray, memoryview, bytes)."""
+    if isinstance(obj, np.ndarray):
+        if not obj.flags.c_contiguous:
+            raise InvalidValueError("host buffer must be C-contiguous (use np.ascontiguousarray)")
+        flat = obj.reshape(-1).view(np.uint8)
+    else:
+        try:
+            mv = memoryview(obj)
+        except TypeError:
+            raise InvalidTypeError(
+                "a copy endpoint is an int device pointer or a host buffer (numpy array, "
+                f"bytearray, memoryview), not {type(obj).__name__}"
+            ) from None
+        if not mv.c_contiguous:
+            raise InvalidValueError("host buffer must be C-contiguous")
+        flat = np.frombuffer(mv.cast("B"), np.uint8) if mv.nbytes else np.empty(0, np.uint8)
+    if writable and not flat.flags.writeable:
+        raise InvalidValueError("destination host buffer is read-only")
+    if flat.size < nbytes:
+        raise InvalidValueError(f"host buffer holds {flat.size} bytes, the copy needs {nbytes}")
+    return flat[:nbytes]
