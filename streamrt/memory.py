@@ -36,8 +36,6 @@ import weakref
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
-from sortedcontainers import SortedList
-
 from .device import Device
 from .errors import (
     InvalidAddressError,
@@ -46,10 +44,11 @@ from .errors import (
     InvalidValueError,
     OutOfMemoryError,
 )
+from .freelist import Block as _Block
+from .freelist import FreeList as _FreeList
 from .hooks import sync_listeners
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
 
     from .stream import Stream
 
@@ -99,86 +98,6 @@ def pool_of(ptr: int) -> MemPool:
             "pointer, or memory from srt.malloc, which srt.free releases)"
         )
     return pool
-
-
-class _Block:
-    __slots__ = ("addr", "size", "chunk", "prev", "next", "live", "stream", "pos")
-
-    def __init__(self, addr: int, size: int, chunk: int) -> None:
-        self.addr = addr
-        self.size = size
-        self.chunk = chunk  # base address of the chunk
-        self.prev: _Block | None = None
-        self.next: _Block | None = None
-        self.live = False
-        self.stream: Stream | None = None  # pending free on this stream; None = ready
-        self.pos = 0
-
-
-class _FreeList:
-    """Free blocks binned by exact size, with a sorted index of sizes for best fit."""
-
-    __slots__ = ("bins", "sizes", "count")
-
-    def __init__(self) -> None:
-        self.bins: dict[int, list[_Block]] = {}
-        self.sizes = SortedList()  # may keep sizes whose bin is empty; pruned while searching
-        self.count = 0
-
-    def add(self, b: _Block) -> None:
-        lst = self.bins.get(b.size)
-        if lst is None:
-            self.bins[b.size] = [b]
-            self.sizes.add(b.size)
-        else:
-            lst.append(b)
-        self.count += 1
-
-    def remove(self, b: _Block) -> None:
-        self.bins[b.size].remove(b)
-        self.count -= 1
-
-    def best(self, size: int, ok: Callable[[_Block], bool] | None = None) -> _Block | None:
-        """The smallest block of at least ``size`` bytes accepted by ``ok`` (latest freed first)."""
-        if not self.count:
-            return None
-        lst = self.bins.get(size)
-        if lst:
-            found = _pick(lst, ok)
-            if found is not None:
-                return found
-        empty = []
-        found = None
-        for s in self.sizes.irange(minimum=size):
-            lst = self.bins[s]
-            if not lst:
-                empty.append(s)
-                continue
-            found = _pick(lst, ok)
-            if found is not None:
-                break
-        for s in empty:
-            self.sizes.remove(s)
-            del self.bins[s]
-        return found
-
-    def largest(self) -> int:
-        for s in reversed(self.sizes):
-            if self.bins[s]:
-                return s
-        return 0
-
-    def blocks(self) -> list[_Block]:
-        return [b for lst in self.bins.values() for b in lst]
-
-
-def _pick(lst: list[_Block], ok: Callable[[_Block], bool] | None) -> _Block | None:
-    if ok is None:
-        return lst[-1]
-    for b in reversed(lst):
-        if ok(b):
-            return b
-    return None
 
 
 def _round(n: int) -> int:
