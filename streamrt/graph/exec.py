@@ -1,4 +1,4 @@
-"""GraphExec: an instantiated graph compiled into a replay plan (``cudaGraphExec_t``).
+"""GraphExec: an instantiated graph, its launches and updates (``cudaGraphExec_t``); plans: plan.py.
 
 State and invariants:
 - ``_template`` is a private clone of the instantiated graph; user nodes (of the original graph)
@@ -16,19 +16,14 @@ State and invariants:
 from __future__ import annotations
 
 import gc
-import os
-import random
 import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .. import instrument
-from ..backends import cpu
-from ..backends.cpu import SPACE, copy_op, fill_op, host_call
+from ..backends.cpu import SPACE
 from ..errors import (
     GraphExecUpdateError,
     InvalidHandleError,
@@ -36,20 +31,17 @@ from ..errors import (
     InvalidValueError,
     StreamRTError,
 )
-from ..kernel import KernelContext, dim3
+from ..kernel import dim3
 from ..stream import Stream
-from ..validate import host_view
 from . import memory
 from .graph import Graph, host_params, memcpy_params, memset_params
 from .node import Node, NodeType
+from .plan import Plan, compile_plan, run_plan, topo
+
+_DISABLEABLE = (NodeType.KERNEL, NodeType.MEMCPY, NodeType.MEMSET)  # as cudaGraphNodeSetEnabled
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-_DISABLEABLE = (NodeType.KERNEL, NodeType.MEMCPY, NodeType.MEMSET)
-
 
 class GraphExecUpdateResult(IntEnum):
     """``cudaGraphExecUpdateResult``."""
@@ -65,108 +57,6 @@ class GraphExecUpdateResult(IntEnum):
     ATTRIBUTES_CHANGED = 8
 
 
-def _workers() -> ThreadPoolExecutor:
-    global _pool
-    if _pool is None:
-        with _pool_lock:
-            if _pool is None:
-                _pool = ThreadPoolExecutor(max(2, os.cpu_count() or 2),
-                                           thread_name_prefix="streamrt-graph")
-    return _pool
-
-
-class _Plan:
-    """The compiled replay of one exec for one stream."""
-
-    __slots__ = ("chains", "succ", "npred", "roots", "single")
-
-    def __init__(self, chains: list[list[tuple]], succ: list[list[int]], npred: list[int]) -> None:
-        self.chains = chains
-        self.succ = succ
-        self.npred = npred
-        self.roots = [i for i, n in enumerate(npred) if n == 0]
-        # one chain, or chains that form a single line: replay is one loop
-        self.single = [op for ch in chains for op in ch] if len(chains) == 1 else None
-
-
-def _run_plan(plan: _Plan) -> None:
-    """Stream operation: replay a plan (inline when it is one chain)."""
-    ops = plan.single
-    if ops is not None:
-        if instrument.listeners:
-            _launch_tls.parent = instrument.current()
-        if cpu.delay_us():
-            ops = _delayed(ops)
-        for fn, args in ops:
-            fn(*args)
-        return
-    _run_parallel(plan)
-
-
-def _delayed(ops: list[tuple]) -> Any:
-    """Delay injection reaches graph nodes too: a missing edge shows up as a wrong result."""
-    for op in ops:
-        time.sleep(random.random() * cpu.delay_us() * 1e-6)
-        yield op
-
-
-_launch_tls = threading.local()  # the graph launch an instrumented node belongs to
-
-
-def _node_call(meta: tuple, fn: Any, args: tuple) -> None:
-    """An instrumented node: its own OpInfo, nested in the launch, with its DAG ancestry."""
-    index, kind, name, ancestors, accesses, site = meta
-    parent = getattr(_launch_tls, "parent", None)
-    if parent is not None and parent.site:
-        site = f"{site}, launched at {parent.site}" if site else f"launched at {parent.site}"
-    op = instrument.OpInfo(None, kind, name, {}, accesses, site=site)
-    op.parent = parent
-    op.index, op.ancestors = index, ancestors
-    instrument.run(op, fn, args)
-
-
-def _run_parallel(plan: _Plan) -> None:
-    chains, succ = plan.chains, plan.succ
-    remaining = list(plan.npred)
-    left = [len(chains)]
-    lock = threading.Lock()
-    finished = threading.Event()
-    errors: list[BaseException] = []
-    pool = _workers()
-
-    parent = instrument.current() if instrument.listeners else None
-
-    def run(i: int) -> None:
-        _launch_tls.parent = parent
-        while i is not None:
-            if not errors:
-                try:
-                    chain = _delayed(chains[i]) if cpu.delay_us() else chains[i]
-                    for fn, args in chain:
-                        fn(*args)
-                except BaseException as exc:  # stop the replay; reported by the stream
-                    errors.append(exc)
-            ready = []
-            with lock:
-                for j in succ[i]:
-                    remaining[j] -= 1
-                    if remaining[j] == 0:
-                        ready.append(j)
-                left[0] -= 1
-                if left[0] == 0:
-                    finished.set()
-            for j in ready[1:]:
-                pool.submit(run, j)
-            i = ready[0] if ready else None
-
-    for r in plan.roots[1:]:
-        pool.submit(run, r)
-    run(plan.roots[0])
-    finished.wait()
-    if errors:
-        raise errors[0]
-
-
 class GraphExec:
     """An executable graph (``cudaGraphExec_t``)."""
 
@@ -180,7 +70,7 @@ class GraphExec:
         gc.disable()  # cloning makes many long-lived objects: keep instantiate linear
         try:
             self._template = graph.clone()
-            self._order = _topo(self._template)
+            self._order = topo(self._template)
         finally:
             if gc_was:
                 gc.enable()
@@ -192,7 +82,7 @@ class GraphExec:
         self._mem_nodes = [n for n in self._order
                            if n.type in (NodeType.MEM_ALLOC, NodeType.MEM_FREE)]
         self._disabled: set[int] = set()
-        self._plans: dict[int, _Plan] = {}
+        self._plans: dict[Any, Plan] = {}
         self._destroyed = False
         self._last: tuple[Stream, int] | None = None
         self._lock = threading.Lock()
@@ -239,43 +129,18 @@ class GraphExec:
             self.memory_footprint += footprint
 
     # -- compile -------------------------------------------------------------------------------
-    def _plan(self, stream: Stream) -> _Plan:
+    def _plan(self, stream: Stream) -> Plan:
         key = (stream.id, bool(instrument.listeners))  # instrumented plans wrap every node
         plan = self._plans.get(key)
         if plan is None:
             gc_was = gc.isenabled()
             gc.disable()  # many long-lived objects: generational passes would make it quadratic
             try:
-                plan = self._plans[key] = self._compile(stream)
+                plan = self._plans[key] = compile_plan(self._template, self._disabled, stream)
             finally:
                 if gc_was:
                     gc.enable()
         return plan
-
-    def _compile(self, stream: Stream) -> _Plan:
-        flat: list[tuple[Any, list[int]]] = []  # (op or None, deps as flat indices)
-        nodes: list[Node | None] = []  # the node of each flat entry (None: a child's exit)
-
-        def inline(graph: Graph, entry_deps: list[int], top: bool) -> list[int]:
-            index: dict[int, int] = {}
-            for n in _topo(graph):
-                deps = [index[d.index] for d in n._deps] or list(entry_deps)
-                if n.type is NodeType.GRAPH:
-                    leaves = inline(n._params["graph"], deps, False)
-                    flat.append((None, leaves))
-                    nodes.append(None)
-                else:
-                    disabled = top and n.index in self._disabled
-                    flat.append((None if disabled else _op(n, stream), deps))
-                    nodes.append(n)
-                index[n.index] = len(flat) - 1
-            dependents = {d for _, deps in flat for d in deps}
-            return [i for i in index.values() if i not in dependents] or list(entry_deps)
-
-        inline(self._template, [], True)
-        if instrument.listeners:
-            flat = _instrumented(flat, nodes)
-        return _chains(flat)
 
     # -- launch --------------------------------------------------------------------------------
     def launch(self, stream: Stream) -> None:
@@ -301,7 +166,7 @@ class GraphExec:
             for n in self._event_nodes:
                 if n.type is NodeType.WAIT_EVENT:
                     stream.wait(n._params["event"])
-            stream._submit(_run_plan, (plan,), "graph",
+            stream._submit(run_plan, (plan,), "graph",
                            f"graph launch ({len(self._template._nodes)} nodes)")
             for n in self._event_nodes:
                 if n.type is NodeType.EVENT_RECORD:
@@ -460,112 +325,6 @@ class GraphExec:
 
 
 # -- helpers -------------------------------------------------------------------------------------
-def _topo(graph: Graph) -> list[Node]:
-    """Kahn's order, ties by creation order; the builder guarantees acyclicity."""
-    npred = {id(n): len(n._deps) for n in graph._nodes}
-    ready = [n for n in graph._nodes if not n._deps]
-    out: list[Node] = []
-    i = 0
-    while i < len(ready):
-        n = ready[i]
-        i += 1
-        out.append(n)
-        for d in n._dependents:
-            npred[id(d)] -= 1
-            if npred[id(d)] == 0:
-                ready.append(d)
-    if len(out) != len(graph._nodes):
-        raise InvalidValueError(f"{graph!r} has a cycle")
-    return out
-
-
-def _instrumented(flat: list[tuple[Any, list[int]]],
-                  nodes: list[Node | None]) -> list[tuple[Any, list[int]]]:
-    """Wrap every node op with its index, name, ancestors and declared memory (for the
-    sanitizer and traces)."""
-    anc = [0] * len(flat)
-    out = []
-    for i, (op, deps) in enumerate(flat):
-        acc = 0
-        for d in deps:
-            acc |= anc[d] | (1 << d)
-        anc[i] = acc
-        n = nodes[i]
-        if op is not None and n is not None:
-            kind, name, accesses = _describe(n)
-            site = n._params.get("site", "")
-            op = (_node_call, ((i, kind, name, acc, accesses, site), *op))
-        out.append((op, deps))
-    return out
-
-
-def _describe(n: Node) -> tuple[str, str, tuple]:
-    p = n._params
-    if n.type is NodeType.MEMCPY:
-        acc = tuple((int(x), p["nbytes"], w) for x, w in ((p["dst"], True), (p["src"], False))
-                    if isinstance(x, int | np.integer) and not isinstance(x, bool))
-        return "memcpy", f"memcpy {p['nbytes']} B", acc
-    if n.type is NodeType.MEMSET:
-        return "memset", f"memset {p['nbytes']} B", ((p["ptr"], p["nbytes"], True),)
-    if n.type is NodeType.HOST:
-        return "host", getattr(p["fn"], "__qualname__", repr(p["fn"])), ()
-    return "kernel", p["kernel"].name, ()
-
-
-def _op(n: Node, stream: Stream) -> tuple | None:
-    p = n._params
-    t = n.type
-    if t is NodeType.KERNEL:
-        ctx = KernelContext(p["grid"], p["block"], stream.device, stream)
-        return (p["kernel"].fn, (ctx, *p["args"]))
-    if t is NodeType.MEMCPY:
-        k = p["nbytes"]
-        if not k:
-            return None
-        return (copy_op, (_view(p["dst"], k, True), _view(p["src"], k, False)))
-    if t is NodeType.MEMSET:
-        return (fill_op, (SPACE.span(p["ptr"], p["nbytes"]), p["value"])) if p["nbytes"] else None
-    if t is NodeType.HOST:
-        return (host_call, (p["fn"], p["args"]))
-    return None  # EMPTY, events and memory nodes: handled at launch on the host
-
-
-def _view(end: Any, n: int, writable: bool) -> np.ndarray:
-    if isinstance(end, int | np.integer) and not isinstance(end, bool):
-        return SPACE.span(int(end), n)
-    return host_view(end, n, writable=writable)  # by reference: read when the node runs
-
-
-def _chains(flat: list[tuple[Any, list[int]]]) -> _Plan:
-    n = len(flat)
-    dependents: list[list[int]] = [[] for _ in range(n)]
-    for i, (_, deps) in enumerate(flat):
-        for d in deps:
-            dependents[d].append(i)
-    chain_of = [0] * n
-    chains: list[list[tuple]] = []
-    heads: list[int] = []
-    for i, (op, deps) in enumerate(flat):  # flat is topologically ordered
-        if len(deps) == 1 and len(dependents[deps[0]]) == 1:
-            c = chain_of[deps[0]]
-        else:
-            c = len(chains)
-            chains.append([])
-            heads.append(i)
-        chain_of[i] = c
-        if op is not None:
-            chains[c].append(op)
-    succ: list[list[int]] = [[] for _ in chains]
-    npred = [0] * len(chains)
-    for c, head in enumerate(heads):
-        for d in dict.fromkeys(chain_of[d] for d in flat[head][1]):
-            succ[d].append(c)
-            npred[c] += 1
-    if not chains:
-        return _Plan([[]], [[]], [0])
-    return _Plan(chains, succ, npred)
-
-
 def _kinds(p: dict[str, Any]) -> tuple:
     def kind(x: Any) -> Any:
         if isinstance(x, int | np.integer) and not isinstance(x, bool):
