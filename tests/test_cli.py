@@ -72,3 +72,16 @@ def test_cli_bench_quick_emits_json_and_markdown(tmp_path):
     table = md.read_text()
     assert table.startswith("| claim | ours | peer / limit | ratio | target | pass |")
     assert table.count("\n") == len(rows) + 2
+
+
+def test_cli_demo_trace_writes_the_whole_demo(tmp_path):
+    import json
+
+    path = tmp_path / "demo.json"
+    r = streamrt("demo", "--trace", str(path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert str(path) in r.stdout
+    events = json.loads(path.read_text())["traceEvents"]
+    cats = {e.get("cat") for e in events if e["ph"] == "X"}
+    assert {"kernel", "memcpy", "graph", "host"} <= cats  # streams, ops, graphs sections
+    assert any(e["ph"] == "C" for e in events) and any(e["ph"] == "i" for e in events)
