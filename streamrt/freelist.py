@@ -22,7 +22,7 @@ __all__ = ["Block", "FreeList"]
 class Block:
     """A piece of a chunk: live, pending (freed on ``stream`` at ``pos``) or ready."""
 
-    __slots__ = ("addr", "size", "chunk", "prev", "next", "live", "stream", "pos")
+    __slots__ = ("addr", "size", "chunk", "prev", "next", "live", "stream", "pos", "clock")
 
     def __init__(self, addr: int, size: int, chunk: int) -> None:
         self.addr = addr
@@ -33,6 +33,7 @@ class Block:
         self.live = False
         self.stream: Stream | None = None  # pending free on this stream; None = ready
         self.pos = 0
+        self.clock: dict[int, int] | None = None  # the freeing stream's clock (instrumented runs)
 
 
 class FreeList:

@@ -50,6 +50,10 @@ def proved(stream: Stream, pos: int, clock: dict[int, int]) -> None:
         s = streams.get(sid)
         if s is not None and p > s._host:
             s._host = p
+    if instrument.listeners:  # work enqueued from now on is ordered after what the host saw
+        instrument.notify("proved", stream.id, pos)
+        for sid, p in clock.items():
+            instrument.notify("proved", sid, p)
 
 
 def after_sync(device: Device, covered: list[tuple[Stream, int]], extra: list | None = None) -> None:

@@ -36,6 +36,7 @@ import weakref
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
+from . import instrument
 from .device import Device
 from .errors import (
     InvalidAddressError,
@@ -352,7 +353,8 @@ class MemPool:
             b = self._best_of(others, size, None)
             if b is not None:
                 f = b.stream
-                a._order_after(f, b.pos, {f.id: b.pos})  # a real wait: later work on A follows
+                # a real wait: later work on A follows the free (and what the free followed)
+                a._order_after(f, b.pos, b.clock or {f.id: b.pos})
                 st["reuse_internal_dependency"] += 1
                 return b
         st["oom_count"] += 1
@@ -493,7 +495,7 @@ class MemPool:
 
     def _split(self, b: _Block, size: int) -> None:
         rest = _Block(b.addr + size, b.size - size, b.chunk)
-        rest.stream, rest.pos = b.stream, b.pos
+        rest.stream, rest.pos, rest.clock = b.stream, b.pos, b.clock
         rest.prev, rest.next = b, b.next
         if b.next is not None:
             b.next.prev = rest
@@ -527,7 +529,8 @@ class MemPool:
             self._remove_free(nb)
             lo, hi = (nb, b) if nb.addr < b.addr else (b, nb)
             lo.size += hi.size
-            lo.pos = max(lo.pos, hi.pos)
+            if hi.pos > lo.pos:  # same stream: the later free's clock knows more
+                lo.pos, lo.clock = hi.pos, hi.clock
             lo.next = hi.next
             if hi.next is not None:
                 hi.next.prev = lo
@@ -549,6 +552,8 @@ class MemPool:
                     b.live = False
                     b.stream = stream
                     b.pos = stream._pos
+                    if instrument.listeners:
+                        b.clock = stream._snapshot()
                     self._used -= b.size
                     self._fast_frees += 1  # free_count, see stats()
                     fl = self._pending.get(stream.id)
@@ -584,6 +589,7 @@ class MemPool:
             b.live = False
             b.stream = stream
             b.pos = pos
+            b.clock = stream._snapshot() if stream is not None and instrument.listeners else None
             self._used -= b.size
             self._stats["free_count"] += 1
             self._insert_free(self._coalesce(b))

@@ -20,6 +20,7 @@ State and invariants (guarded by ``_lock``):
 from __future__ import annotations
 
 import atexit
+import bisect
 import math
 import os
 import sys
@@ -88,12 +89,34 @@ class _Gen:
         self.label = label
 
 
+def _proven(e: _Event | None) -> bool:
+    """The host saw this free complete (a host free, or its stream synchronized past it)."""
+    if e is None:
+        return False
+    return e.stream is None or e.stream._host >= e.pos
+
+
 def _seq_of(g: _Gen) -> int:
     return g.alloc.seq
 
 
 def _top(op: OpInfo) -> OpInfo:
     return op.parent if op.parent is not None else op
+
+
+# Host proofs: stream id -> [(seq, pos)], both increasing: at enqueue sequence ``seq`` the host
+# had seen the stream complete ``pos`` (a synchronize, or a copy into pageable memory).
+# Anything enqueued later is ordered after that work, as in CUDA.
+_proofs: dict[int, list[tuple[int, int]]] = {}
+
+
+def _host_saw(sid: int, pos: int, seq: int) -> bool:
+    """The host saw stream ``sid`` reach ``pos`` before enqueue sequence ``seq``."""
+    proofs = _proofs.get(sid)
+    if not proofs:
+        return False
+    i = bisect.bisect_left(proofs, (seq, -1)) - 1
+    return i >= 0 and proofs[i][1] >= pos
 
 
 def op_before_op(a: OpInfo, x: OpInfo) -> bool:
@@ -103,21 +126,24 @@ def op_before_op(a: OpInfo, x: OpInfo) -> bool:
     ta, tx = _top(a), _top(x)
     if ta is tx:
         return False
-    return tx.clock.get(ta.stream.id, 0) >= ta.pos
+    sid = ta.stream.id
+    return tx.clock.get(sid, 0) >= ta.pos or _host_saw(sid, ta.pos, tx.seq)
 
 
 def _alloc_before(e: _Event, x: OpInfo) -> bool:
     tx = _top(x)
     if e.stream is None:
         return e.seq < tx.seq
-    return tx.clock.get(e.stream.id, 0) >= e.pos
+    sid = e.stream.id
+    return tx.clock.get(sid, 0) >= e.pos or _host_saw(sid, e.pos, tx.seq)
 
 
 def _before_free(x: OpInfo, e: _Event) -> bool:
     tx = _top(x)
     if e.stream is None:
         return tx.seq < e.seq
-    return e.clock.get(tx.stream.id, 0) >= tx.pos
+    sid = tx.stream.id
+    return e.clock.get(sid, 0) >= tx.pos or _host_saw(sid, tx.pos, e.seq)
 
 
 class Sanitizer:
@@ -153,10 +179,14 @@ class Sanitizer:
             # generations that started there (older ones would only slow every lookup down)
             hist = self._by_lo.setdefault(ptr, deque())
             hist.append(g)
-            while len(hist) > _PER_ADDRESS:
-                old = hist.popleft()
-                if old.free is not None:
-                    self._gens.discard(old)
+            if len(hist) > _PER_ADDRESS:
+                # forget old generations only once the host saw their free complete: then no
+                # operation ordered before the free can still be waiting to touch them
+                keep = deque(x for x in hist if x is g or not _proven(x.free))
+                for x in hist:
+                    if x not in keep:
+                        self._gens.discard(x)
+                self._by_lo[ptr] = keep
 
     def on_free(self, stream: Any, ptr: int) -> None:
         """A stream-ordered (stream given) or host free of the allocation at ``ptr``."""
@@ -192,10 +222,12 @@ class Sanitizer:
             stop = self._gens.bisect_key_left((hi, 0))
             gens = [g for g in self._gens[start:stop] if g.lo < hi and lo < g.hi]
             gens.sort(key=_seq_of, reverse=True)
-            cur = next((g for g in gens if _alloc_before(g.alloc, op)), None)
-            if cur is None:
+            # the generation the program meant: the newest allocated before the op was enqueued
+            seq = _top(op).seq
+            cur = next((g for g in gens if g.alloc.seq < seq), None)
+            if cur is None or not _alloc_before(cur.alloc, op):
                 if gens:
-                    g = gens[0]
+                    g = cur or gens[-1]
                     return self._find("use-before-alloc", ptr, nbytes, op, g.alloc,
                                       f"{op.describe()} touches {hex(ptr)}+{nbytes}, whose {g.label} "
                                       f"is not ordered before it: {g.alloc.describe()}")
@@ -265,6 +297,12 @@ class Sanitizer:
 
     def op_end(self, op: OpInfo) -> None:
         pass
+
+    def on_proved(self, sid: int, pos: int) -> None:
+        with self._lock:
+            proofs = _proofs.setdefault(sid, [])
+            if not proofs or pos > proofs[-1][1]:
+                proofs.append((next(instrument._seq), pos))
 
     def pending(self) -> Finding | None:
         """The first finding not yet raised (raise mode), marking it raised."""

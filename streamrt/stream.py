@@ -252,6 +252,7 @@ class Stream:
                            if isinstance(p, int | np.integer)), {"bytes": n})
         if not isinstance(dst, int | np.integer):  # pageable destination: synchronous
             self._q.wait_done(self._pos)
+            proved(self, self._pos, self._clock)  # the host saw the stream get this far
 
     def memset(self, ptr: int, value: int, nbytes: int) -> None:
         """Enqueue a byte fill (``cudaMemsetAsync``)."""

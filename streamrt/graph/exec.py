@@ -84,7 +84,9 @@ class GraphExec:
         self._disabled: set[int] = set()
         self._plans: dict[Any, Plan] = {}
         self._destroyed = False
-        self._last: tuple[Stream, int] | None = None
+        # the previous launch: its stream, position and that stream's clock then (merged whole by
+        # the next launch, so what the previous launch waited for stays known to be ordered)
+        self._last: tuple[Stream, int, dict[int, int]] | None = None
         self._lock = threading.Lock()
         self._allocs: list[memory.GraphAlloc] = []
         self._arenas: list[tuple[Any, int, int]] = []
@@ -160,9 +162,9 @@ class GraphExec:
             plan = self._plan(stream)
             last = self._last
             if last is not None and last[0] is not stream:
-                other, pos = last
+                other, pos, clock = last
                 if stream._clock.get(other.id, 0) < pos:
-                    stream._order_after(other, pos, {other.id: pos})
+                    stream._order_after(other, pos, clock)
             for n in self._event_nodes:
                 if n.type is NodeType.WAIT_EVENT:
                     stream.wait(n._params["event"])
@@ -181,7 +183,7 @@ class GraphExec:
                     a = n._params["alloc"]
                     a.live = False
                     memory._account(a.device, -a.size)
-            self._last = (stream, stream._pos)
+            self._last = (stream, stream._pos, stream._snapshot())
 
     def _check(self, stream: Any) -> None:
         if self._destroyed:
@@ -233,7 +235,7 @@ class GraphExec:
         # A launch is still in flight: unmapping now made its kernels fail on their own memory.
         # As cudaGraphExecDestroy does, let it finish and release the memory asynchronously
         # (a thread of its own: a pool worker could be needed by that very launch).
-        stream, pos = last
+        stream, pos, _ = last
 
         def release() -> None:
             stream._q.wait_done(pos)
