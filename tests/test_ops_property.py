@@ -65,7 +65,9 @@ def test_property_cumsum_and_softmax(s, spec, data):
     ref = np.cumsum(xv.astype(np.float64), axis=axis)
     out = srt.Tensor.empty(ref.shape, np.float32, stream=s)
     ops.run(ops.cumsum, x, out, stream=s, axis=axis)
-    np.testing.assert_allclose(out.numpy(s), ref, rtol=1e-5, atol=1e-5)
+    # float32 accumulation: the error of a sum of n terms in [-1, 1] grows like n * eps
+    n = xv.size if axis is None else xv.shape[axis]
+    np.testing.assert_allclose(out.numpy(s), ref, rtol=1e-5, atol=max(1e-5, 4 * n * 6e-8))
     if axis is not None:
         e = np.exp(xv - xv.max(axis, keepdims=True))
         sm = srt.Tensor.empty(xv.shape, np.float32, stream=s)

@@ -45,9 +45,9 @@ class Graph:
     # -- building ---------------------------------------------------------------------------
     def _add(self, type: NodeType, params: dict[str, Any], deps: Any) -> Node:
         dep_nodes = self._as_nodes(deps, "deps")
-        if instrument.listeners:  # the sanitizer names a node by where it was made
-            params["site"] = instrument.user_site()
         node = Node(self, type, len(self._nodes), params)
+        if instrument.listeners:  # the sanitizer names a node by where it was made
+            node.site = instrument.user_site()
         for d in dict.fromkeys(dep_nodes):  # duplicates collapse to one edge
             node._deps.append(d)
             d._dependents.append(node)
@@ -207,6 +207,7 @@ class Graph:
             if n.type is NodeType.GRAPH:
                 params["graph"] = params["graph"].clone()
             c = Node(g, n.type, n.index, params)
+            c.site = n.site
             g._nodes.append(c)
             g._origin[id(n)] = (n, c)
         for n in self._nodes:

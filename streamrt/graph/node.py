@@ -28,7 +28,8 @@ class NodeType(Enum):
 class Node:
     """One node of a :class:`Graph`; edges are kept on both ends, in creation order."""
 
-    __slots__ = ("graph", "type", "index", "_params", "_deps", "_dependents", "__weakref__")
+    __slots__ = ("graph", "type", "index", "_params", "_deps", "_dependents", "site",
+                 "__weakref__")
 
     def __init__(self, graph: Graph, type: NodeType, index: int, params: dict[str, Any]) -> None:
         self.graph = graph
@@ -37,6 +38,7 @@ class Node:
         self._params = params
         self._deps: list[Node] = []
         self._dependents: list[Node] = []
+        self.site = ""  # where it was made (recorded while a sanitizer or tracer is active)
 
     @property
     def dependencies(self) -> tuple[Node, ...]:

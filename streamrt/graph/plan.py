@@ -198,7 +198,7 @@ def instrumented(flat: list[tuple[Any, list[int]]],
         n = nodes[i]
         if op is not None and n is not None:
             kind, name, accesses = _describe(n)
-            site = n._params.get("site", "")
+            site = n.site
             op = (_node_call, ((i, kind, name, acc, accesses, site), *op))
         out.append((op, deps))
     return out
