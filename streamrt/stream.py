@@ -31,13 +31,12 @@ from .device import Device, current_device
 from .errors import (
     InvalidHandleError,
     InvalidTypeError,
-    InvalidValueError,
 )
 from .event import Event, _stamp
 from .hostsync import after_sync, covered, proved, reset_device, retire, synchronize_device
 from .kernel import Kernel, KernelContext, dim3
 from .memory import MemPool, _owners, pool_of
-from .validate import check_ptr, check_size, host_view
+from .validate import check_byte, check_ptr, check_size, host_view
 
 _owners_get = _owners.get  # live pool pointer -> pool
 
@@ -258,12 +257,9 @@ class Stream:
         """Enqueue a byte fill (``cudaMemsetAsync``)."""
         n = check_size(nbytes)
         ptr = check_ptr(ptr)
-        if not isinstance(value, int | np.integer) or isinstance(value, bool):
-            raise InvalidTypeError(f"memset value must be an int, not {type(value).__name__}")
-        if not 0 <= value <= 255:
-            raise InvalidValueError(f"memset value must be a byte 0-255, got {value}")
+        value = check_byte(value)
         if self._capture is not None:  # validated by the capture; graph memory may be unmapped
-            return self._capture.add_memset(self, ptr, int(value), n)
+            return self._capture.add_memset(self, ptr, value, n)
         view = SPACE.span(ptr, n)
         if n:
             self._submit(fill_op, (view, int(value)), "memset", f"memset {n} B",

@@ -8,7 +8,7 @@ import numpy as np
 
 from .errors import InvalidTypeError, InvalidValueError
 
-__all__ = ["check_size", "check_ptr", "host_view"]
+__all__ = ["check_size", "check_ptr", "check_byte", "host_view"]
 
 
 def check_size(nbytes: Any, what: str = "nbytes") -> int:
@@ -53,3 +53,12 @@ def host_view(obj: Any, nbytes: int, *, writable: bool) -> np.ndarray:
     if flat.size < nbytes:
         raise InvalidValueError(f"host buffer holds {flat.size} bytes, the copy needs {nbytes}")
     return flat[:nbytes]
+
+
+def check_byte(value: Any) -> int:
+    """Validate a memset value: an int byte 0-255."""
+    if not isinstance(value, int | np.integer) or isinstance(value, bool):
+        raise InvalidTypeError(f"memset value must be an int, not {type(value).__name__}")
+    if not 0 <= value <= 255:
+        raise InvalidValueError(f"memset value must be a byte 0-255, got {value}")
+    return int(value)

@@ -19,7 +19,7 @@ from ..device import Device
 from ..errors import InvalidTypeError, InvalidValueError
 from ..event import Event
 from ..kernel import Kernel, dim3
-from ..validate import check_ptr, check_size, host_view
+from ..validate import check_byte, check_ptr, check_size, host_view
 from .memory import GraphAlloc
 from .node import Node, NodeType
 
@@ -284,12 +284,9 @@ def memset_params(ptr: Any, value: Any, nbytes: int) -> dict[str, Any]:
     """Validate MEMSET parameters."""
     n = check_size(nbytes)
     ptr = check_ptr(ptr)
-    if not isinstance(value, int | np.integer) or isinstance(value, bool):
-        raise InvalidTypeError(f"memset value must be an int, not {type(value).__name__}")
-    if not 0 <= value <= 255:
-        raise InvalidValueError(f"memset value must be a byte 0-255, got {value}")
+    value = check_byte(value)
     _check_range(ptr, n)
-    return {"ptr": ptr, "value": int(value), "nbytes": n}
+    return {"ptr": ptr, "value": value, "nbytes": n}
 
 
 def host_params(fn: Any, args: Sequence[Any]) -> dict[str, Any]:
