@@ -112,11 +112,15 @@ def _queue_total(q: Any) -> int:
 
 
 def reset_device(device: Device) -> None:
-    """``aclrtResetDevice``: synchronize, then destroy the device's streams, pools and memory."""
+    """``aclrtResetDevice``: synchronize, then destroy the device's graph execs, streams, pools,
+    events' records and memory."""
     try:
         synchronize_device(device)
     except StreamRTError:
         pass  # a reset discards pending failures along with everything else
+    for ge in list(device.__dict__.get("_execs", ())):
+        if not ge._destroyed:
+            ge.destroy()  # before the memory goes: it unmaps and frees its graph memory
     for s in list(device._streams):
         s._destroy_quiet()
     device._legacy = None

@@ -161,3 +161,25 @@ def test_device_reset_destroys_everything():
     assert srt.read(r, (64,), np.uint8).tolist() == [7] * 64
     s2.free(r)
     d.default_stream.synchronize()
+
+
+def test_device_reset_destroys_graph_execs():
+    d = srt.Device("cpu:1")
+    with d:
+        g = srt.Graph()
+        a = g.add_mem_alloc_node(4096)
+        g.add_mem_free_node(a.ptr, deps=[a])
+        ge = g.instantiate()
+        plain = srt.Graph()
+        plain.add_empty_node()
+        ge2 = plain.instantiate()
+        s = srt.Stream(d, non_blocking=True)
+        ge.launch(s)
+        ge2.launch(s)
+        s.synchronize()
+    assert d.graph_mem_info()["reserved"] >= 4096
+    d.reset()
+    assert d.graph_mem_info()["reserved"] == 0
+    for e in (ge, ge2):
+        with pytest.raises(srt.InvalidHandleError):
+            e.launch(srt.Stream(d, non_blocking=True))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import weakref
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
@@ -135,6 +136,7 @@ class GraphExec:
         key = (stream.id, bool(instrument.listeners))  # instrumented plans wrap every node
         plan = self._plans.get(key)
         if plan is None:
+            _execs_of(stream.device).add(self)  # a device reset destroys the execs it ran
             gc_was = gc.isenabled()
             gc.disable()  # many long-lived objects: generational passes would make it quadratic
             try:
@@ -372,3 +374,8 @@ def _adopt(old: Graph, new: Graph) -> None:
             _adopt(o._params["graph"], n._params["graph"])
         elif o.type not in (NodeType.MEM_ALLOC, NodeType.MEM_FREE):
             o._params = dict(n._params)
+
+
+def _execs_of(device: Any) -> weakref.WeakSet:
+    """The execs a device's reset must destroy (those mapping its memory or run on it)."""
+    return device.__dict__.setdefault("_execs", weakref.WeakSet())

@@ -113,6 +113,7 @@ def map_allocs(exec_: Any, device: Device, offsets: dict[GraphAlloc, int], footp
         SPACE.map_reserved(a.ptr, arena.buf[off : off + a.size])
         a.exec = exec_
     device.__dict__["_graph_reserved"] = device.__dict__.get("_graph_reserved", 0) + footprint
+    device.__dict__.setdefault("_execs", weakref.WeakSet()).add(exec_)  # for device reset
     return base
 
 
