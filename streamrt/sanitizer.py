@@ -41,7 +41,8 @@ KINDS = ("race", "use-after-free", "use-before-alloc", "out-of-bounds", "invalid
          "workspace", "leak")
 _HISTORY = 4096  # freed generations remembered
 _MAX_ACCESSES = 64  # accesses remembered per generation
-_PER_ADDRESS = 4  # generations remembered per start address
+_PER_ADDRESS = 4  # generations remembered per start address (more while not proven freed)
+_PROOFS = 4096  # host proofs remembered per stream
 
 
 @dataclass
@@ -303,6 +304,8 @@ class Sanitizer:
             proofs = _proofs.setdefault(sid, [])
             if not proofs or pos > proofs[-1][1]:
                 proofs.append((next(instrument._seq), pos))
+                if len(proofs) > 2 * _PROOFS:  # only operations enqueued long ago need old ones
+                    del proofs[:_PROOFS]
 
     def pending(self) -> Finding | None:
         """The first finding not yet raised (raise mode), marking it raised."""
