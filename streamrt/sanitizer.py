@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import bisect
+import heapq
 import math
 import os
 import sys
@@ -162,6 +163,8 @@ class Sanitizer:
         self._freed: deque[_Gen] = deque()
         self._max = 0
         self._by_lo: dict[int, deque[_Gen]] = {}
+        self._inflight: list[int] = []  # heap of enqueued operations' sequence numbers
+        self._finished: set[int] = set()  # finished ones still in the heap (lazy deletion)
         self._tags: dict[int, str] = {}
 
     # -- allocation events ---------------------------------------------------------------------
@@ -181,13 +184,18 @@ class Sanitizer:
             hist = self._by_lo.setdefault(ptr, deque())
             hist.append(g)
             if len(hist) > _PER_ADDRESS:
-                # forget old generations only once the host saw their free complete: then no
-                # operation ordered before the free can still be waiting to touch them
-                keep = deque(x for x in hist if x is g or not _proven(x.free))
-                for x in hist:
-                    if x not in keep:
-                        self._gens.discard(x)
-                self._by_lo[ptr] = keep
+                # Forget a freed generation once no operation that may still touch it is left:
+                # every operation enqueued before its free has run (later ones mean a newer
+                # generation), or the host saw the free complete.
+                oldest = self._oldest_inflight()
+                keep = deque(x for x in hist if x is g or not (
+                    x.free is not None and (x.free.seq < oldest or _proven(x.free))))
+                if len(keep) < len(hist):
+                    kept = set(map(id, keep))
+                    for x in hist:
+                        if id(x) not in kept:
+                            self._gens.discard(x)
+                    self._by_lo[ptr] = keep
 
     def on_free(self, stream: Any, ptr: int) -> None:
         """A stream-ordered (stream given) or host free of the allocation at ``ptr``."""
@@ -292,12 +300,25 @@ class Sanitizer:
                            f"asked for {size}")
 
     # -- listener interface ----------------------------------------------------------------------
+    def on_enqueue(self, op: OpInfo) -> None:
+        with self._lock:
+            heapq.heappush(self._inflight, op.seq)
+
+    def _oldest_inflight(self) -> int:
+        """The smallest sequence number of an enqueued operation that has not finished."""
+        heap, done = self._inflight, self._finished
+        while heap and heap[0] in done:
+            done.discard(heapq.heappop(heap))
+        return heap[0] if heap else 1 << 62
+
     def op_start(self, op: OpInfo) -> None:
         for ptr, nbytes, write in op.accesses:
             self.access(op, ptr, nbytes, write)
 
     def op_end(self, op: OpInfo) -> None:
-        pass
+        if op.parent is None:
+            with self._lock:
+                self._finished.add(op.seq)
 
     def on_proved(self, sid: int, pos: int) -> None:
         with self._lock:
