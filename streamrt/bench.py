@@ -45,6 +45,23 @@ def collect(quick: bool = False, progress: Any = None) -> list[dict]:
     return rows
 
 
+def machine() -> str:
+    """One line naming the machine and software the figures come from."""
+    import os
+    import platform
+
+    import numpy as np
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return (f"{os.cpu_count()} cores ({cpu}, {platform.machine()}), Python "
+            f"{platform.python_version()}, numpy {np.__version__}")
+
+
 def markdown(rows: list[dict]) -> str:
     """The results as a Markdown table (for the README)."""
     out = ["| claim | ours | peer / limit | ratio | target | pass |", "|---|---|---|---|---|---|"]
@@ -79,8 +96,9 @@ def run_all(quick: bool = False, json_path: str | None = None,
     rows = collect(quick=quick, progress=_bar)
     table = markdown(rows)
     print(table)
+    print(f"\nmachine: {machine()}")
     if json_path:
         Path(json_path).write_text(json.dumps(rows, indent=2))
     if markdown_path:
-        Path(markdown_path).write_text(table + "\n")
+        Path(markdown_path).write_text(table + f"\n\nMachine: {machine()}.\n")
     return 0 if all(r["pass"] for r in rows) else 1
