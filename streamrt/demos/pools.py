@@ -99,13 +99,24 @@ def _demo_reuse_modes(dev: Device, out: Callable[[str], None]) -> list[str]:
         after = pool.stats()
         return ",".join(r for r in rules if after[r] > before[r]) or "?"
 
-    def scenario(name: str, expect: str, body: Callable[[MemPool, Stream, Stream], int]) -> None:
-        pool = MemPool(dev, release_threshold=1 << 30)
-        a, b = Stream(dev, non_blocking=True), Stream(dev, non_blocking=True)
+    def scenario(name: str, expect: str, body: Callable[[MemPool, Stream, Stream], int], *,
+                 state: str = "busy", **pool_args: int) -> None:
+        """b uses a block and frees it; then ``body`` allocates. ``state`` says where b is then:
+        "busy" (held by a gate), "passed" (it ran the free, nothing synchronized), "synced"."""
+        pool = MemPool(dev, **{"release_threshold": 1 << 30, **pool_args})
+        a, b = Stream(dev, non_blocking=True), Stream(dev, non_blocking=True)  # no shared history
         gate = threading.Event()
         b.launch(_gate, gate)
         p = b.malloc(BLOCK, pool)
+        b.memset(p, 0, BLOCK)
         b.free(p)
+        if state != "busy":
+            gate.set()
+            passed = threading.Event()
+            b.launch_host_func(passed.set)  # runs once b has executed the free
+            passed.wait()  # a host-side wait for a callback: not a streamrt synchronize
+            if state == "synced":
+                b.synchronize()
         before = pool.stats()
         q = body(pool, a, b)
         got = served(pool, before)
@@ -117,6 +128,8 @@ def _demo_reuse_modes(dev: Device, out: Callable[[str], None]) -> list[str]:
         a.free(q)
         a.synchronize()
         pool.destroy()
+        a.destroy()
+        b.destroy()
 
     def same_stream(pool: MemPool, a: Stream, b: Stream) -> int:
         return b.malloc(BLOCK, pool)
@@ -136,63 +149,11 @@ def _demo_reuse_modes(dev: Device, out: Callable[[str], None]) -> list[str]:
     scenario("event dependency (a waits on b's event)", "reuse_event_dependency", event_dep)
     scenario("no dependency, b still busy: grow", "grow_count", unrelated)
     scenario("internal dependencies off: grow", "grow_count", no_internal)
-
-    pool = MemPool(dev, max_size=BLOCK)  # one chunk: growing is impossible
-    a, b = Stream(dev, non_blocking=True), Stream(dev, non_blocking=True)
-    gate = threading.Event()
-    b.launch(_gate, gate)
-    p = b.malloc(BLOCK, pool)
-    b.free(p)
-    before = pool.stats()
-    q = a.malloc(BLOCK, pool)  # a now waits for b's free: a real dependency was inserted
-    got = served(pool, before)
-    gate.set()
-    a.synchronize()
-    rows.append(("pool full, b busy: a waits on b", "same block" if q == p else "new block", got))
-    check(got == "reuse_internal_dependency", "full pool: served by an internal dependency",
-           failures, out)
-    a.free(q)
-    a.synchronize()
-    b.synchronize()
-    pool.destroy()
-    a.destroy()
-    b.destroy()
-    a, b = Stream(dev, non_blocking=True), Stream(dev, non_blocking=True)  # no shared history
-    pool = MemPool(dev, release_threshold=1 << 30)
-    p = b.malloc(BLOCK, pool)
-    b.memset(p, 0, BLOCK)  # b uses the block, then frees it
-    b.free(p)
-    passed = threading.Event()
-    b.launch_host_func(passed.set)  # runs once b has executed the free; not a synchronize
-    passed.wait()
-    before = pool.stats()
-    q = a.malloc(BLOCK, pool)
-    rows.append(("b already past its free, no sync", "same block" if q == p else "new block",
-                 served(pool, before)))
-    check(served(pool, before) == "reuse_opportunistic", "a completed free: opportunistic reuse",
-           failures, out)
-    a.free(q)
-    a.synchronize()
-    b.synchronize()
-    pool.destroy()
-    pool = MemPool(dev)
-    p = b.malloc(BLOCK, pool)
-    b.free(p)
-    b.synchronize()  # proves the free: threshold 0 releases the chunk, so grow again
-    pool.release_threshold = 1 << 30
-    p = b.malloc(BLOCK, pool)
-    b.free(p)
-    b.synchronize()
-    before = pool.stats()
-    q = a.malloc(BLOCK, pool)
-    rows.append(("b synchronized before a asks", "same block" if q == p else "new block",
-                 served(pool, before)))
-    check(served(pool, before) == "reuse_after_sync", "after a host synchronize: any stream reuses",
-           failures, out)
-    a.free(q)
-    a.synchronize()
-    pool.destroy()
+    # one chunk: growing is impossible, so a waits for b's free (a real dependency is inserted)
+    scenario("pool full, b busy: a waits on b", "reuse_internal_dependency", unrelated,
+             max_size=BLOCK)
+    scenario("b already past its free, no sync", "reuse_opportunistic", unrelated,
+             state="passed")
+    scenario("b synchronized before a asks", "reuse_after_sync", unrelated, state="synced")
     table(rows, ("scenario", "block", "rule"), out)
-    a.destroy()
-    b.destroy()
     return failures
