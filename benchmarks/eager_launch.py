@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+from _common import best_us
 
 import streamrt as srt
 
@@ -25,15 +25,6 @@ def tiny_add(ctx, a, b, c):
     np.add(ctx.array(a, (N_ELEMS,), np.float32, readonly=True),
            ctx.array(b, (N_ELEMS,), np.float32, readonly=True),
            out=ctx.array(c, (N_ELEMS,), np.float32))
-
-
-def _best(fn, n: int, repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn(n)
-        best = min(best, time.perf_counter() - t0)
-    return best / n * 1e6
 
 
 def run(n: int = 20000, repeat: int = 5, quick: bool = False) -> dict:
@@ -70,9 +61,9 @@ def run(n: int = 20000, repeat: int = 5, quick: bool = False) -> dict:
 
     ours(1000)
     res = {
-        "ours_us": _best(ours, n, repeat),
-        "direct_us": _best(direct, n, repeat),
-        "threadpool_us": _best(threadpool, n, repeat),
+        "ours_us": best_us(ours, n, repeat),
+        "direct_us": best_us(direct, n, repeat),
+        "threadpool_us": best_us(threadpool, n, repeat),
     }
     pool.shutdown()
     assert np.allclose(srt.read(pc, (N_ELEMS,), np.float32), 2.0)

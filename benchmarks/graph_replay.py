@@ -13,6 +13,7 @@ import json
 import time
 
 import numpy as np
+from _common import best_us
 
 import streamrt as srt
 
@@ -24,15 +25,6 @@ def tiny_add(ctx, a, b, c):
     np.add(ctx.array(a, (N_ELEMS,), np.float32, readonly=True),
            ctx.array(b, (N_ELEMS,), np.float32, readonly=True),
            out=ctx.array(c, (N_ELEMS,), np.float32))
-
-
-def _best(fn, repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def run(nodes: int = 1000, launches: int = 10, repeat: int = 5, quick: bool = False) -> dict:
@@ -68,9 +60,9 @@ def run(nodes: int = 1000, launches: int = 10, repeat: int = 5, quick: bool = Fa
     replay()
     total = launches * nodes
     res = {
-        "replay_us": _best(replay, repeat) / total * 1e6,
-        "direct_us": _best(direct, repeat) / total * 1e6,
-        "eager_us": _best(eager, repeat) / total * 1e6,
+        "replay_us": best_us(lambda _: replay(), total, repeat),
+        "direct_us": best_us(lambda _: direct(), total, repeat),
+        "eager_us": best_us(lambda _: eager(), total, repeat),
     }
     ge.destroy()
     for p in (pa, pb, pc):

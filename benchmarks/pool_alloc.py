@@ -18,26 +18,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import time
 
 import numpy as np
+from _common import best_us
 
 import streamrt as srt
 
 SIZES = (512, 64 << 10, 1 << 20)
 TARGET = 10.0
 NEVER_RELEASE = 1 << 50  # release threshold: steady state never returns memory to the device
-
-
-def _best(fn, n: int, repeat: int, between=None) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        if between is not None:
-            between()
-        t0 = time.perf_counter()
-        fn(n)
-        best = min(best, time.perf_counter() - t0)
-    return best / n * 1e6
 
 
 def _fmt_size(n: int) -> str:
@@ -73,9 +62,9 @@ def run(n: int = 50000, repeat: int = 7, sizes: tuple[int, ...] = SIZES,
         peer(1000)
         s.synchronize()
         before = pool.stats()
-        ours_us = _best(ours, n, repeat, between=s.synchronize)
+        ours_us = best_us(ours, n, repeat, between=s.synchronize)
         after = pool.stats()
-        peer_us = _best(peer, n, repeat)
+        peer_us = best_us(peer, n, repeat)
         steady = (
             after["grow_count"] == before["grow_count"]
             and after["release_count"] == before["release_count"]

@@ -21,6 +21,8 @@ ORDER = (
 
 
 def _load(name: str) -> Any:
+    if str(BENCH_DIR) not in sys.path:  # the scripts share benchmarks/_common.py
+        sys.path.insert(0, str(BENCH_DIR))
     path = BENCH_DIR / f"{name}.py"
     spec = importlib.util.spec_from_file_location(f"streamrt_bench_{name}", path)
     assert spec is not None and spec.loader is not None
