@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
 from .device import Device
@@ -13,10 +12,6 @@ if TYPE_CHECKING:
     from .stream import Stream
 
 __all__ = ["Event"]
-
-
-def _stamp(slot: list) -> None:
-    slot[0] = time.perf_counter()
 
 
 class Event:
@@ -89,10 +84,11 @@ class Event:
                 )
             if e._stream is None or e._stamp is None:
                 raise InvalidHandleError(f"{e!r} has not been recorded")
-        for e in (self, end):
-            if e._stamp[0] is None:
-                raise NotReadyError(f"{e!r} has not completed yet")
-        return (end._stamp[0] - self._stamp[0]) * 1000.0
+        try:
+            return self._stream._q.elapsed_ms(self._stamp, end._stamp)
+        except NotReadyError:
+            pending = self if not self.query() else end
+            raise NotReadyError(f"{pending!r} has not completed yet") from None
 
     def destroy(self) -> None:
         """Destroy the event (``cudaEventDestroy``)."""

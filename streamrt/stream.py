@@ -26,13 +26,12 @@ from typing import Any
 import numpy as np
 
 from . import hostsync, instrument
-from .backends.cpu import SPACE, copy_op, fill_op, host_call
 from .device import Device, current_device
 from .errors import (
     InvalidHandleError,
     InvalidTypeError,
 )
-from .event import Event, _stamp
+from .event import Event
 from .hostsync import after_sync, covered, proved, reset_device, retire, synchronize_device
 from .kernel import Kernel, KernelContext, dim3
 from .memory import MemPool, _owners, pool_of
@@ -103,7 +102,10 @@ class Stream:
         self.priority = priority
         self.non_blocking = non_blocking
         self._legacy = legacy
-        self._q = device._impl.create_queue(f"{device.name}/{'default' if legacy else self.id}")
+        self._q = device._impl.create_queue(
+            f"{device.name}/{'default' if legacy else self.id}",
+            priority=priority, non_blocking=non_blocking, legacy=legacy,
+        )
         self._pos = 0
         self._clock: dict[int, int] = {}
         self._host = 0
@@ -145,12 +147,11 @@ class Stream:
     def _order_after(self, other: Stream, pos: int, clock: dict[int, int]) -> None:
         """Enqueue a real wait for ``other`` to reach ``pos`` and merge its clock."""
         self._pos += 1
+        fn, args = self._q.op_wait(other._q, pos)
         if _global_slow and instrument.listeners:
-            fn, args = instrument.wrap(self, other._q.wait_done, (pos,), "wait",
+            fn, args = instrument.wrap(self, fn, args, "wait",
                                        f"wait {other.name}@{pos}", extra={"on": (other, pos)})
-            self._q.submit(fn, args)
-        else:
-            self._q.submit(other._q.wait_done, (pos,))
+        self._q.submit(fn, args)
         mine = self._clock
         for sid, p in clock.items():
             if p > mine.get(sid, 0):
@@ -178,7 +179,8 @@ class Stream:
 
     def _refresh(self) -> None:
         """Recompute whether launches must leave the fast path (blocking, captured, destroyed)."""
-        self._slow = (not self.non_blocking) or self._capture is not None or self._destroyed
+        self._slow = (not self.non_blocking or self._capture is not None or self._destroyed
+                      or not self._q.inline)
 
     def _submit(self, fn: Callable[..., Any], args: tuple, kind: str = "op", name: str = "",
                 accesses: tuple = (), extra: dict | None = None) -> None:
@@ -227,7 +229,8 @@ class Stream:
         self._check_alive()
         if self._capture is not None:
             return self._capture.add_kernel(self, kernel, args, ctx.grid, ctx.block)
-        self._submit(kernel.fn, (ctx, *args), "kernel", kernel.name,
+        fn, a = self._q.op_launch(kernel, ctx, args)
+        self._submit(fn, a, "kernel", kernel.name,
                      extra={"grid": tuple(ctx.grid), "block": tuple(ctx.block)})
 
     def memcpy(self, dst: Any, src: Any, nbytes: int) -> None:
@@ -240,13 +243,15 @@ class Stream:
         n = check_size(nbytes)
         if self._capture is not None:  # graph memory may have no backing yet: not resolved here
             return self._capture.add_memcpy(self, dst, src, n)
-        dst_view = _endpoint(dst, n, writable=True)
-        src_view = _endpoint(src, n, writable=False)
+        impl = self.device._impl
+        dst_view = _endpoint(impl, dst, n, writable=True)
+        src_view = _endpoint(impl, src, n, writable=False)
         if n == 0:
             return
-        if not isinstance(src, int | np.integer):
-            src_view = src_view.copy()  # pageable source: staged at call time
-        self._submit(copy_op, (dst_view, src_view), "memcpy", f"memcpy {n} B",
+        if not isinstance(src, int | np.integer) and self._q.inline:
+            src_view = src_view.copy()  # pageable source: staged at call time (CUDA stages itself)
+        fn, args = self._q.op_copy(dst_view, src_view, n)
+        self._submit(fn, args, "memcpy", f"memcpy {n} B",
                      tuple((int(p), n, w) for p, w in ((dst, True), (src, False))
                            if isinstance(p, int | np.integer)), {"bytes": n})
         if not isinstance(dst, int | np.integer):  # pageable destination: synchronous
@@ -260,9 +265,10 @@ class Stream:
         value = check_byte(value)
         if self._capture is not None:  # validated by the capture; graph memory may be unmapped
             return self._capture.add_memset(self, ptr, value, n)
-        view = SPACE.span(ptr, n)
+        view = self.device._impl.endpoint(ptr, n)
         if n:
-            self._submit(fill_op, (view, int(value)), "memset", f"memset {n} B",
+            fn, args = self._q.op_fill(view, int(value), n)
+            self._submit(fn, args, "memset", f"memset {n} B",
                          ((ptr, n, True),), {"bytes": n, "value": int(value)})
 
     def launch_host_func(self, fn: Callable[..., Any], *args: Any) -> None:
@@ -271,7 +277,8 @@ class Stream:
             raise InvalidTypeError(f"launch_host_func needs a callable, not {type(fn).__name__}")
         if self._capture is not None:
             return self._capture.add_host(self, fn, args)
-        self._submit(host_call, (fn, args), "host", getattr(fn, "__qualname__", repr(fn)))
+        op, a = self._q.op_host(fn, args)
+        self._submit(op, a, "host", getattr(fn, "__qualname__", repr(fn)))
 
     def malloc(self, nbytes: int, pool: Any = None) -> int:
         """Stream-ordered allocation from ``pool`` (default: the device's current pool)."""
@@ -323,9 +330,9 @@ class Stream:
         if self._capture is not None:
             return self._capture.record(self, event)
         if event.timing:
-            slot = [None]
-            self._submit(_stamp, (slot,), "record", "timing event")
-            event._stamp = slot
+            fn, args, stamp = self._q.op_stamp()
+            self._submit(fn, args, "record", "timing event")
+            event._stamp = stamp
         elif not self.non_blocking:
             self._implicit()
         event._stream = self
@@ -432,9 +439,9 @@ class Stream:
         retire(dev, self._q)
 
 
-def _endpoint(obj: Any, n: int, *, writable: bool) -> np.ndarray:
+def _endpoint(impl: Any, obj: Any, n: int, *, writable: bool) -> Any:
     if isinstance(obj, int | np.integer) and not isinstance(obj, bool):
-        return SPACE.span(int(obj), n)
+        return impl.endpoint(int(obj), n)
     return host_view(obj, n, writable=writable)
 
 

@@ -13,13 +13,49 @@ from typing import Any
 
 
 class Queue(ABC):
-    """An in-order work queue (one per stream): operations run in submission order."""
+    """An in-order work queue (one per stream): operations run in submission order.
+
+    The frontend turns each stream operation into one ``(fn, args)`` pair with an ``op_*``
+    method and hands it to :meth:`submit`, so that it can wrap the pair (sanitizer, tracer)
+    without knowing the backend. On the cpu backend the pair is the work itself, run later
+    by the stream's worker; on cuda it is the call that enqueues the work on the real stream.
+    """
 
     done: int  # number of submitted operations that have completed
+    name: str
+    inline: bool = False  # True when launches may bypass ``op_launch`` (the cpu fast path)
 
     @abstractmethod
     def submit(self, fn: Callable[..., Any], args: tuple) -> None:
         """Enqueue ``fn(*args)``; returns at once."""
+
+    @abstractmethod
+    def op_launch(self, kernel: Any, ctx: Any, args: tuple) -> tuple[Callable[..., Any], tuple]:
+        """The operation running ``kernel`` with its context and arguments."""
+
+    @abstractmethod
+    def op_copy(self, dst: Any, src: Any, nbytes: int) -> tuple[Callable[..., Any], tuple]:
+        """A copy between endpoints made by :meth:`DeviceImpl.endpoint` or host ``uint8`` views."""
+
+    @abstractmethod
+    def op_fill(self, dst: Any, value: int, nbytes: int) -> tuple[Callable[..., Any], tuple]:
+        """A byte fill of an endpoint made by :meth:`DeviceImpl.endpoint`."""
+
+    @abstractmethod
+    def op_host(self, fn: Callable[..., Any], args: tuple) -> tuple[Callable[..., Any], tuple]:
+        """Running ``fn(*args)`` on a host thread in stream order."""
+
+    @abstractmethod
+    def op_wait(self, other: Queue, pos: int) -> tuple[Callable[..., Any], tuple]:
+        """Waiting until ``other`` has completed ``pos`` operations."""
+
+    @abstractmethod
+    def op_stamp(self) -> tuple[Callable[..., Any], tuple, Any]:
+        """A timing mark: the operation and the stamp :meth:`elapsed_ms` reads."""
+
+    @abstractmethod
+    def elapsed_ms(self, start: Any, end: Any) -> float:
+        """Milliseconds between two completed stamps; :class:`NotReadyError` if one is pending."""
 
     @abstractmethod
     def wait_done(self, pos: int) -> None:
@@ -61,8 +97,19 @@ class DeviceImpl(ABC):
         """Release every allocation of the device (device reset)."""
 
     @abstractmethod
-    def create_queue(self, name: str) -> Queue:
+    def create_queue(self, name: str, *, priority: int = 0, non_blocking: bool = False,
+                     legacy: bool = False) -> Queue:
         """Create an in-order queue for a new stream."""
+
+    @abstractmethod
+    def endpoint(self, ptr: int, nbytes: int) -> Any:
+        """Resolve ``nbytes`` of device memory at ``ptr`` for a copy or fill (raises if invalid)."""
+
+    def memory_info(self) -> tuple[int, int]:
+        """``(free, total)`` bytes of device memory."""
+        return max(self.capacity - self.used(), 0), self.capacity
+
+    native_pools = False  # True: MemPool runs on the backend's own pools (cudaMemPool)
 
 
 class Backend(ABC):

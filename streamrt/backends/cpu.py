@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 from sortedcontainers import SortedDict
 
-from ..errors import InvalidAddressError, InvalidValueError, OutOfMemoryError
+from ..errors import InvalidAddressError, InvalidValueError, NotReadyError, OutOfMemoryError
 from .base import Backend, DeviceImpl, Queue
 
 ALIGN = 512
@@ -246,6 +246,8 @@ SPACE = AddressSpace()
 class CpuQueue(Queue):
     """A worker thread running ``(fn, args)`` operations in order."""
 
+    inline = True
+
     def __init__(self, name: str) -> None:
         self.done = 0
         self.name = name
@@ -266,6 +268,31 @@ class CpuQueue(Queue):
         self._ops.append((fn, args))
         if self._idle:
             self.wake()
+
+    # -- operations: the work itself, run later by the worker ------------------------------
+    def op_launch(self, kernel: Any, ctx: Any, args: tuple) -> tuple[Callable[..., Any], tuple]:
+        return kernel.fn, (ctx, *args)
+
+    def op_copy(self, dst: Any, src: Any, nbytes: int) -> tuple[Callable[..., Any], tuple]:
+        return copy_op, (dst, src)
+
+    def op_fill(self, dst: Any, value: int, nbytes: int) -> tuple[Callable[..., Any], tuple]:
+        return fill_op, (dst, value)
+
+    def op_host(self, fn: Callable[..., Any], args: tuple) -> tuple[Callable[..., Any], tuple]:
+        return host_call, (fn, args)
+
+    def op_wait(self, other: Queue, pos: int) -> tuple[Callable[..., Any], tuple]:
+        return other.wait_done, (pos,)
+
+    def op_stamp(self) -> tuple[Callable[..., Any], tuple, Any]:
+        slot: list = [None]
+        return _stamp, (slot,), slot
+
+    def elapsed_ms(self, start: Any, end: Any) -> float:
+        if start[0] is None or end[0] is None:
+            raise NotReadyError("the event has not completed yet")
+        return (end[0] - start[0]) * 1000.0
 
     def wake(self) -> None:
         """Wake the idle worker (once: it may take a while to get the GIL)."""
@@ -354,6 +381,10 @@ def fill_op(dst: np.ndarray, value: int) -> None:
     dst.fill(value)
 
 
+def _stamp(slot: list) -> None:
+    slot[0] = time.perf_counter()
+
+
 class CpuDevice(DeviceImpl):
     """Device ``cpu:N``: capacity from ``STREAMRT_CPU_MEMORY`` (default: physical RAM)."""
 
@@ -400,8 +431,12 @@ class CpuDevice(DeviceImpl):
         for alloc in SPACE.allocations(self.index):
             self.free(alloc.base)
 
-    def create_queue(self, name: str) -> CpuQueue:
+    def create_queue(self, name: str, *, priority: int = 0, non_blocking: bool = False,
+                     legacy: bool = False) -> CpuQueue:
         return CpuQueue(name)
+
+    def endpoint(self, ptr: int, nbytes: int) -> np.ndarray:
+        return SPACE.span(ptr, nbytes)
 
 
 class CpuBackend(Backend):
