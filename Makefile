@@ -15,6 +15,8 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 
 $(VENV)/.installed-test: $(VENV)/.installed
 	$(BIN)/pip install -q -e '.[test]'
+	@# the cuda extra lets NVRTC compile and API-name tests run without a GPU; optional
+	$(BIN)/pip install -q -e '.[cuda]' || echo "make: cuda extra not installed; its tests will skip"
 	touch $@
 
 demo: $(VENV)/.installed

@@ -29,6 +29,7 @@ from .errors import (
     InvalidHandleError,
     InvalidTypeError,
     InvalidValueError,
+    KernelCompileError,
     LaunchError,
     NotReadyError,
     NotSupportedError,
@@ -76,7 +77,7 @@ __all__ = [
     # errors
     "StreamRTError", "InvalidValueError", "InvalidTypeError", "InvalidDeviceError",
     "InvalidAddressError", "InvalidHandleError", "OutOfMemoryError", "NotReadyError",
-    "NotSupportedError", "IllegalStateError", "LaunchError", "BackendUnavailableError",
+    "NotSupportedError", "IllegalStateError", "LaunchError", "KernelCompileError", "BackendUnavailableError",
     "CaptureError", "CaptureUnsupportedError", "CaptureInvalidatedError", "CaptureMergeError",
     "CaptureUnmatchedError", "CaptureUnjoinedError", "CaptureIsolationError",
     "CaptureImplicitError", "CapturedEventError", "CaptureWrongThreadError",

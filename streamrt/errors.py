@@ -19,6 +19,7 @@ __all__ = [
     "InvalidHandleError",
     "OutOfMemoryError",
     "NotReadyError",
+    "KernelCompileError",
     "NotSupportedError",
     "IllegalStateError",
     "LaunchError",
@@ -111,6 +112,17 @@ class LaunchError(StreamRTError):
 
     code = 719
     name = "cudaErrorLaunchFailure"
+
+
+class KernelCompileError(LaunchError):
+    """Raised when NVRTC cannot compile a kernel's CUDA source; ``.log`` is NVRTC's program log."""
+
+    code = 6
+    name = "NVRTC_ERROR_COMPILATION"
+
+    def __init__(self, message: str, log: str = "") -> None:
+        super().__init__(message)
+        self.log = log
 
 
 class NotSupportedError(StreamRTError):

@@ -162,8 +162,19 @@ class MemPool:
         self.device._pools.add(self)
         _pools.add(self)
 
+    def __new__(cls, device: Any = None, **kwargs: Any) -> MemPool:
+        if cls is MemPool and Device(device)._impl.native_pools:
+            from .native_pool import NativeMemPool  # the backend's own pools (cudaMemPool_t)
+
+            return object.__new__(NativeMemPool)
+        return object.__new__(cls)
+
     @classmethod
     def _make_default(cls, device: Device) -> MemPool:
+        if device._impl.native_pools:
+            from .native_pool import NativeMemPool
+
+            return NativeMemPool._make_default(device)
         pool = cls(device)
         pool._is_default = True
         return pool

@@ -57,6 +57,10 @@ class Queue(ABC):
     def elapsed_ms(self, start: Any, end: Any) -> float:
         """Milliseconds between two completed stamps; :class:`NotReadyError` if one is pending."""
 
+    def mark(self) -> None:
+        """The tail may be waited for later (an event was recorded there): cuda records one."""
+        return None  # the cpu queue counts completions exactly: nothing to mark
+
     @abstractmethod
     def wait_done(self, pos: int) -> None:
         """Block the calling host thread until ``done >= pos``."""

@@ -30,6 +30,7 @@ from ..errors import (
     InvalidHandleError,
     InvalidTypeError,
     InvalidValueError,
+    NotSupportedError,
     StreamRTError,
 )
 from ..kernel import dim3
@@ -193,6 +194,10 @@ class GraphExec:
         if not isinstance(stream, Stream):
             raise InvalidTypeError(f"launch needs a Stream, not {type(stream).__name__}")
         stream._check_alive()
+        if not stream._q.inline:
+            raise NotSupportedError(
+                f"graph launch on {stream.device.name} is not implemented yet: graphs run on the "
+                "cpu backend only in this version (cudaGraphLaunch support is planned)")
 
     def _check_memory(self) -> None:
         mine = {id(a) for a in self._allocs}

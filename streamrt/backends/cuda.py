@@ -1,0 +1,432 @@
+"""The cuda backend: the CUDA runtime through NVIDIA's ``cuda-bindings``, one call per primitive.
+
+State and invariants:
+- A :class:`CudaQueue` wraps one ``cudaStream_t`` (the legacy default stream for a device's
+  default stream). Its ``op_*`` pairs are the enqueue calls themselves, so ``submit`` runs them
+  at once on the calling thread; ``pos`` counts them in step with the frontend's ``Stream._pos``.
+- Positions a host may wait for later are marked with a CUDA event when the frontend records
+  an event (``mark``); ``done`` is the newest marked position whose event has completed, or
+  ``pos`` once the whole stream is idle. Waiting for an unmarked position waits for the next
+  marked one (or the whole stream): never too little.
+- Host functions: the driver calls a ctypes trampoline on its own thread, which hands the
+  Python callable to a Python worker thread and blocks until it returns (stream order holds,
+  and the callable may call CUDA, which the driver's thread must never do).
+- Kernels: compiled by NVRTC for the device's architecture once per process (and on disk),
+  loaded per device with ``cuModuleLoadData``, launched with ``cuLaunchKernel``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..errors import (
+    BackendUnavailableError,
+    InvalidAddressError,
+    NotReadyError,
+    NotSupportedError,
+)
+from .base import Backend, DeviceImpl, Queue
+
+try:  # imported only when the cuda backend is asked for (backends/__init__.py)
+    from cuda.bindings import driver as drv
+    from cuda.bindings import runtime as rt
+except ImportError as exc:  # pragma: no cover - the registry reports this as unavailable
+    raise BackendUnavailableError(
+        "the cuda backend needs the 'cuda-bindings' package (pip install 'streamrt[cuda]')"
+    ) from exc
+
+from .cuda_errors import check
+
+_SUCCESS = rt.cudaError_t.cudaSuccess
+_NOT_READY = rt.cudaError_t.cudaErrorNotReady
+_tls = threading.local()  # the CUDA device current on this thread, to skip cudaSetDevice
+
+
+def _activate(index: int) -> None:
+    if getattr(_tls, "device", None) != index:
+        check(rt.cudaSetDevice(index))
+        _tls.device = index
+
+
+def _host_ptr(buf: Any) -> int:
+    """Address of a host ``uint8`` view (the frontend validated it)."""
+    return int(buf.ctypes.data) if isinstance(buf, np.ndarray) else int(buf)
+
+
+# -- host functions ---------------------------------------------------------------------------
+_HOSTFN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_jobs: dict[int, tuple] = {}
+_job_ids = itertools.count(1)
+_work: queue.SimpleQueue = queue.SimpleQueue()
+
+
+def _host_worker() -> None:
+    while True:
+        fn, args, finished, sink = _work.get()
+        try:
+            fn(*args)
+        except BaseException as exc:  # reported at the next synchronize, as on cpu
+            sink(exc)
+        finally:
+            finished.set()
+
+
+def _trampoline(user_data: int | None) -> None:
+    # On the driver's thread: never call CUDA here; run the callable on a Python thread.
+    job = _jobs.pop(user_data or 0, None)
+    if job is None:
+        return
+    finished = threading.Event()
+    _work.put((*job, finished))
+    finished.wait()
+
+
+_trampoline_c = _HOSTFN(_trampoline)  # kept alive for the life of the process
+_host_fn = rt.cudaHostFn_t(ctypes.cast(_trampoline_c, ctypes.c_void_p).value)
+_worker_started = threading.Lock()
+_worker: threading.Thread | None = None
+
+
+def _ensure_worker() -> None:
+    global _worker
+    if _worker is None:
+        with _worker_started:
+            if _worker is None:
+                _worker = threading.Thread(target=_host_worker, name="streamrt-cuda-host", daemon=True)
+                _worker.start()
+
+
+# -- queues ----------------------------------------------------------------------------------
+class CudaQueue(Queue):
+    """One CUDA stream: enqueue calls run at once; completion is read from CUDA events."""
+
+    inline = False
+
+    def __init__(self, dev: CudaDevice, name: str, priority: int, non_blocking: bool,
+                 legacy: bool) -> None:
+        self.name = name
+        self.dev = dev
+        self.pos = 0
+        self._done = 0
+        self._markers: deque[tuple[int, Any]] = deque()
+        self._errors: list[tuple[int, BaseException, str]] = []
+        self._legacy = legacy
+        self._closed = False
+        _activate(dev.index)
+        if legacy:
+            self.stream = rt.cudaStream_t(rt.cudaStreamLegacy)
+        else:
+            flags = rt.cudaStreamNonBlocking if non_blocking else rt.cudaStreamDefault
+            self.stream = check(rt.cudaStreamCreateWithPriority(flags, priority))
+        self._cu_stream = drv.CUstream(int(self.stream))
+
+    # -- completion ------------------------------------------------------------------------
+    @property
+    def done(self) -> int:
+        """Completed operations: the stream's tail once idle, else the newest completed mark."""
+        if self._done >= self.pos:
+            return self._done
+        err = _NOT_READY if self._closed else rt.cudaStreamQuery(self.stream)[0]
+        if err == _SUCCESS:
+            self._advance(self.pos)
+        elif err != _NOT_READY:
+            check((err,))
+        else:
+            for p, ev in reversed(self._markers):
+                if p <= self._done:
+                    break
+                if rt.cudaEventQuery(ev)[0] == _SUCCESS:
+                    self._advance(p)
+                    break
+        return self._done
+
+    def _advance(self, p: int) -> None:
+        self._done = max(self._done, p)
+        while self._markers and self._markers[0][0] <= self._done:
+            rt.cudaEventDestroy(self._markers.popleft()[1])
+
+    def _event_at(self, pos: int) -> Any | None:
+        """The marker event of the first marked position >= ``pos`` (None: the tail)."""
+        for p, ev in self._markers:
+            if p >= pos:
+                return ev
+        return None
+
+    def mark(self) -> None:
+        """Record a marker event at the tail: a host or another stream may wait for it later."""
+        _activate(self.dev.index)
+        ev = check(rt.cudaEventCreateWithFlags(rt.cudaEventDisableTiming))
+        check(rt.cudaEventRecord(ev, self.stream))
+        self._markers.append((self.pos, ev))
+
+    def wait_done(self, pos: int) -> None:
+        if self._done >= pos:
+            return
+        ev = self._event_at(pos) if pos < self.pos or self._closed else None
+        if ev is None:
+            if self._closed:
+                return  # nothing was pending when it closed
+            check(rt.cudaStreamSynchronize(self.stream))
+            self._advance(self.pos)
+        else:
+            check(rt.cudaEventSynchronize(ev))
+            self._advance(pos)
+
+    def submit(self, fn: Callable[..., Any], args: tuple) -> None:
+        self.pos += 1
+        fn(*args)
+
+    def take_errors(self, upto: int | None = None) -> list[tuple[int, BaseException, str]]:
+        if not self._errors:
+            return []
+        taken = [e for e in self._errors if upto is None or e[0] <= upto]
+        self._errors = [e for e in self._errors if e not in taken]
+        return taken
+
+    def close(self) -> None:
+        if self._legacy or self._closed:
+            return
+        if self.pos > self._done:
+            self.mark()  # the handle dies now; a later synchronize waits on this event
+        self._closed = True
+        rt.cudaStreamDestroy(self.stream)  # work already enqueued still completes
+
+    # -- operations: each pair is the enqueue call --------------------------------------------
+    def op_launch(self, kernel: Any, ctx: Any, args: tuple) -> tuple[Callable[..., Any], tuple]:
+        fn, types = self.dev.function(kernel)
+        from .nvrtc import pack_args
+
+        params = pack_args(types, args)
+        g, b = ctx.grid, ctx.block
+        return self._launch, (fn, g.x, g.y, g.z, b.x, b.y, b.z, params)
+
+    def _launch(self, fn: Any, gx: int, gy: int, gz: int, bx: int, by: int, bz: int,
+                params: Any) -> None:
+        _activate(self.dev.index)
+        check(drv.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, 0, self._cu_stream, params, 0))
+
+    def op_copy(self, dst: Any, src: Any, nbytes: int) -> tuple[Callable[..., Any], tuple]:
+        # keep host views referenced by the pair: pinned or pageable, CUDA reads them in order
+        return self._copy, (dst, src, nbytes)
+
+    def _copy(self, dst: Any, src: Any, nbytes: int) -> None:
+        _activate(self.dev.index)
+        check(rt.cudaMemcpyAsync(_host_ptr(dst), _host_ptr(src), nbytes,
+                                 rt.cudaMemcpyKind.cudaMemcpyDefault, self.stream))
+
+    def op_fill(self, dst: Any, value: int, nbytes: int) -> tuple[Callable[..., Any], tuple]:
+        return self._fill, (dst, value, nbytes)
+
+    def _fill(self, dst: int, value: int, nbytes: int) -> None:
+        _activate(self.dev.index)
+        check(rt.cudaMemsetAsync(dst, value, nbytes, self.stream))
+
+    def op_host(self, fn: Callable[..., Any], args: tuple) -> tuple[Callable[..., Any], tuple]:
+        return self._host, (fn, args)
+
+    def _host(self, fn: Callable[..., Any], args: tuple) -> None:
+        _ensure_worker()
+        pos = self.pos
+        label = f"host function {getattr(fn, '__qualname__', repr(fn))!r}"
+        job = next(_job_ids)
+        _jobs[job] = (fn, args, lambda exc: self._errors.append((pos, exc, label)))
+        _activate(self.dev.index)
+        try:
+            check(rt.cudaLaunchHostFunc(self.stream, _host_fn, job))
+        except BaseException:
+            _jobs.pop(job, None)
+            raise
+
+    def op_wait(self, other: Queue, pos: int) -> tuple[Callable[..., Any], tuple]:
+        return self._wait, (other, pos)
+
+    def _wait(self, other: Queue, pos: int) -> None:
+        assert isinstance(other, CudaQueue), "streams of one backend only"
+        if other._done >= pos:
+            return
+        ev = other._event_at(pos) if pos < other.pos else None
+        if ev is None:  # the other stream's tail: mark it now
+            other.mark()
+            ev = other._markers[-1][1]
+        _activate(self.dev.index)
+        check(rt.cudaStreamWaitEvent(self.stream, ev, 0))
+
+    def op_stamp(self) -> tuple[Callable[..., Any], tuple, Any]:
+        _activate(self.dev.index)
+        ev = check(rt.cudaEventCreate())
+        return self._stamp, (ev,), ev
+
+    def _stamp(self, ev: Any) -> None:
+        check(rt.cudaEventRecord(ev, self.stream))
+
+    def elapsed_ms(self, start: Any, end: Any) -> float:
+        err, ms = rt.cudaEventElapsedTime(start, end)
+        if err == _NOT_READY:
+            raise NotReadyError("the event has not completed yet")
+        check((err,))
+        return float(ms)
+
+
+# -- devices ---------------------------------------------------------------------------------
+class CudaDevice(DeviceImpl):
+    """Device ``cuda:N``: memory through ``cudaMalloc``, pools through ``cudaMemPool``."""
+
+    native_pools = True
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        _activate(index)
+        check(rt.cudaFree(0))  # initialise the primary context on this thread
+        prop = check(rt.cudaGetDeviceProperties(index))
+        self.capacity = int(prop.totalGlobalMem)
+        self.model = prop.name.split(b"\0", 1)[0].decode(errors="replace")
+        self.arch = f"sm_{prop.major}{prop.minor}"
+        self._allocs: dict[int, int] = {}
+        self._functions: dict[Any, tuple] = {}
+        self._lock = threading.Lock()
+
+    def malloc(self, nbytes: int) -> int:
+        _activate(self.index)
+        ptr = int(check(rt.cudaMalloc(max(nbytes, 1))))
+        self._allocs[ptr] = nbytes
+        return ptr
+
+    def free(self, ptr: int) -> None:
+        if ptr not in self._allocs:
+            raise InvalidAddressError(
+                f"free of {hex(ptr)}: not the start of a live allocation on cuda:{self.index}")
+        _activate(self.index)
+        check(rt.cudaFree(ptr))
+        del self._allocs[ptr]
+
+    def used(self) -> int:
+        free, total = self.memory_info()
+        return total - free
+
+    def memory_info(self) -> tuple[int, int]:
+        _activate(self.index)
+        free, total = check(rt.cudaMemGetInfo())
+        return int(free), int(total)
+
+    def owns(self, ptr: int) -> bool:
+        return ptr in self._allocs
+
+    def free_all(self) -> None:
+        for ptr in list(self._allocs):
+            self.free(ptr)
+
+    def create_queue(self, name: str, *, priority: int = 0, non_blocking: bool = False,
+                     legacy: bool = False) -> CudaQueue:
+        return CudaQueue(self, name, priority, non_blocking, legacy)
+
+    def endpoint(self, ptr: int, nbytes: int) -> int:
+        if ptr == 0:
+            raise InvalidAddressError("a copy or fill of the null pointer")
+        return ptr  # CUDA checks the range itself and reports it at the call
+
+    # -- kernels -----------------------------------------------------------------------------
+    def function(self, kernel: Any) -> tuple[Any, tuple]:
+        """The loaded ``CUfunction`` of ``kernel`` on this device and its argument types."""
+        hit = self._functions.get(kernel)
+        if hit is not None:
+            return hit
+        if not kernel.cuda_source or kernel.signature is None:
+            raise NotSupportedError(
+                f"kernel {kernel.name!r} has no CUDA body: declare it with "
+                "@srt.kernel(cuda=SOURCE, signature='ptr, i32, ...') to launch it on cuda")
+        from .nvrtc import compile_cubin, parse_signature
+
+        types = parse_signature(kernel.signature)
+        cubin = compile_cubin(kernel.cuda_source, kernel.name, self.arch)
+        with self._lock:
+            _activate(self.index)
+            module = check(drv.cuModuleLoadData(cubin))
+            fn = check(drv.cuModuleGetFunction(module, kernel.name.encode()))
+            hit = self._functions[kernel] = (fn, types)
+        return hit
+
+    # -- native pools (cudaMemPool_t) --------------------------------------------------------
+    def pool_default(self) -> Any:
+        """The device's default pool (``cudaDeviceGetDefaultMemPool``)."""
+        return check(rt.cudaDeviceGetDefaultMemPool(self.index))
+
+    def pool_create(self, max_size: int) -> Any:
+        """A new pool of pinned device memory on this device (``cudaMemPoolCreate``)."""
+        props = rt.cudaMemPoolProps()
+        props.allocType = rt.cudaMemAllocationType.cudaMemAllocationTypePinned
+        props.location.type = rt.cudaMemLocationType.cudaMemLocationTypeDevice
+        props.location.id = self.index
+        props.maxSize = max_size
+        return check(rt.cudaMemPoolCreate(props))
+
+    def pool_get(self, pool: Any, attr: int) -> int:
+        """``cudaMemPoolGetAttribute`` as an int."""
+        return int(check(rt.cudaMemPoolGetAttribute(pool, rt.cudaMemPoolAttr(attr))))
+
+    def pool_set(self, pool: Any, attr: int, value: int) -> None:
+        """``cudaMemPoolSetAttribute``: flags as int, sizes as ``cuuint64_t``."""
+        v: Any = int(value) if attr <= 3 else drv.cuuint64_t(int(value))
+        check(rt.cudaMemPoolSetAttribute(pool, rt.cudaMemPoolAttr(attr), v))
+
+    def pool_malloc(self, pool: Any, nbytes: int, q: CudaQueue) -> int:
+        """``cudaMallocFromPoolAsync`` on the queue's stream."""
+        _activate(self.index)
+        return int(check(rt.cudaMallocFromPoolAsync(max(nbytes, 1), pool, q.stream)))
+
+    def pool_free(self, ptr: int, q: CudaQueue) -> None:
+        """``cudaFreeAsync`` on the queue's stream."""
+        _activate(self.index)
+        check(rt.cudaFreeAsync(ptr, q.stream))
+
+    def pool_trim(self, pool: Any, keep: int) -> None:
+        """``cudaMemPoolTrimTo``."""
+        check(rt.cudaMemPoolTrimTo(pool, keep))
+
+    def pool_destroy(self, pool: Any) -> None:
+        """``cudaMemPoolDestroy``: CUDA releases the memory once its allocations are freed."""
+        check(rt.cudaMemPoolDestroy(pool))
+
+
+class CudaBackend(Backend):
+    """Every GPU the CUDA runtime sees."""
+
+    name = "cuda"
+
+    def __init__(self) -> None:
+        err, count = rt.cudaGetDeviceCount()
+        if err != _SUCCESS or count == 0:
+            reason = rt.cudaGetErrorName(err)[1].decode() if err != _SUCCESS else "no GPU found"
+            raise BackendUnavailableError(
+                f"the cuda backend cannot be used here: {reason} (cuda-bindings is installed; "
+                "an NVIDIA driver and a GPU are also needed)")
+        try:
+            check(drv.cuInit(0))
+        except Exception as exc:  # the driver library itself may be missing
+            raise BackendUnavailableError(f"the CUDA driver could not be loaded: {exc}") from exc
+        self._count = int(count)
+        self._host: set[int] = set()
+
+    def device_count(self) -> int:
+        return self._count
+
+    def open_device(self, index: int) -> CudaDevice:
+        return CudaDevice(index)
+
+    def malloc_host(self, nbytes: int) -> int:
+        ptr = int(check(rt.cudaMallocHost(max(nbytes, 1))))
+        self._host.add(ptr)
+        return ptr
+
+    def free_host(self, ptr: int) -> None:
+        if ptr not in self._host:
+            raise InvalidAddressError(f"free_host of {hex(ptr)}: not a live pinned host allocation")
+        check(rt.cudaFreeHost(ptr))
+        self._host.discard(ptr)

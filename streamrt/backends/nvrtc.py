@@ -1,0 +1,276 @@
+"""Compile CUDA C kernels to CUBIN with NVRTC (cached in memory and on disk) and pack launch arguments."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import json
+import math
+import operator
+import os
+import re
+import tempfile
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import InvalidTypeError, InvalidValueError
+from .cuda_errors import KernelCompileError, check
+
+__all__ = [
+    "KernelCompileError",
+    "cache_dir",
+    "compile_cubin",
+    "nvrtc_available",
+    "pack_args",
+    "parse_signature",
+]
+
+# Bump when the key recipe or the file layout changes, so old cache files are simply never hit.
+_FORMAT = "streamrt-nvrtc-cubin-1"
+_MAGIC = b"SRTCUBIN1\n"
+_DIGEST_LEN = 32  # sha256 of the payload, stored after the magic so truncated/corrupt files are caught
+
+_memory_cache: dict[str, bytes] = {}  # key -> cubin; tests clear it to exercise the disk cache
+_lock = threading.Lock()  # guards _memory_cache writes and _key_locks
+_key_locks: dict[str, threading.Lock] = {}  # one per key: concurrent requests compile once
+
+_ARCH_RE = re.compile(r"sm_\d+[a-z]?")  # a CUBIN needs a real SM target (sm_90, sm_90a, sm_100f)
+
+
+def cache_dir() -> Path:
+    """The NVRTC disk cache folder: ``$STREAMRT_CACHE_DIR/nvrtc`` or ``~/.cache/streamrt/nvrtc``."""
+    # Read on every call (not at import) so tests and users can redirect it at run time.
+    root = os.environ.get("STREAMRT_CACHE_DIR")
+    base = Path(root) if root else Path.home() / ".cache" / "streamrt"
+    return base / "nvrtc"
+
+
+def nvrtc_available() -> str | None:
+    """None when NVRTC can compile here, else a short reason why not; never raises."""
+    try:
+        from cuda.bindings import nvrtc
+    except Exception as e:  # ImportError, or a broken install failing in its own way
+        return f"cuda-bindings is not installed (pip install 'streamrt[cuda]'): {e}"
+    try:
+        res = nvrtc.nvrtcVersion()
+    except Exception as e:  # cuda.pathfinder cannot find libnvrtc (pip install nvidia-cuda-nvrtc)
+        return f"the NVRTC library cannot be loaded: {e}"
+    if res[0] != 0:
+        return f"nvrtcVersion failed: {getattr(res[0], 'name', res[0])}"
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _nvrtc_version() -> tuple[int, int]:
+    """(major, minor) of the loaded NVRTC: part of the cache key, since a new NVRTC may emit new code."""
+    from cuda.bindings import nvrtc
+
+    major, minor = check(nvrtc.nvrtcVersion())
+    return int(major), int(minor)
+
+
+def _cache_key(source: str, name: str, arch: str, options: tuple[str, ...]) -> str:
+    """sha256 over everything that determines the CUBIN; options keep their order (it can matter)."""
+    blob = json.dumps([_FORMAT, source, name, arch, list(options), list(_nvrtc_version())])
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _read_cached(path: Path) -> bytes | None:
+    """The CUBIN stored at ``path``, or None when it is missing, unreadable or fails its checksum."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    head = len(_MAGIC) + _DIGEST_LEN
+    if len(data) <= head or not data.startswith(_MAGIC):
+        return None
+    payload = data[head:]
+    if hashlib.sha256(payload).digest() != data[len(_MAGIC) : head]:
+        return None
+    return payload
+
+
+def _write_cached(path: Path, cubin: bytes) -> None:
+    """Store ``cubin`` atomically; any OS failure is ignored because the cache is only an optimisation."""
+    tmp: str | None = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.stem, suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            f.write(_MAGIC + hashlib.sha256(cubin).digest() + cubin)
+        # os.replace is atomic on POSIX and Windows: readers see the old file or the whole new one.
+        os.replace(tmp, path)
+        tmp = None
+    except OSError:
+        pass
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+
+def _program_log(nvrtc: Any, prog: Any) -> str:
+    """NVRTC's log for ``prog`` as text, without the trailing NUL."""
+    size = check(nvrtc.nvrtcGetProgramLogSize(prog))
+    buf = bytearray(size)
+    check(nvrtc.nvrtcGetProgramLog(prog, buf))
+    return bytes(buf).rstrip(b"\x00").decode(errors="replace").strip()
+
+
+def _compile(source: str, name: str, arch: str, options: tuple[str, ...]) -> bytes:
+    """Run NVRTC once; the program is destroyed whatever happens."""
+    from cuda.bindings import nvrtc
+
+    opts = [f"--gpu-architecture={arch}".encode(), b"--std=c++17", *(o.encode() for o in options)]
+    prog = check(nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], []))
+    try:
+        (res,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        if res != 0:
+            # Any compile failure (syntax, bad option, bad arch) leaves its explanation in the log.
+            log = _program_log(nvrtc, prog)
+            exc = KernelCompileError(
+                f"NVRTC could not compile {name!r} for {arch} ({res.name}):\n{log}", log=log
+            )
+            exc.code, exc.name = int(res), res.name
+            raise exc
+        size = check(nvrtc.nvrtcGetCUBINSize(prog))
+        buf = bytearray(size)  # writable char* for NVRTC to fill
+        check(nvrtc.nvrtcGetCUBIN(prog, buf))
+        return bytes(buf)
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+def compile_cubin(source: str, name: str, arch: str, options: tuple[str, ...] = ()) -> bytes:
+    """Compile CUDA C ``source`` (program ``name``, e.g. "saxpy.cu") for ``arch`` ("sm_90") to a CUBIN."""
+    if not isinstance(source, str) or not isinstance(name, str) or not isinstance(arch, str):
+        raise InvalidTypeError("compile_cubin needs str source, name and arch")
+    if not _ARCH_RE.fullmatch(arch):
+        raise InvalidValueError(f"arch must look like 'sm_90' (a real SM target for a CUBIN), not {arch!r}")
+    options = tuple(options)
+    if not all(isinstance(o, str) for o in options):
+        raise InvalidTypeError(f"NVRTC options must be strings, got {options!r}")
+    key = _cache_key(source, name, arch, options)
+    cubin = _memory_cache.get(key)  # lock-free fast path: dict reads are atomic
+    if cubin is not None:
+        return cubin
+    with _lock:
+        key_lock = _key_locks.setdefault(key, threading.Lock())
+    with key_lock:
+        cubin = _memory_cache.get(key)  # another thread may have finished while we waited
+        if cubin is None:
+            path = cache_dir() / f"{key}.cubin"
+            cubin = _read_cached(path)
+            if cubin is None:
+                cubin = _compile(source, name, arch, options)
+                _write_cached(path, cubin)
+            with _lock:
+                _memory_cache[key] = cubin
+    return cubin
+
+
+# --- kernel signatures and launch arguments -------------------------------------------------------
+
+_SIG_TYPES: dict[str, type] = {
+    "ptr": ctypes.c_void_p,
+    "i8": ctypes.c_int8,
+    "u8": ctypes.c_uint8,
+    "i16": ctypes.c_int16,
+    "u16": ctypes.c_uint16,
+    "i32": ctypes.c_int32,
+    "u32": ctypes.c_uint32,
+    "i64": ctypes.c_int64,
+    "u64": ctypes.c_uint64,
+    "f32": ctypes.c_float,
+    "f64": ctypes.c_double,
+}
+_TOKEN_OF: dict[type, str] = {t: tok for tok, t in _SIG_TYPES.items()}
+_FLOATS = (ctypes.c_float, ctypes.c_double)
+
+
+def _int_range(ctype: type) -> tuple[int, int]:
+    """Inclusive (lo, hi) of a ctypes integer type."""
+    bits = 8 * ctypes.sizeof(ctype)
+    signed = ctype(-1).value < 0
+    return (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+
+
+_INT_RANGES: dict[type, tuple[int, int]] = {
+    t: _int_range(t) for t in _SIG_TYPES.values() if t not in _FLOATS and t is not ctypes.c_void_p
+}
+_PTR_MAX = (1 << (8 * ctypes.sizeof(ctypes.c_void_p))) - 1
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_signature(sig: str) -> tuple[type, ...]:
+    """Cached body of :func:`parse_signature`."""
+    if not sig.strip():
+        return ()
+    out = []
+    for raw in sig.split(","):
+        token = raw.strip()
+        t = _SIG_TYPES.get(token)
+        if t is None:
+            raise InvalidValueError(
+                f"unknown kernel signature type {token!r} in {sig!r}; allowed: {', '.join(_SIG_TYPES)}"
+            )
+        out.append(t)
+    return tuple(out)
+
+
+def parse_signature(sig: str) -> tuple[type, ...]:
+    """Parse a kernel signature like "ptr, i32, f32" into the ctypes type of each parameter."""
+    if not isinstance(sig, str):
+        raise InvalidTypeError(f"a kernel signature must be a str like 'ptr, i32, f32', not {sig!r}")
+    return _parse_signature(sig)
+
+
+def _pack_one(i: int, ctype: type, value: Any) -> Any:
+    """Check one launch argument against its parameter type; the plain Python value to pass."""
+    token = _TOKEN_OF.get(ctype)
+    if token is None:
+        raise InvalidValueError(f"argument {i}: unsupported parameter type {ctype!r}")
+    if ctype in _FLOATS:
+        # numbers like numpy.float32/int64 convert; strings, complex and None do not.
+        if isinstance(value, bool | str | bytes | complex) or value is None:
+            raise InvalidTypeError(f"argument {i} ({token}) must be a real number, not {value!r}")
+        try:
+            x = float(value)
+        except (TypeError, ValueError):
+            raise InvalidTypeError(f"argument {i} ({token}) must be a real number, not {value!r}") from None
+        if ctype is ctypes.c_float and math.isfinite(x) and math.isinf(ctypes.c_float(x).value):
+            raise InvalidValueError(f"argument {i} (f32) = {value!r} overflows float32")
+        return x
+    if isinstance(value, bool) and ctype is ctypes.c_void_p:
+        raise InvalidTypeError(f"argument {i} (ptr) must be an int address, not {value!r}")
+    try:
+        n = operator.index(value)  # int and numpy integers; floats are refused, not truncated
+    except TypeError:
+        kind = "an int address" if ctype is ctypes.c_void_p else "an int"
+        raise InvalidTypeError(f"argument {i} ({token}) must be {kind}, not {value!r}") from None
+    lo, hi = (0, _PTR_MAX) if ctype is ctypes.c_void_p else _INT_RANGES[ctype]
+    if not lo <= n <= hi:
+        raise InvalidValueError(f"argument {i} ({token}) = {n} is out of range [{lo}, {hi}]")
+    return n
+
+
+def pack_args(types: Sequence[type], args: Sequence[Any]) -> tuple[tuple[Any, ...], tuple[type, ...]]:
+    """Check launch ``args`` against parameter ``types``; the ``kernelParams`` for ``cuLaunchKernel``."""
+    types = tuple(types)
+    args = tuple(args)
+    if len(args) != len(types):
+        sig = ", ".join(_TOKEN_OF.get(t, repr(t)) for t in types)
+        raise InvalidValueError(f"kernel takes {len(types)} arguments ({sig}), got {len(args)}")
+    values = tuple(_pack_one(i, t, v) for i, (t, v) in enumerate(zip(types, args)))
+    # cuda-bindings' kernelParams accepts (values, types): it allocates one slot per argument,
+    # stores values[i] there as the C type types[i] (c_void_p takes a Python int address; a None
+    # type would instead point the parameter at a cuda-bindings object's own storage, e.g. a
+    # CUdeviceptr's getPtr()), and passes the resulting void** to cuLaunchKernel. The slots live
+    # only for that call, which is enough: the driver copies parameters at launch. An empty
+    # signature gives ((), ()), which cuda-bindings passes as NULL.
+    return values, types

@@ -1,0 +1,179 @@
+"""Memory pools on a backend's own stream-ordered allocator (``cudaMemPool_t`` on cuda).
+
+The reuse decision, threshold and trim are then the driver's (the same rules as DESIGN.md §3,
+which follows CUDA); this class maps the API onto the backend's pool primitives and keeps only
+what CUDA does not: which live pointer belongs to which pool, and the alloc/free counters.
+The per-step reuse counters of ``stats()`` are None: CUDA does not expose them.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+from .errors import InvalidAddressError, InvalidValueError
+from .memory import MemPool, MemPoolAttr, _attr, _flag, _nonneg, _owners
+
+if TYPE_CHECKING:
+    from .device import Device
+    from .stream import Stream
+
+_NOT_EXPOSED = (
+    "reuse_same_stream", "reuse_after_sync", "reuse_event_dependency", "reuse_opportunistic",
+    "reuse_merged", "reuse_internal_dependency", "grow_count", "release_count", "oom_count",
+    "largest_free_block", "chunks",
+)
+
+
+class NativeMemPool(MemPool):
+    """A :class:`MemPool` on the backend's pool; ``stats()`` reports None for what it hides."""
+
+    def __init__(
+        self,
+        device: Any = None,
+        *,
+        max_size: int = 0,
+        release_threshold: int = 0,
+        reuse_follow_event_dependencies: bool = True,
+        reuse_allow_opportunistic: bool = True,
+        reuse_allow_internal_dependencies: bool = True,
+        _handle: Any = None,
+    ) -> None:
+        from .device import Device
+
+        self.device = Device(device)
+        self.max_size = _nonneg(max_size, "max_size")
+        flags = (
+            _flag(reuse_follow_event_dependencies, "reuse_follow_event_dependencies"),
+            _flag(reuse_allow_opportunistic, "reuse_allow_opportunistic"),
+            _flag(reuse_allow_internal_dependencies, "reuse_allow_internal_dependencies"),
+        )
+        threshold = _nonneg(release_threshold, "release_threshold")
+        self._impl = self.device._impl
+        self._handle = _handle if _handle is not None else self._impl.pool_create(self.max_size)
+        self._is_default = _handle is not None
+        self._destroyed = False
+        self._lock = threading.Lock()
+        self._live: set[int] = set()
+        self._counts = {"alloc_count": 0, "free_count": 0}
+        if _handle is None:  # a wrapped default pool keeps the driver's settings
+            for attr, value in zip((1, 2, 3), flags, strict=True):
+                self._impl.pool_set(self._handle, attr, int(value))
+            self._impl.pool_set(self._handle, MemPoolAttr.RELEASE_THRESHOLD, threshold)
+        self.device._pools.add(self)
+
+    @classmethod
+    def _make_default(cls, device: Device) -> MemPool:
+        return cls(device, _handle=device._impl.pool_default())
+
+    def __repr__(self) -> str:
+        kind = "default " if self._is_default else ""
+        return f"<MemPool {kind}{self.device.name} (native){' destroyed' if self._destroyed else ''}>"
+
+    # -- attributes -----------------------------------------------------------------------
+    def get_attr(self, attr: MemPoolAttr | int) -> int:
+        """``cudaMemPoolGetAttribute``: flags as 0/1, sizes in bytes."""
+        attr = _attr(attr)
+        self._check_alive()
+        return self._impl.pool_get(self._handle, int(attr))
+
+    def set_attr(self, attr: MemPoolAttr | int, value: Any) -> None:
+        """``cudaMemPoolSetAttribute``: the three flags, the threshold, and ``*_HIGH`` = 0 (reset)."""
+        attr = _attr(attr)
+        self._check_alive()
+        if attr <= MemPoolAttr.REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+            value = int(_flag(value, attr.name))
+        elif attr is MemPoolAttr.RELEASE_THRESHOLD:
+            value = _nonneg(value, "release_threshold")
+        elif attr in (MemPoolAttr.RESERVED_MEM_HIGH, MemPoolAttr.USED_MEM_HIGH):
+            if _nonneg(value, attr.name) != 0:
+                raise InvalidValueError(f"{attr.name} can only be reset, by writing 0")
+        else:
+            raise InvalidValueError(f"{attr.name} is read-only")
+        self._impl.pool_set(self._handle, int(attr), value)
+
+    def stats(self) -> dict[str, Any]:
+        """The eight attributes and the alloc/free counts; counters CUDA hides are None."""
+        out: dict[str, Any] = {a.name.lower(): self.get_attr(a) for a in MemPoolAttr}
+        out.update(self._counts)
+        out.update(dict.fromkeys(_NOT_EXPOSED))
+        out["live_allocations"] = len(self._live)
+        return out
+
+    # -- stream-ordered allocation ----------------------------------------------------------
+    def _malloc(self, stream: Stream, nbytes: int) -> int:
+        self._check_alive()
+        if stream.device is not self.device:
+            raise InvalidValueError(
+                f"{self!r} cannot serve a stream of {stream.device.name}: pools are per device")
+        if stream._capture is not None:
+            return stream._capture.add_mem_alloc(stream, self, nbytes)
+        ptr = self._impl.pool_malloc(self._handle, nbytes, stream._q)
+        with self._lock:
+            self._live.add(ptr)
+            _owners[ptr] = self
+            self._counts["alloc_count"] += 1
+        return ptr
+
+    def _free(self, stream: Stream, ptr: int) -> None:
+        if stream.device is not self.device:
+            raise InvalidValueError(
+                f"{hex(ptr)} belongs to a pool of {self.device.name}; free it on a stream of "
+                f"that device, not {stream.device.name}")
+        if stream._capture is not None:
+            return stream._capture.add_mem_free(stream, ptr)
+        self._forget(ptr)
+        self._impl.pool_free(ptr, stream._q)
+
+    def _free_now(self, ptr: int) -> None:
+        """``srt.free`` of pool memory: the device is already synchronized."""
+        self._forget(ptr)
+        legacy = self.device.default_stream
+        self._impl.pool_free(ptr, legacy._q)
+        legacy._q.wait_done(legacy._q.pos)
+
+    def _forget(self, ptr: int) -> None:
+        with self._lock:
+            if ptr not in self._live or _owners.get(ptr) is not self:
+                raise InvalidAddressError(f"free of {hex(ptr)}: not a live allocation of {self!r}")
+            self._live.discard(ptr)
+            del _owners[ptr]
+            self._counts["free_count"] += 1
+
+    def _on_sync(self) -> None:
+        """The driver applies the release threshold at synchronize points itself."""
+
+    def trim_to(self, min_bytes_to_keep: int) -> None:
+        """``cudaMemPoolTrimTo``."""
+        keep = _nonneg(min_bytes_to_keep, "min_bytes_to_keep")
+        self._check_alive()
+        self._impl.pool_trim(self._handle, keep)
+
+    def destroy(self) -> None:
+        """``cudaMemPoolDestroy``: the driver releases memory once its last allocation is freed."""
+        self._check_alive()
+        if self._is_default:
+            raise InvalidValueError("the default memory pool of a device cannot be destroyed")
+        self._destroyed = True
+        if self.device._pool is self:
+            self.device._pool = None
+        self._impl.pool_destroy(self._handle)
+
+    def _reset(self) -> None:
+        """Device reset: forget every allocation (the backend frees the memory)."""
+        with self._lock:
+            for ptr in self._live:
+                _owners.pop(ptr, None)
+            self._live.clear()
+            self._destroyed = True
+
+
+def _native_property(attr: MemPoolAttr, doc: str | None) -> property:
+    if attr <= MemPoolAttr.REUSE_ALLOW_INTERNAL_DEPENDENCIES:  # the flags read as bools
+        return property(lambda self: bool(self.get_attr(attr)),
+                        lambda self, v: self.set_attr(attr, v), doc=doc)
+    return property(lambda self: self.get_attr(attr), lambda self, v: self.set_attr(attr, v), doc=doc)
+
+
+for _a in MemPoolAttr:
+    setattr(NativeMemPool, _a.name.lower(), _native_property(_a, getattr(MemPool, _a.name.lower()).__doc__))

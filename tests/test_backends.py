@@ -1,0 +1,330 @@
+"""Contract tests run on every backend: the same program, the same results (cuda ones need a GPU).
+
+Each kernel carries a Python body (cpu) and a CUDA C body (cuda). "Not yet complete" is made
+certain by a gate kernel that spins on a flag in pinned host memory until the host sets it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+
+import numpy as np
+import pytest
+
+import streamrt as srt
+from streamrt.backends import cpu
+
+BACKENDS = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+
+ADD_ONE = r"""extern "C" __global__ void add_one(float* x, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] += 1.0f;
+}"""
+
+SCALE = r"""extern "C" __global__ void scale(float* x, int n, float factor) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] *= factor;
+}"""
+
+GATE = r"""extern "C" __global__ void gate(const volatile int* flag) {
+  long long t0 = clock64();
+  while (*flag == 0 && clock64() - t0 < 40000000000LL) { }
+}"""
+
+
+@srt.kernel(cuda=ADD_ONE, signature="ptr, i32")
+def add_one(ctx, x, n):
+    ctx.array(x, (n,), np.float32)[:] += 1
+
+
+@srt.kernel(cuda=SCALE, signature="ptr, i32, f32")
+def scale(ctx, x, n, factor):
+    ctx.array(x, (n,), np.float32)[:] *= factor
+
+
+@srt.kernel(cuda=GATE, signature="ptr")
+def gate(ctx, flag):
+    f = ctx.array(flag, (1,), np.int32, readonly=True)
+    deadline = time.monotonic() + 30
+    while f[0] == 0 and time.monotonic() < deadline:  # a spin, as the CUDA body does
+        time.sleep(0.0002)
+
+
+@srt.kernel
+def python_only(ctx, x):
+    pass
+
+
+def _cuda_reason() -> str | None:
+    try:
+        srt.Device("cuda:0")
+    except srt.StreamRTError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.fixture(params=BACKENDS)
+def bdev(request):
+    """Device 0 of each backend, current for the test; cuda skips with the reason it is unusable."""
+    if request.param == "cuda":
+        reason = _cuda_reason()
+        if reason is not None:
+            pytest.skip(f"no usable CUDA device here: {reason}")
+    d = srt.Device(f"{request.param}:0")
+    with d:
+        yield d
+        d.synchronize()
+
+
+class HostFlag:
+    """An int32 in pinned host memory that kernels can read while the host writes it."""
+
+    def __init__(self, dev: srt.Device) -> None:
+        self.ptr = srt.malloc_host(4)
+        if dev.backend == "cpu":
+            self.view = cpu.SPACE.array(self.ptr, (1,), np.int32, False)
+        else:
+            self.view = np.ctypeslib.as_array((ctypes.c_int32 * 1).from_address(self.ptr))
+        self.view[0] = 0
+
+    def set(self) -> None:
+        self.view[0] = 1
+
+
+@pytest.fixture
+def flags(bdev):
+    """``flags()`` makes a closed host flag; every flag is opened and freed at teardown."""
+    made: list[HostFlag] = []
+
+    def make() -> HostFlag:
+        f = HostFlag(bdev)
+        made.append(f)
+        return f
+
+    yield make
+    for f in made:
+        f.set()
+    bdev.synchronize()
+    for f in made:
+        srt.free_host(f.ptr)
+
+
+def _dev_f32(bdev, values) -> int:
+    a = np.asarray(values, np.float32)
+    p = srt.malloc(a.nbytes, bdev)
+    srt.write(p, a)
+    return p
+
+
+def test_backend_memory_roundtrip_and_memset(bdev):
+    p = _dev_f32(bdev, np.arange(64))
+    assert np.array_equal(srt.read(p, (64,), np.float32), np.arange(64, dtype=np.float32))
+    srt.memset(p, 0, 128)
+    out = srt.read(p, (64,), np.float32)
+    assert not out[:32].any() and np.array_equal(out[32:], np.arange(32, 64, dtype=np.float32))
+    free, total = bdev.memory_info()
+    assert 0 <= free <= total
+    srt.free(p)
+    with pytest.raises(srt.InvalidAddressError):
+        srt.free(p)
+
+
+def test_backend_async_copies_every_direction(bdev):
+    s = srt.Stream(bdev, non_blocking=True)
+    n = 1000
+    host = np.arange(n, dtype=np.float32)
+    a, b = srt.malloc(4 * n, bdev), srt.malloc(4 * n, bdev)
+    s.memcpy(a, host, 4 * n)  # pageable source: staged, so changing it now is harmless
+    host[:] = -1
+    s.memcpy(b, a, 4 * n)
+    back = np.zeros(n, np.float32)
+    s.memcpy(back, b, 4 * n)  # pageable destination: returns once the data is there
+    assert np.array_equal(back, np.arange(n, dtype=np.float32))
+    s.synchronize()
+    for p in (a, b):
+        srt.free(p)
+
+
+def test_backend_kernels_same_results(bdev):
+    s = srt.Stream(bdev, non_blocking=True)
+    n = 1000
+    p = _dev_f32(bdev, np.arange(n))
+    s.launch(add_one, p, n, grid=(n + 255) // 256, block=256)
+    s.launch(scale, p, n, 0.5, grid=(n + 255) // 256, block=256)
+    s.synchronize()
+    assert np.array_equal(srt.read(p, (n,), np.float32), (np.arange(n, dtype=np.float32) + 1) * 0.5)
+    srt.free(p)
+
+
+def test_backend_event_wait_orders_streams(bdev, flags):
+    s1, s2 = srt.Stream(bdev, non_blocking=True), srt.Stream(bdev, non_blocking=True)
+    n = 256
+    src, dst = _dev_f32(bdev, np.zeros(n)), _dev_f32(bdev, np.zeros(n))
+    f = flags()
+    s1.launch(gate, f.ptr)
+    s1.launch(add_one, src, n, grid=1, block=256)
+    e = s1.record()
+    assert not e.query() and not s1.query()
+    s2.wait(e)
+    s2.memcpy(dst, src, 4 * n)  # must see add_one's result: it waits for the gate
+    assert not s2.query()
+    f.set()
+    s2.synchronize()
+    assert e.query()
+    assert np.array_equal(srt.read(dst, (n,), np.float32), np.ones(n, np.float32))
+    for p in (src, dst):
+        srt.free(p)
+
+
+def test_backend_host_functions_run_in_stream_order(bdev, flags):
+    s = srt.Stream(bdev, non_blocking=True)
+    seen: list[int] = []
+    f = flags()
+    s.launch(gate, f.ptr)
+    for i in range(5):
+        s.launch_host_func(seen.append, i)
+    done = s.record()
+    assert not done.query()
+    assert seen == []  # the gate holds them back
+    f.set()
+    done.synchronize()
+    assert seen == [0, 1, 2, 3, 4]
+
+
+def test_backend_host_function_error_reported_at_synchronize(bdev):
+    s = srt.Stream(bdev, non_blocking=True)
+
+    def boom():
+        raise RuntimeError("boom")
+
+    s.launch_host_func(boom)
+    with pytest.raises(srt.LaunchError) as info:
+        s.synchronize()
+    assert isinstance(info.value.__cause__, RuntimeError)
+
+
+def test_backend_timing_events(bdev, flags):
+    s = srt.Stream(bdev, non_blocking=True)
+    f = flags()
+    start = srt.Event(bdev, timing=True)
+    end = srt.Event(bdev, timing=True)
+    s.record(start)
+    s.launch(gate, f.ptr)
+    s.record(end)
+    with pytest.raises(srt.NotReadyError):
+        start.elapsed_time(end)
+    f.set()
+    end.synchronize()
+    assert start.elapsed_time(end) >= 0.0
+    with pytest.raises(srt.InvalidHandleError):
+        srt.Event(bdev).elapsed_time(end)  # not a timing event
+
+
+def test_backend_blocking_stream_follows_legacy_default_stream(bdev, flags):
+    f = flags()
+    legacy = bdev.default_stream
+    blocking = srt.Stream(bdev)  # implicitly ordered after the legacy stream
+    legacy.launch(gate, f.ptr)
+    blocking.launch_host_func(lambda: None)
+    assert not blocking.query()
+    f.set()
+    blocking.synchronize()
+    assert legacy.query()
+
+
+def test_backend_pool_stream_ordered_allocation(bdev):
+    s1, s2 = srt.Stream(bdev, non_blocking=True), srt.Stream(bdev, non_blocking=True)
+    pool = srt.MemPool(bdev, release_threshold=1 << 20)
+    assert pool.get_attr(srt.MemPoolAttr.RELEASE_THRESHOLD) == 1 << 20
+    assert pool.reuse_allow_opportunistic is True
+    pool.reuse_allow_opportunistic = False
+    assert pool.get_attr(srt.MemPoolAttr.REUSE_ALLOW_OPPORTUNISTIC) == 0
+    n = 4096
+    p = s1.malloc(4 * n, pool)
+    s1.memcpy(p, np.arange(n, dtype=np.float32), 4 * n)
+    s1.launch(add_one, p, n, grid=n // 256, block=256)
+    back = np.empty(n, np.float32)
+    s1.memcpy(back, p, 4 * n)
+    assert np.array_equal(back, np.arange(n, dtype=np.float32) + 1)
+    e = s1.record()
+    s2.wait(e)
+    s2.free(p)  # freed on another stream than it was allocated on
+    s2.synchronize()
+    st = pool.stats()
+    assert st["alloc_count"] == 1 and st["free_count"] == 1
+    assert st["used_mem_current"] == 0
+    assert st["reserved_mem_high"] >= 4 * n and st["used_mem_high"] >= 4 * n
+    pool.set_attr(srt.MemPoolAttr.USED_MEM_HIGH, 0)
+    assert pool.used_mem_high == pool.used_mem_current
+    with pytest.raises(srt.InvalidValueError):
+        pool.set_attr(srt.MemPoolAttr.USED_MEM_CURRENT, 0)
+    with pytest.raises(srt.InvalidAddressError):
+        s1.free(p)  # double free
+    pool.trim_to(0)
+    assert pool.reserved_mem_current == 0
+    pool.destroy()
+    with pytest.raises(srt.InvalidValueError):
+        bdev.default_mem_pool.destroy()
+
+
+def test_backend_pool_limit_raises_out_of_memory(bdev):
+    s = srt.Stream(bdev, non_blocking=True)
+    pool = srt.MemPool(bdev, max_size=64 << 20)
+    with pytest.raises(srt.OutOfMemoryError):
+        s.malloc(256 << 20, pool)
+    p = s.malloc(1 << 20, pool)  # the pool still works
+    s.free(p)
+    s.synchronize()
+    pool.destroy()
+
+
+def test_backend_default_pool_and_current_pool(bdev):
+    s = srt.Stream(bdev, non_blocking=True)
+    pool = srt.MemPool(bdev)
+    bdev.set_mem_pool(pool)
+    try:
+        p = s.malloc(1024)
+        assert srt.memory.find_pool(p) is pool
+        s.free(p)
+    finally:
+        bdev.set_mem_pool(bdev.default_mem_pool)
+    q = s.malloc(1024)
+    assert srt.memory.find_pool(q) is bdev.default_mem_pool
+    s.free(q)
+    s.synchronize()
+    pool.destroy()
+
+
+def test_backend_stream_priorities_and_destroy(bdev):
+    s = srt.Stream(bdev, priority=-1, non_blocking=True)
+    p = _dev_f32(bdev, np.zeros(256))
+    s.launch(add_one, p, 256, grid=1, block=256)
+    s.destroy()  # pending work still completes
+    bdev.synchronize()
+    assert np.array_equal(srt.read(p, (256,), np.float32), np.ones(256, np.float32))
+    srt.free(p)
+    with pytest.raises(srt.InvalidHandleError):
+        s.launch(add_one, p, 256)
+
+
+@pytest.mark.cuda
+def test_cuda_kernel_without_cuda_body_is_a_clear_error():
+    reason = _cuda_reason()
+    if reason is not None:
+        pytest.skip(f"no usable CUDA device here: {reason}")
+    dev = srt.Device("cuda:0")
+    s = srt.Stream(dev, non_blocking=True)
+    with pytest.raises(srt.NotSupportedError, match="no CUDA body"):
+        s.launch(python_only, 0)
+    s.synchronize()
+
+
+def test_cuda_unavailable_is_reported_clearly():
+    reason = _cuda_reason()
+    if reason is None:
+        pytest.skip("a CUDA device is usable here")
+    assert srt.device_count("cuda") == 0
+    with pytest.raises(srt.BackendUnavailableError) as info:
+        srt.Device("cuda:0")
+    assert "cuda" in str(info.value).lower()
