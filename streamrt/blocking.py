@@ -66,19 +66,43 @@ def free_host(ptr: int) -> None:
 
 
 def memcpy(dst: Any, src: Any, nbytes: int) -> None:
-    """Synchronous copy (``cudaMemcpy``) on the current stream."""
+    """Synchronous copy (``cudaMemcpy``) on the current stream (or the device owning the memory)."""
     check_unsafe("srt.memcpy")
-    s = current_stream()
+    s = _stream_for(dst, src)
     s.memcpy(dst, src, nbytes)
     s.synchronize()
 
 
 def memset(ptr: int, value: int, nbytes: int) -> None:
-    """Synchronous byte fill (``cudaMemset``) on the current stream."""
+    """Synchronous byte fill (``cudaMemset``) on the current stream (or the owning device's)."""
     check_unsafe("srt.memset")
-    s = current_stream()
+    s = _stream_for(ptr)
     s.memset(ptr, value, nbytes)
     s.synchronize()
+
+
+def _stream_for(*ends: Any) -> Any:
+    """The current stream, unless a device pointer belongs to another device: as ``cudaMemcpy``
+    with unified addressing, the copy then runs on that device's default stream."""
+    s = current_stream()
+    for end in ends:
+        if isinstance(end, int | np.integer) and not isinstance(end, bool):
+            dev = _owner(int(end))
+            if dev is not None and dev is not s.device:
+                return dev.default_stream
+    return s
+
+
+def _owner(ptr: int) -> Device | None:
+    from .backends.cpu import SPACE
+
+    alloc = SPACE.find(ptr)
+    if alloc is not None:
+        return Device(f"cpu:{alloc.device}") if alloc.device >= 0 else None
+    for dev in devices():
+        if dev.backend != "cpu" and dev._impl.contains(ptr, 1):
+            return dev
+    return None
 
 
 def read(ptr: int, shape: Any, dtype: Any) -> np.ndarray:

@@ -328,3 +328,53 @@ def test_cuda_unavailable_is_reported_clearly():
     with pytest.raises(srt.BackendUnavailableError) as info:
         srt.Device("cuda:0")
     assert "cuda" in str(info.value).lower()
+
+
+def test_backend_captured_graph_replays(bdev):
+    s = srt.Stream(bdev, non_blocking=True)
+    n = 512
+    p = _dev_f32(bdev, np.zeros(n))
+    s.begin_capture()
+    s.launch(add_one, p, n, grid=2, block=256)
+    s.launch(scale, p, n, 3.0, grid=2, block=256)
+    g = s.end_capture()
+    assert [x.type for x in g.nodes()] == [srt.NodeType.KERNEL, srt.NodeType.KERNEL]
+    assert np.array_equal(srt.read(p, (n,), np.float32), np.zeros(n, np.float32))  # nothing ran
+    ge = g.instantiate()
+    ge.upload(s)
+    ge.launch(s)
+    ge.launch(s)
+    s.synchronize()
+    assert np.array_equal(srt.read(p, (n,), np.float32), np.full(n, 12.0, np.float32))  # (0+1)*3+1)*3
+    ge.destroy()
+    srt.free(p)
+
+
+def test_backend_explicit_graph_nodes_and_updates(bdev):
+    s = srt.Stream(bdev, non_blocking=True)
+    n = 256
+    a, b = _dev_f32(bdev, np.zeros(n)), _dev_f32(bdev, np.zeros(n))
+    seen: list[str] = []
+    g = srt.Graph()
+    fill = g.add_memset_node(a, 0, 4 * n)
+    inc = g.add_kernel_node(add_one, a, n, grid=1, block=256, deps=(fill,))
+    cp = g.add_memcpy_node(b, a, 4 * n, deps=(inc,))
+    g.add_host_node(seen.append, "host", deps=(cp,))
+    ge = g.instantiate()
+    ge.launch(s)
+    s.synchronize()
+    assert seen == ["host"]
+    assert np.array_equal(srt.read(b, (n,), np.float32), np.ones(n, np.float32))
+    ge.set_kernel_node_params(inc, b, n, grid=1, block=256)  # now increments b, later launches only
+    ge.launch(s)
+    s.synchronize()
+    assert np.array_equal(srt.read(a, (n,), np.float32), np.zeros(n, np.float32))
+    assert np.array_equal(srt.read(b, (n,), np.float32), np.zeros(n, np.float32))  # copied after
+    ge.set_node_enabled(cp, False)
+    ge.launch(s)
+    s.synchronize()
+    assert np.array_equal(srt.read(b, (n,), np.float32), np.ones(n, np.float32))  # no copy: +1 stays
+    assert seen == ["host"] * 3
+    ge.destroy()
+    for p in (a, b):
+        srt.free(p)

@@ -14,7 +14,8 @@ import pytest
 rt = pytest.importorskip("cuda.bindings.runtime", reason="cuda-bindings is not installed")
 drv = pytest.importorskip("cuda.bindings.driver", reason="cuda-bindings is not installed")
 
-SOURCES = [Path(__file__).resolve().parent.parent / "streamrt" / "backends" / "cuda.py"]
+_BACKENDS = Path(__file__).resolve().parent.parent / "streamrt" / "backends"
+SOURCES = [_BACKENDS / "cuda.py", _BACKENDS / "cuda_graph.py"]
 
 
 def _references(path: Path) -> set[tuple[str, ...]]:
@@ -35,7 +36,7 @@ def _references(path: Path) -> set[tuple[str, ...]]:
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.name)
 def test_cuda_backend_names_exist_in_cuda_bindings(path):
     refs = _references(path)
-    assert len(refs) > 20  # the walk found the backend's calls
+    assert len(refs) > 5  # the walk found the backend's calls
     missing = []
     for ref in sorted(refs):
         obj = {"rt": rt, "drv": drv}[ref[0]]
@@ -84,5 +85,5 @@ def test_cuda_backend_calls_pass_every_parameter(path):
         checked += 1
         if want != nargs:
             wrong.append(f"line {line}: {mod}.{name} takes {want} arguments, called with {nargs}")
-    assert checked > 15
+    assert checked > 3
     assert not wrong, wrong

@@ -109,6 +109,10 @@ class DeviceImpl(ABC):
     def endpoint(self, ptr: int, nbytes: int) -> Any:
         """Resolve ``nbytes`` of device memory at ``ptr`` for a copy or fill (raises if invalid)."""
 
+    def contains(self, ptr: int, nbytes: int) -> bool:
+        """True when ``[ptr, ptr + nbytes)`` lies inside one live allocation of this device."""
+        return False  # cpu memory is found through its address space instead
+
     def memory_info(self) -> tuple[int, int]:
         """``(free, total)`` bytes of device memory."""
         return max(self.capacity - self.used(), 0), self.capacity

@@ -21,11 +21,13 @@ import ctypes
 import itertools
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from sortedcontainers import SortedDict
 
 from ..errors import (
     BackendUnavailableError,
@@ -66,22 +68,51 @@ _HOSTFN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 _jobs: dict[int, tuple] = {}
 _job_ids = itertools.count(1)
 _work: queue.SimpleQueue = queue.SimpleQueue()
+_outstanding = [0]  # host functions enqueued and not yet returned (any stream)
+_outstanding_lock = threading.Lock()
+
+
+def _count_outstanding(delta: int) -> None:
+    with _outstanding_lock:
+        _outstanding[0] += delta
 
 
 def _host_worker() -> None:
     while True:
-        fn, args, finished, sink = _work.get()
+        fn, args, sink, finished = _work.get()
         try:
             fn(*args)
         except BaseException as exc:  # reported at the next synchronize, as on cpu
             sink(exc)
         finally:
+            _count_outstanding(-1)
             finished.set()
+
+
+def _block(query: Callable[[], Any], wait: Callable[[], Any]) -> None:
+    """Wait for a stream or event. While host functions are pending, poll instead of making
+    the blocking call: the driver thread running a host function needs the GIL, and a
+    blocking call that kept it would never return."""
+    if not _outstanding[0]:
+        check(wait())
+        return
+    delay = 1e-6
+    while True:
+        err = query()[0]
+        if err != _NOT_READY:
+            check((err,))
+            return
+        time.sleep(delay)
+        delay = min(delay * 2, 1e-3)
+
+
+_ONE_SHOT_END = 1 << 40  # job ids below: one host function; above: a graph's host node
 
 
 def _trampoline(user_data: int | None) -> None:
     # On the driver's thread: never call CUDA here; run the callable on a Python thread.
-    job = _jobs.pop(user_data or 0, None)
+    key = user_data or 0
+    job = _jobs.pop(key, None) if key < _ONE_SHOT_END else _jobs.get(key)
     if job is None:
         return
     finished = threading.Event()
@@ -174,10 +205,11 @@ class CudaQueue(Queue):
         if ev is None:
             if self._closed:
                 return  # nothing was pending when it closed
-            check(rt.cudaStreamSynchronize(self.stream))
+            stream = self.stream
+            _block(lambda: rt.cudaStreamQuery(stream), lambda: rt.cudaStreamSynchronize(stream))
             self._advance(self.pos)
         else:
-            check(rt.cudaEventSynchronize(ev))
+            _block(lambda: rt.cudaEventQuery(ev), lambda: rt.cudaEventSynchronize(ev))
             self._advance(pos)
 
     def submit(self, fn: Callable[..., Any], args: tuple) -> None:
@@ -238,11 +270,13 @@ class CudaQueue(Queue):
         label = f"host function {getattr(fn, '__qualname__', repr(fn))!r}"
         job = next(_job_ids)
         _jobs[job] = (fn, args, lambda exc: self._errors.append((pos, exc, label)))
+        _count_outstanding(1)
         _activate(self.dev.index)
         try:
             check(rt.cudaLaunchHostFunc(self.stream, _host_fn, job))
         except BaseException:
             _jobs.pop(job, None)
+            _count_outstanding(-1)
             raise
 
     def op_wait(self, other: Queue, pos: int) -> tuple[Callable[..., Any], tuple]:
@@ -258,6 +292,10 @@ class CudaQueue(Queue):
             ev = other._markers[-1][1]
         _activate(self.dev.index)
         check(rt.cudaStreamWaitEvent(self.stream, ev, 0))
+
+    def op_graph(self, graph: Any) -> tuple[Callable[..., Any], tuple]:
+        """Launching a :class:`~.cuda_graph.NativeGraph` (``cudaGraphLaunch``)."""
+        return graph.launch, (self,)
 
     def op_stamp(self) -> tuple[Callable[..., Any], tuple, Any]:
         _activate(self.dev.index)
@@ -287,9 +325,13 @@ class CudaDevice(DeviceImpl):
         check(rt.cudaFree(0))  # initialise the primary context on this thread
         prop = check(rt.cudaGetDeviceProperties(index))
         self.capacity = int(prop.totalGlobalMem)
-        self.model = prop.name.split(b"\0", 1)[0].decode(errors="replace")
+        name = prop.name
+        if isinstance(name, bytes | bytearray):
+            name = bytes(name).split(b"\0", 1)[0].decode(errors="replace")
+        self.model = str(name)
         self.arch = f"sm_{prop.major}{prop.minor}"
         self._allocs: dict[int, int] = {}
+        self._ranges: SortedDict = SortedDict()  # base -> size of every live allocation, pools too
         self._functions: dict[Any, tuple] = {}
         self._lock = threading.Lock()
 
@@ -297,6 +339,7 @@ class CudaDevice(DeviceImpl):
         _activate(self.index)
         ptr = int(check(rt.cudaMalloc(max(nbytes, 1))))
         self._allocs[ptr] = nbytes
+        self._ranges[ptr] = nbytes
         return ptr
 
     def free(self, ptr: int) -> None:
@@ -306,6 +349,7 @@ class CudaDevice(DeviceImpl):
         _activate(self.index)
         check(rt.cudaFree(ptr))
         del self._allocs[ptr]
+        self._ranges.pop(ptr, None)
 
     def used(self) -> int:
         free, total = self.memory_info()
@@ -319,6 +363,10 @@ class CudaDevice(DeviceImpl):
     def owns(self, ptr: int) -> bool:
         return ptr in self._allocs
 
+    def contains(self, ptr: int, nbytes: int) -> bool:
+        """True when ``[ptr, ptr + nbytes)`` lies inside one live allocation of this device."""
+        return _in_contains(self._ranges, ptr, nbytes)
+
     def free_all(self) -> None:
         for ptr in list(self._allocs):
             self.free(ptr)
@@ -328,9 +376,10 @@ class CudaDevice(DeviceImpl):
         return CudaQueue(self, name, priority, non_blocking, legacy)
 
     def endpoint(self, ptr: int, nbytes: int) -> int:
-        if ptr == 0:
-            raise InvalidAddressError("a copy or fill of the null pointer")
-        return ptr  # CUDA checks the range itself and reports it at the call
+        if not self.contains(ptr, nbytes) and not _in_pinned(ptr, nbytes):
+            raise InvalidAddressError(
+                f"{hex(ptr)}+{nbytes} is not inside a live allocation of cuda:{self.index}")
+        return ptr
 
     # -- kernels -----------------------------------------------------------------------------
     def function(self, kernel: Any) -> tuple[Any, tuple]:
@@ -352,6 +401,12 @@ class CudaDevice(DeviceImpl):
             fn = check(drv.cuModuleGetFunction(module, kernel.name.encode()))
             hit = self._functions[kernel] = (fn, types)
         return hit
+
+    def graph_exec(self, flat: list[tuple[Any, list[int]]]) -> Any:
+        """Build and instantiate the CUDA graph of a flattened frontend graph."""
+        from .cuda_graph import NativeGraph
+
+        return NativeGraph(self, flat)
 
     # -- native pools (cudaMemPool_t) --------------------------------------------------------
     def pool_default(self) -> Any:
@@ -379,12 +434,15 @@ class CudaDevice(DeviceImpl):
     def pool_malloc(self, pool: Any, nbytes: int, q: CudaQueue) -> int:
         """``cudaMallocFromPoolAsync`` on the queue's stream."""
         _activate(self.index)
-        return int(check(rt.cudaMallocFromPoolAsync(max(nbytes, 1), pool, q.stream)))
+        ptr = int(check(rt.cudaMallocFromPoolAsync(max(nbytes, 1), pool, q.stream)))
+        self._ranges[ptr] = nbytes
+        return ptr
 
     def pool_free(self, ptr: int, q: CudaQueue) -> None:
         """``cudaFreeAsync`` on the queue's stream."""
         _activate(self.index)
         check(rt.cudaFreeAsync(ptr, q.stream))
+        self._ranges.pop(ptr, None)
 
     def pool_trim(self, pool: Any, keep: int) -> None:
         """``cudaMemPoolTrimTo``."""
@@ -393,6 +451,20 @@ class CudaDevice(DeviceImpl):
     def pool_destroy(self, pool: Any) -> None:
         """``cudaMemPoolDestroy``: CUDA releases the memory once its allocations are freed."""
         check(rt.cudaMemPoolDestroy(pool))
+
+
+def _in_contains(ranges: SortedDict, ptr: int, nbytes: int) -> bool:
+    i = ranges.bisect_right(ptr) - 1
+    if i < 0:
+        return False
+    base, size = ranges.peekitem(i)
+    return ptr + nbytes <= base + max(size, 1)
+
+
+def _in_pinned(ptr: int, nbytes: int) -> bool:
+    from . import get_backend
+
+    return _in_contains(get_backend("cuda")._host, ptr, nbytes)  # type: ignore[attr-defined]
 
 
 class CudaBackend(Backend):
@@ -412,7 +484,7 @@ class CudaBackend(Backend):
         except Exception as exc:  # the driver library itself may be missing
             raise BackendUnavailableError(f"the CUDA driver could not be loaded: {exc}") from exc
         self._count = int(count)
-        self._host: set[int] = set()
+        self._host: SortedDict = SortedDict()  # pinned host allocations: base -> size
 
     def device_count(self) -> int:
         return self._count
@@ -422,11 +494,11 @@ class CudaBackend(Backend):
 
     def malloc_host(self, nbytes: int) -> int:
         ptr = int(check(rt.cudaMallocHost(max(nbytes, 1))))
-        self._host.add(ptr)
+        self._host[ptr] = nbytes
         return ptr
 
     def free_host(self, ptr: int) -> None:
         if ptr not in self._host:
             raise InvalidAddressError(f"free_host of {hex(ptr)}: not a live pinned host allocation")
         check(rt.cudaFreeHost(ptr))
-        self._host.discard(ptr)
+        del self._host[ptr]

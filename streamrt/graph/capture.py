@@ -38,7 +38,6 @@ from ..errors import (
     IllegalStateError,
     InvalidTypeError,
     InvalidValueError,
-    NotSupportedError,
 )
 
 if TYPE_CHECKING:
@@ -204,10 +203,6 @@ def begin(stream: Stream, mode: Any) -> None:
     if not isinstance(mode, CaptureMode):
         raise InvalidTypeError(f"mode must be a srt.CaptureMode, not {mode!r}")
     stream._check_alive()
-    if not stream._q.inline:
-        raise NotSupportedError(
-            f"stream capture on {stream.device.name} is not implemented yet: graphs run on the "
-            "cpu backend only in this version (cudaStreamBeginCapture support is planned)")
     if stream._legacy:
         raise CaptureUnsupportedError("the legacy default stream cannot be captured; use a Stream")
     if stream._capture is not None:

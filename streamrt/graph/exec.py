@@ -38,7 +38,7 @@ from ..stream import Stream
 from . import memory
 from .graph import Graph, host_params, memcpy_params, memset_params
 from .node import Node, NodeType
-from .plan import Plan, compile_plan, run_plan, topo
+from .plan import compile_plan, flatten, run_plan, topo
 
 _DISABLEABLE = (NodeType.KERNEL, NodeType.MEMCPY, NodeType.MEMSET)  # as cudaGraphNodeSetEnabled
 
@@ -84,7 +84,7 @@ class GraphExec:
         self._mem_nodes = [n for n in self._order
                            if n.type in (NodeType.MEM_ALLOC, NodeType.MEM_FREE)]
         self._disabled: set[int] = set()
-        self._plans: dict[Any, Plan] = {}
+        self._plans: dict[Any, Any] = {}  # cpu Plan per stream, or a backend graph per device
         self._destroyed = False
         # the previous launch: its stream, position and that stream's clock then (merged whole by
         # the next launch, so what the previous launch waited for stays known to be ordered)
@@ -133,7 +133,19 @@ class GraphExec:
             self.memory_footprint += footprint
 
     # -- compile -------------------------------------------------------------------------------
-    def _plan(self, stream: Stream) -> Plan:
+    def _plan(self, stream: Stream) -> Any:
+        if not stream._q.inline:  # a backend with graphs of its own: one per device
+            key: Any = stream.device
+            plan = self._plans.get(key)
+            if plan is None:
+                if self._allocs:
+                    raise NotSupportedError(
+                        f"graph memory nodes are not implemented on {stream.device.name} yet")
+                _execs_of(stream.device).add(self)
+                flat = [(n if on else None, deps) for n, deps, on in flatten(self._template,
+                                                                            self._disabled)]
+                plan = self._plans[key] = stream.device._impl.graph_exec(flat)
+            return plan
         key = (stream.id, bool(instrument.listeners))  # instrumented plans wrap every node
         plan = self._plans.get(key)
         if plan is None:
@@ -171,8 +183,8 @@ class GraphExec:
             for n in self._event_nodes:
                 if n.type is NodeType.WAIT_EVENT:
                     stream.wait(n._params["event"])
-            stream._submit(run_plan, (plan,), "graph",
-                           f"graph launch ({len(self._template._nodes)} nodes)")
+            fn, args = (run_plan, (plan,)) if stream._q.inline else stream._q.op_graph(plan)
+            stream._submit(fn, args, "graph", f"graph launch ({len(self._template._nodes)} nodes)")
             for n in self._event_nodes:
                 if n.type is NodeType.EVENT_RECORD:
                     stream.record(n._params["event"])
@@ -194,10 +206,6 @@ class GraphExec:
         if not isinstance(stream, Stream):
             raise InvalidTypeError(f"launch needs a Stream, not {type(stream).__name__}")
         stream._check_alive()
-        if not stream._q.inline:
-            raise NotSupportedError(
-                f"graph launch on {stream.device.name} is not implemented yet: graphs run on the "
-                "cpu backend only in this version (cudaGraphLaunch support is planned)")
 
     def _check_memory(self) -> None:
         mine = {id(a) for a in self._allocs}
@@ -223,7 +231,9 @@ class GraphExec:
         """Prepare the replay plan for ``stream`` ahead of the first launch (``cudaGraphUpload``)."""
         self._check(stream)
         with self._lock:
-            self._plan(stream)
+            plan = self._plan(stream)
+            if not stream._q.inline:
+                plan.upload(stream._q)
 
     def destroy(self) -> None:
         """Release the exec and its graph memory (``cudaGraphExecDestroy``)."""

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from ..stream import Stream
     from .graph import Graph
 
-__all__ = ["Plan", "compile_plan", "run_plan", "topo"]
+__all__ = ["Plan", "compile_plan", "flatten", "run_plan", "topo"]
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
@@ -138,10 +138,12 @@ def _run_parallel(plan: Plan) -> None:
         raise errors[0]
 
 
-def compile_plan(template: Graph, disabled: set[int], stream: Stream) -> Plan:
-    """Flatten ``template`` (child graphs inlined), precompute every node's op, cut chains."""
-    flat: list[tuple[Any, list[int]]] = []  # (op or None, deps as flat indices)
-    nodes: list[Node | None] = []  # the node of each flat entry (None: a child's exit)
+def flatten(template: Graph, disabled: set[int]) -> list[tuple[Node | None, list[int], bool]]:
+    """The DAG with child graphs inlined, in dependency order: ``(node, deps, enabled)``.
+
+    ``node`` is None for a child graph's exit (a join); ``deps`` are indices into the list.
+    """
+    flat: list[tuple[Node | None, list[int], bool]] = []
 
     def inline(graph: Graph, entry_deps: list[int], top: bool) -> list[int]:
         index: dict[int, int] = {}
@@ -149,19 +151,24 @@ def compile_plan(template: Graph, disabled: set[int], stream: Stream) -> Plan:
             deps = [index[d.index] for d in n._deps] or list(entry_deps)
             if n.type is NodeType.GRAPH:
                 leaves = inline(n._params["graph"], deps, False)
-                flat.append((None, leaves))
-                nodes.append(None)
+                flat.append((None, leaves, True))
             else:
-                off = top and n.index in disabled
-                flat.append((None if off else op_of(n, stream), deps))
-                nodes.append(n)
+                flat.append((n, deps, not (top and n.index in disabled)))
             index[n.index] = len(flat) - 1
-        dependents = {d for _, deps in flat for d in deps}
+        dependents = {d for _, deps, _ in flat for d in deps}
         return [i for i in index.values() if i not in dependents] or list(entry_deps)
 
     inline(template, [], True)
+    return flat
+
+
+def compile_plan(template: Graph, disabled: set[int], stream: Stream) -> Plan:
+    """Flatten ``template`` (child graphs inlined), precompute every node's op, cut chains."""
+    nodes = flatten(template, disabled)
+    flat: list[tuple[Any, list[int]]] = [
+        (op_of(n, stream) if n is not None and on else None, deps) for n, deps, on in nodes]
     if instrument.listeners:
-        flat = instrumented(flat, nodes)
+        flat = instrumented(flat, [n for n, _, _ in nodes])
     return chains_of(flat)
 
 
