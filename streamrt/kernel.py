@@ -54,7 +54,7 @@ def dim3(value: Any, what: str = "grid") -> Dim3:
 class Kernel:
     """A kernel: a Python body ``fn(ctx, *args)`` and, optionally, CUDA C source for the cuda backend."""
 
-    __slots__ = ("fn", "name", "cuda_source", "signature", "__weakref__")
+    __slots__ = ("fn", "name", "cuda_source", "signature", "bind", "__weakref__")
 
     def __init__(
         self,
@@ -70,9 +70,20 @@ class Kernel:
         self.name = name or getattr(fn, "__name__", "kernel")
         self.cuda_source = cuda
         self.signature = signature
+        self.bind: Callable[..., Callable[[], Any]] | None = None
 
     def __repr__(self) -> str:
         return f"<Kernel {self.name}>"
+
+    def binder(self, fn: Callable[..., Callable[[], Any]]) -> Callable[..., Callable[[], Any]]:
+        """Decorator: ``fn(ctx, *args)`` makes the views once and returns a no-argument callable
+        doing what the body does; graph replay (cpu) then calls only that, as a CUDA graph
+        keeps a kernel node's arguments ready. Eager launches and checked replays (sanitizer,
+        tracer) still run the body."""
+        if not callable(fn):
+            raise InvalidTypeError(f"a binder must be callable, not {type(fn).__name__}")
+        self.bind = fn
+        return fn
 
 
 def kernel(

@@ -107,6 +107,8 @@ class AddressSpace:
         self._next: dict[int, int] = {}
         self._views: dict[tuple, np.ndarray] = {}
         self._last: dict[int, tuple] = {}  # ptr -> (shape, dtype, readonly, view) last made
+        # bumped whenever memory goes away or is remapped: views made before may be stale
+        self.generation = 0
 
     def allocate(self, device: int, nbytes: int, *, virtual: bool = False) -> Allocation:
         size = _round_up(max(nbytes, 1))
@@ -130,6 +132,7 @@ class AddressSpace:
                 del self._allocs[ptr]
                 self._views.clear()
                 self._last.clear()
+                self.generation += 1
 
     def map_reserved(self, ptr: int, buf: np.ndarray | None) -> None:
         """Back a virtual range with ``buf`` (or unmap it with None)."""
@@ -139,6 +142,7 @@ class AddressSpace:
             alloc.buf = buf
             self._views.clear()
             self._last.clear()
+            self.generation += 1
 
     def release(self, ptr: int) -> Allocation:
         with self._lock:
@@ -148,6 +152,7 @@ class AddressSpace:
             # clear in place: kernel contexts hold the bound ``get`` of these dicts
             self._views.clear()
             self._last.clear()
+            self.generation += 1
         return alloc
 
     def get(self, ptr: int) -> Allocation | None:

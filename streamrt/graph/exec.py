@@ -85,6 +85,8 @@ class GraphExec:
                            if n.type in (NodeType.MEM_ALLOC, NodeType.MEM_FREE)]
         self._disabled: set[int] = set()
         self._plans: dict[Any, Any] = {}  # cpu Plan per stream, or a backend graph per device
+        self._bound_at = -1  # SPACE.generation when the cpu plans were compiled
+        self._has_binds: bool | None = None
         self._destroyed = False
         # the previous launch: its stream, position and that stream's clock then (merged whole by
         # the next launch, so what the previous launch waited for stays known to be ordered)
@@ -148,7 +150,13 @@ class GraphExec:
             return plan
         key = (stream.id, bool(instrument.listeners))  # instrumented plans wrap every node
         plan = self._plans.get(key)
+        if plan is not None and self._bound_at != SPACE.generation and self._binds():
+            # memory was freed or remapped since kernel binders made their views: make them
+            # again (a view of memory that is gone must fail as the kernel body would)
+            self._plans = {k: v for k, v in self._plans.items() if not isinstance(k, tuple)}
+            plan = None
         if plan is None:
+            self._bound_at = SPACE.generation
             _execs_of(stream.device).add(self)  # a device reset destroys the execs it ran
             gc_was = gc.isenabled()
             gc.disable()  # many long-lived objects: generational passes would make it quadratic
@@ -158,6 +166,13 @@ class GraphExec:
                 if gc_was:
                     gc.enable()
         return plan
+
+    def _binds(self) -> bool:
+        """Whether any kernel node (child graphs too) has a binder (cached per template)."""
+        if self._has_binds is None:
+            self._has_binds = any(n.type is NodeType.KERNEL and n._params["kernel"].bind is not None
+                                  for n in self._template._walk())
+        return self._has_binds
 
     # -- launch --------------------------------------------------------------------------------
     def launch(self, stream: Stream) -> None:
@@ -243,6 +258,7 @@ class GraphExec:
             self._destroyed = True
             arenas, self._arenas = self._arenas, []
             self._plans.clear()
+            self._has_binds = None
             last = self._last
         if not arenas:
             return
@@ -282,6 +298,7 @@ class GraphExec:
         with self._lock:
             t._params = params
             self._plans.clear()  # later launches only: enqueued launches keep their plan
+            self._has_binds = None
 
     def set_kernel_node_params(self, node: Node, *args: Any, grid: Any = None,
                                block: Any = None) -> None:
@@ -321,6 +338,7 @@ class GraphExec:
         with self._lock:
             (self._disabled.discard if enabled else self._disabled.add)(t.index)
             self._plans.clear()
+            self._has_binds = None
 
     def node_enabled(self, node: Node) -> bool:
         """Whether a node is enabled (``cudaGraphNodeGetEnabled``)."""
@@ -341,6 +359,7 @@ class GraphExec:
         with self._lock:
             _adopt(self._template, graph)
             self._plans.clear()
+            self._has_binds = None
 
 
 # -- helpers -------------------------------------------------------------------------------------

@@ -229,7 +229,10 @@ def op_of(n: Node, stream: Stream) -> tuple | None:
     t = n.type
     if t is NodeType.KERNEL:
         ctx = KernelContext(p["grid"], p["block"], stream.device, stream)
-        return (p["kernel"].fn, (ctx, *p["args"]))
+        k = p["kernel"]
+        if k.bind is not None and not instrument.listeners:  # views made now, once
+            return (k.bind(ctx, *p["args"]), ())
+        return (k.fn, (ctx, *p["args"]))
     if t is NodeType.MEMCPY:
         k = p["nbytes"]
         if not k:
