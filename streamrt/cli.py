@@ -29,10 +29,13 @@ def _info(args: argparse.Namespace) -> int:
         except BackendUnavailableError as exc:
             print(f"  {name:5s} unavailable: {exc}")
             count = 0
-        if name == "cpu":
-            for i in range(count):
-                free, total = Device(f"cpu:{i}").memory_info()
-                print(f"    cpu:{i}  memory {total / 2**30:.1f} GiB total, {free / 2**30:.1f} GiB free")
+        for i in range(count):
+            dev = Device(f"{name}:{i}")
+            free, total = dev.memory_info()
+            model = getattr(dev._impl, "model", None)  # cuda: the GPU's name and architecture
+            what = f"{model} ({dev._impl.arch}), " if model else ""
+            print(f"    {dev.name}  {what}memory {total / 2**30:.1f} GiB total, "
+                  f"{free / 2**30:.1f} GiB free")
     print("settings:")
     env = {
         "STREAMRT_DEVICE": "backend of Device(None)",
@@ -40,6 +43,7 @@ def _info(args: argparse.Namespace) -> int:
         "STREAMRT_CPU_MEMORY": "bytes per cpu device (default: physical RAM)",
         "STREAMRT_CPU_DELAY_US": "random worker delay before each op, for ordering tests",
         "STREAMRT_LAUNCH_BLOCKING": "every enqueue synchronous",
+        "STREAMRT_CACHE_DIR": "NVRTC kernel cache root (default ~/.cache/streamrt)",
     }
     for k, what in env.items():
         print(f"  {k:26s} = {os.environ.get(k, '(unset)'):10s} {what}")
