@@ -15,15 +15,26 @@ from ..kernel import kernel
 from ..stream import Stream
 from . import check, table
 
+# grid-stride loops: correct for any launch shape, like the Python bodies
+FOO_CUDA = r"""extern "C" __global__ void foo(float* data, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    data[i] *= 2.0f;
+}"""
 
-@kernel
+BAR_CUDA = r"""extern "C" __global__ void bar(float* data, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    data[i] += 1.0f;
+}"""
+
+
+@kernel(cuda=FOO_CUDA, signature="ptr, i32")
 def foo(ctx, data, n):
     """Seed 002's foo: data[i] *= 2."""
     x = ctx.array(data, (n,), np.float32)
     x *= 2.0
 
 
-@kernel
+@kernel(cuda=BAR_CUDA, signature="ptr, i32")
 def bar(ctx, data, n):
     """Seed 002's bar: data[i] += 1."""
     x = ctx.array(data, (n,), np.float32)
