@@ -16,6 +16,7 @@ import numpy as np
 from ..kernel import kernel
 from ..tensor import TensorDesc
 from .common import Layout, region, view
+from .cuda import plan_binary
 from .framework import Attr, Op, Plan, float_attr
 
 __all__ = ["Add", "Mul", "add", "mul"]
@@ -46,14 +47,25 @@ class _Binary(Op):
     inputs = ("x", "y")
     ufunc: Any = None
 
-    def _plan(self, ins: list[TensorDesc | None], outs: list[TensorDesc], attrs: dict) -> Plan:
-        x, y = ins
-        (o,) = outs
+    def _check(self, x: TensorDesc, y: TensorDesc, o: TensorDesc) -> tuple[int, ...]:
+        """The broadcast shape, which ``out`` must have."""
         try:
             shape = np.broadcast_shapes(x.shape, y.shape)
         except ValueError:
             raise self._bad(f"x {x.shape} and y {y.shape} do not broadcast") from None
         self._check_shape("out", o, shape)
+        return shape
+
+    def _plan_cuda(self, ins: list[TensorDesc | None], outs: list[TensorDesc], attrs: dict) -> Plan:
+        x, y = ins
+        (o,) = outs
+        self._check(x, y, o)
+        return plan_binary(self.name, x, y, o, attrs.get("alpha", 1.0))
+
+    def _plan(self, ins: list[TensorDesc | None], outs: list[TensorDesc], attrs: dict) -> Plan:
+        x, y = ins
+        (o,) = outs
+        shape = self._check(x, y, o)
         cdt = np.result_type(x.dtype, y.dtype)
         alpha = attrs.get("alpha", 1.0)
         lay = Layout()

@@ -3,9 +3,10 @@
 Phase 1 (``op.get_workspace_size(*tensors, **attrs)``) validates metadata only: arity, None
 tensors (161001), types, devices, dtypes, formats, self-overlapping outputs and attributes
 (161002), then asks the subclass for a :class:`Plan` (output shape checks, implementation,
-tiling, exact workspace). It never reads tensor data. An unexpected exception inside planning
-is an inner error (561000) chained to its cause. The executor is created last, so a refused
-phase 1 leaves nothing behind.
+tiling, exact workspace) from the planner of the tensors' backend (``_plan_for``): ``_plan``
+(Python kernels) or, on cuda, ``_plan_cuda`` (CUDA C kernels, ``ops/cuda``). It never reads
+tensor data. An unexpected exception inside planning is an inner error (561000) chained to its
+cause. The executor is created last, so a refused phase 1 leaves nothing behind.
 
 Phase 2 (``op(workspace, workspace_size, executor, stream)``) checks everything before the
 first enqueue: the executor (type, op, owner thread, not destroyed, one-shot not yet run), the
@@ -25,7 +26,7 @@ from ..errors import ExecutorError, StreamRTError
 from ..stream import Stream, current_stream
 from ..tensor import Tensor, TensorDesc
 from .common import FLOATS
-from .executor import INNER, NULLPTR, PARAM_INVALID, Executor, live_executors
+from .executor import INNER, INNER_FIND_KERNEL, NULLPTR, PARAM_INVALID, Executor, live_executors
 from .stats import OpStats
 
 __all__ = ["Op", "Plan", "Attr", "OPS", "stats", "float_attr", "bool_attr", "int_attr",
@@ -175,8 +176,9 @@ class Op:
                 known = ", ".join(self.attrs) or "no attributes"
                 raise _bad(name, f"unknown attribute {k!r} (it takes {known})")
             values[k] = spec.check(name, k, v)
+        backend = device.backend if device is not None else "cpu"
         try:
-            plan = self._plan(descs[:n_in], descs[n_in:], values)
+            plan = self._plan_for(backend, descs[:n_in], descs[n_in:], values)
         except StreamRTError:
             raise
         except Exception as exc:  # a planner bug: an inner error, never a bare Python exception
@@ -185,9 +187,20 @@ class Op:
         self._stats.planned(ex)
         return ex
 
+    def _plan_for(self, backend: str, ins: list[TensorDesc | None], outs: list[TensorDesc],
+                  attrs: dict) -> Plan:
+        """The planner of ``backend``: ``_plan_cuda`` on cuda, ``_plan`` (Python kernels) elsewhere."""
+        if backend == "cuda":
+            return self._plan_cuda(ins, outs, attrs)
+        return self._plan(ins, outs, attrs)
+
     def _plan(self, ins: list[TensorDesc | None], outs: list[TensorDesc], attrs: dict) -> Plan:
         """Subclass hook: check shapes/attrs, infer outputs, choose impl/tiling, size workspace."""
         raise NotImplementedError
+
+    def _plan_cuda(self, ins: list[TensorDesc | None], outs: list[TensorDesc], attrs: dict) -> Plan:
+        """Subclass hook: the same checks as ``_plan``, then a plan of CUDA C kernels (metadata only)."""
+        raise self._bad("has no CUDA implementation", INNER_FIND_KERNEL)
 
     def _bad(self, msg: str, code: int = PARAM_INVALID) -> ExecutorError:
         return _bad(self.name, msg, code)

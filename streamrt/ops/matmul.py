@@ -17,6 +17,7 @@ import numpy as np
 from ..kernel import kernel
 from ..tensor import TensorDesc
 from .common import F64, Layout, acc_dtype, region, view
+from .cuda import plan_matmul
 from .framework import Op, Plan
 
 __all__ = ["Matmul", "matmul"]
@@ -66,8 +67,8 @@ class Matmul(Op):
     name = "matmul"
     inputs = ("a", "b")
 
-    def _plan(self, ins: list[TensorDesc | None], outs: list[TensorDesc], attrs: dict) -> Plan:
-        (a, b), (o,) = ins, outs
+    def _dims(self, a: TensorDesc, b: TensorDesc, o: TensorDesc) -> tuple[int, int, int, tuple]:
+        """``(M, K, N, batch)``; checks ranks, inner dims, batch broadcast and ``out``'s shape."""
         if a.ndim < 2 or b.ndim < 2:
             raise self._bad(f"a {a.shape} and b {b.shape} must have at least 2 dimensions")
         m, k = a.shape[-2:]
@@ -79,6 +80,15 @@ class Matmul(Op):
         except ValueError:
             raise self._bad(f"batch dims of a {a.shape} and b {b.shape} do not broadcast") from None
         self._check_shape("out", o, (*batch, m, n))
+        return m, k, n, batch
+
+    def _plan_cuda(self, ins: list[TensorDesc | None], outs: list[TensorDesc], attrs: dict) -> Plan:
+        (a, b), (o,) = ins, outs
+        return plan_matmul(a, b, o, self._dims(a, b, o)[3])
+
+    def _plan(self, ins: list[TensorDesc | None], outs: list[TensorDesc], attrs: dict) -> Plan:
+        (a, b), (o,) = ins, outs
+        m, k, n, batch = self._dims(a, b, o)
         acc = F64 if F64 in (a.dtype, b.dtype) else acc_dtype(a.dtype, b.dtype)
         lay = Layout()
         a_off = lay.add("a_cast", a.shape, acc) if a.dtype != acc else -1

@@ -17,6 +17,7 @@ import numpy as np
 from ..kernel import kernel
 from ..tensor import TensorDesc
 from .common import Layout, acc_dtype, region, view
+from .cuda import plan_layer_norm, plan_softmax
 from .framework import Attr, Op, Plan, float_attr, int_attr, normalize_axis, optional_int_attr
 
 __all__ = ["Softmax", "LayerNorm", "softmax", "layer_norm"]
@@ -54,12 +55,21 @@ class Softmax(Op):
     inputs = ("x",)
     attrs = {"axis": Attr(int_attr, -1)}
 
-    def _plan(self, ins: list[TensorDesc | None], outs: list[TensorDesc], attrs: dict) -> Plan:
-        (x,), (o,) = ins, outs
+    def _axis(self, x: TensorDesc, o: TensorDesc, attrs: dict) -> int:
+        """The normalised axis; checks ``x``'s rank and ``out``'s shape."""
         if x.ndim == 0:
             raise self._bad("x must have at least one dimension")
         axis = normalize_axis(self.name, attrs["axis"], x.ndim)
         self._check_shape("out", o, x.shape)
+        return axis
+
+    def _plan_cuda(self, ins: list[TensorDesc | None], outs: list[TensorDesc], attrs: dict) -> Plan:
+        (x,), (o,) = ins, outs
+        return plan_softmax(x, o, self._axis(x, o, attrs))
+
+    def _plan(self, ins: list[TensorDesc | None], outs: list[TensorDesc], attrs: dict) -> Plan:
+        (x,), (o,) = ins, outs
+        axis = self._axis(x, o, attrs)
         acc = acc_dtype(x.dtype, o.dtype)
         sshape = x.shape[:axis] + (1,) + x.shape[axis + 1 :]
         lay = Layout()
@@ -120,8 +130,9 @@ class LayerNorm(Op):
     optional = frozenset({"weight", "bias"})
     attrs = {"eps": Attr(float_attr, 1e-5), "normalized_ndim": Attr(optional_int_attr, None)}
 
-    def _plan(self, ins: list[TensorDesc | None], outs: list[TensorDesc], attrs: dict) -> Plan:
-        (x, w, b), (o,) = ins, outs
+    def _k(self, x: TensorDesc, w: TensorDesc | None, b: TensorDesc | None, o: TensorDesc,
+           attrs: dict) -> int:
+        """How many trailing axes are normalised; checks weight, bias, eps and ``out``."""
         k = attrs["normalized_ndim"]
         given = w if w is not None else b
         if given is not None:
@@ -141,6 +152,16 @@ class LayerNorm(Op):
         if attrs["eps"] < 0 or not np.isfinite(attrs["eps"]):
             raise self._bad(f"eps must be finite and >= 0, got {attrs['eps']}")
         self._check_shape("out", o, x.shape)
+        return k
+
+    def _plan_cuda(self, ins: list[TensorDesc | None], outs: list[TensorDesc], attrs: dict) -> Plan:
+        (x, w, b), (o,) = ins, outs
+        return plan_layer_norm(x, w, b, o, self._k(x, w, b, o, attrs), attrs["eps"])
+
+    def _plan(self, ins: list[TensorDesc | None], outs: list[TensorDesc], attrs: dict) -> Plan:
+        (x, w, b), (o,) = ins, outs
+        k = self._k(x, w, b, o, attrs)
+        nshape = x.shape[x.ndim - k :]
         acc = acc_dtype(*(d.dtype for d in (x, w, b, o) if d is not None))
         axes = tuple(range(x.ndim - k, x.ndim))
         sshape = x.shape[: x.ndim - k] + (1,) * k

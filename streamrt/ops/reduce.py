@@ -18,6 +18,7 @@ import numpy as np
 from ..kernel import kernel
 from ..tensor import TensorDesc
 from .common import Layout, acc_dtype, view
+from .cuda import plan_reduce_sum
 from .framework import Attr, Op, Plan, axes_attr, bool_attr, normalize_axis
 
 __all__ = ["ReduceSum", "reduce_sum"]
@@ -69,8 +70,8 @@ class ReduceSum(Op):
     inputs = ("x",)
     attrs = {"axis": Attr(axes_attr, None), "keepdims": Attr(bool_attr, False)}
 
-    def _plan(self, ins: list[TensorDesc | None], outs: list[TensorDesc], attrs: dict) -> Plan:
-        (x,), (o,) = ins, outs
+    def _axes(self, x: TensorDesc, o: TensorDesc, attrs: dict) -> tuple[int, ...]:
+        """The reduced axes, normalised and sorted; checks ``out``'s shape."""
         nd = x.ndim
         axis = attrs["axis"]
         axes = tuple(range(nd)) if axis is None else tuple(
@@ -86,6 +87,17 @@ class ReduceSum(Op):
         else:
             want = tuple(x.shape[i] for i in kept)
         self._check_shape("out", o, want)
+        return axes
+
+    def _plan_cuda(self, ins: list[TensorDesc | None], outs: list[TensorDesc], attrs: dict) -> Plan:
+        (x,), (o,) = ins, outs
+        return plan_reduce_sum(x, o, self._axes(x, o, attrs))
+
+    def _plan(self, ins: list[TensorDesc | None], outs: list[TensorDesc], attrs: dict) -> Plan:
+        (x,), (o,) = ins, outs
+        nd = x.ndim
+        axes = self._axes(x, o, attrs)
+        kept = [i for i in range(nd) if i not in axes]
         acc = acc_dtype(x.dtype, o.dtype)
         k = int(np.prod([x.shape[i] for i in axes], dtype=np.int64))
         tiling: dict[str, Any] = {"block": BLOCK, "levels": 0}

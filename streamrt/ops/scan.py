@@ -18,6 +18,7 @@ import numpy as np
 from ..kernel import kernel
 from ..tensor import TensorDesc
 from .common import Layout, acc_dtype, region, view
+from .cuda import plan_cumsum
 from .framework import Attr, Op, Plan, normalize_axis, optional_int_attr
 
 __all__ = ["Cumsum", "cumsum"]
@@ -89,23 +90,33 @@ class Cumsum(Op):
     inputs = ("x",)
     attrs = {"axis": Attr(optional_int_attr, None)}
 
+    def _axis(self, x: TensorDesc, o: TensorDesc, attrs: dict) -> int | None:
+        """The normalised axis (None: flattened); checks ``out``'s shape."""
+        if attrs["axis"] is None:
+            self._check_shape("out", o, (x.numel,))
+            return None
+        if x.ndim == 0:
+            raise self._bad("cannot scan along an axis of a 0-d x; use axis=None")
+        axis = normalize_axis(self.name, attrs["axis"], x.ndim)
+        self._check_shape("out", o, x.shape)
+        return axis
+
+    def _plan_cuda(self, ins: list[TensorDesc | None], outs: list[TensorDesc], attrs: dict) -> Plan:
+        (x,), (o,) = ins, outs
+        return plan_cumsum(x, o, self._axis(x, o, attrs))
+
     def _plan(self, ins: list[TensorDesc | None], outs: list[TensorDesc], attrs: dict) -> Plan:
         (x,), (o,) = ins, outs
+        scanned = self._axis(x, o, attrs)  # None: the flattened input
         acc = acc_dtype(x.dtype, o.dtype)
         lay = Layout()
         pack_off = -1
-        if attrs["axis"] is None:
-            self._check_shape("out", o, (x.numel,))
-            axis = -1
+        axis = -1 if scanned is None else scanned
+        if scanned is None:
             if x.is_contiguous:  # the flat view of a contiguous tensor is free
                 x = TensorDesc((x.numel,), x.dtype, offset=x.offset)
             else:
                 pack_off = lay.add("packed", (x.numel,), acc)
-        else:
-            if x.ndim == 0:
-                raise self._bad("cannot scan along an axis of a 0-d x; use axis=None")
-            axis = normalize_axis(self.name, attrs["axis"], x.ndim)
-            self._check_shape("out", o, x.shape)
         length = o.shape[axis] if o.ndim else 1
         rows = o.numel // max(length, 1)
         block = max(MIN_BLOCK, -(-length // MAX_BLOCKS))
