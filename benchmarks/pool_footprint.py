@@ -12,9 +12,10 @@ Two traces, generated deterministically (seeded numpy RNG) and replayed with ``s
   cache per layer that grow every step by allocate-new-then-free-old (``torch.cat``-style); the
   logits of the last position; a host synchronize after every step (the sampled token is read).
 
-Target (DESIGN.md §6): reserved_high <= 1.15x used_high on both traces. Also reported, for
-information: reserved_high over the trace's true peak live bytes (the largest sum of requested
-sizes live at once, computed from the trace itself, before any rounding).
+Target (DESIGN.md §6): reserved_high <= 1.15x used_high on both traces, seed 0. Also reported,
+for information: the same traces drawn with seeds 1-4 (the mixed trace's figure depends on the
+draw: 1.10-1.24 over seeds 0-4 today), and reserved_high over the trace's true peak live bytes
+(the largest sum of requested sizes live at once, computed from the trace itself).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import numpy as np
 import streamrt as srt
 
 TARGET = 1.15
+OTHER_SEEDS = range(5)  # reported beside the benchmark's seed, not judged
 ALLOC, FREE, SYNC = 0, 1, 2
 MiB = 1 << 20
 
@@ -205,12 +207,24 @@ def run(seed: int = 0, release_threshold: int = 0, quick: bool = False) -> dict:
         res[name] = replay(make(seed=seed), release_threshold=release_threshold)
     res["pass"] = all(res[name]["ratio"] <= TARGET for name in TRACES)
     res["rows"] = [
-        {"claim": f"pool footprint, {name} trace: reserved_high vs used_high",
+        {"claim": f"pool footprint, {name} trace (seed {seed}): reserved_high vs used_high",
          "ours": res[name]["reserved_high"] / MiB, "peer": res[name]["used_high"] / MiB,
          "unit": "MiB", "ratio": res[name]["ratio"], "target": f"<= {TARGET}x",
          "pass": res[name]["ratio"] <= TARGET}
         for name in TRACES
     ]
+    if not quick:  # the same traces drawn with other seeds: how much the figure depends on it
+        for name, make in TRACES.items():
+            others = {s: replay(make(seed=s), release_threshold=release_threshold)
+                      for s in OTHER_SEEDS if s != seed}
+            worst = max(others, key=lambda s: others[s]["ratio"])
+            res[name]["other_seeds"] = {s: r["ratio"] for s, r in others.items()}
+            res["rows"].append(
+                {"claim": f"the {name} trace, worst of seeds "
+                          f"{min(others)}-{max(others)} (seed {worst})",
+                 "ours": others[worst]["reserved_high"] / MiB,
+                 "peer": others[worst]["used_high"] / MiB, "unit": "MiB",
+                 "ratio": others[worst]["ratio"], "target": "(reported)", "pass": True})
     return res
 
 
@@ -231,9 +245,11 @@ def main() -> None:
         print(f"    reserved_high {t['reserved_high'] / MiB:9.2f} MiB   "
               f"used_high {t['used_high'] / MiB:9.2f} MiB   "
               f"ratio {t['ratio']:.3f}x (target <= {TARGET}x)")
+        if "other_seeds" in t:
+            print("    other seeds: " + ", ".join(f"{k}: {v:.3f}x" for k, v in t["other_seeds"].items()))
         print(f"    true peak live {t['peak_live'] / MiB:8.2f} MiB   "
               f"reserved_high / peak live {t['ratio_vs_peak_live']:.3f}x   "
-              f"chunks grown {t['grow_count']}, released {t['release_count']}")
+              f"grown {t['grow_count']} times, granules released {t['release_count']}")
     print(f"  {'PASS' if r['pass'] else 'FAIL'}")
 
 

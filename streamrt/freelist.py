@@ -27,7 +27,7 @@ class Block:
     def __init__(self, addr: int, size: int, chunk: int) -> None:
         self.addr = addr
         self.size = size
-        self.chunk = chunk  # base address of the chunk
+        self.chunk = chunk  # base address of the pool's arena
         self.prev: Block | None = None
         self.next: Block | None = None
         self.live = False
@@ -95,8 +95,8 @@ class FreeList:
 
 def pick(lst: list[Block], ok: Callable[[Block], bool] | None) -> Block | None:
     if ok is None:
-        return lst[-1]
-    for b in reversed(lst):
+        return lst[0]
+    for b in lst:
         if ok(b):
             return b
     return None

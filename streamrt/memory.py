@@ -1,32 +1,39 @@
 """Stream-ordered memory pools (DESIGN.md §3): best-fit blocks, the reuse policy, threshold, trim.
 
 State and invariants (per pool, all guarded by ``_lock``):
-- Chunks are reserved from the device (``backend.malloc``): a shared 2 MiB chunk for requests
-  of at most 1 MiB, else the request rounded up to a 2 MiB granule. ``reserved`` is the sum of
-  chunk sizes. Each chunk is a doubly linked list of blocks that tile it exactly.
+- Each pool reserves one address range (the arena, as large as the device, as CUDA's pools
+  reserve virtual addresses) and maps physical memory into it in 2 MiB granules
+  (``_mapped``); ``reserved`` is the mapped bytes. Blocks tile ``[arena, arena + top)`` as a
+  doubly linked list, also indexed by address. Free blocks may cross granule boundaries, so
+  free space never stays split at a reservation edge.
 - A block is live (allocated, in ``_owners``) or free. A free block is either *pending*: freed
   on stream F at position p (``block.stream``/``block.pos``), indexed in ``_pending[F.id]``;
   or *ready*: its free was proven complete by a host synchronize (``block.stream is None``),
-  indexed in ``_ready``. A synchronize promotes the pending blocks it proved.
-- Free neighbours coalesce on free only when that loses no ordering knowledge: two ready
-  blocks, or two blocks pending on the same stream (tagged with the later position). Just
-  before growing, a run of adjacent blocks that are ready or pending on the allocating stream
-  A is merged if it fits the request: A may use all of it (step 1 and 2 memory).
-- Fast paths (same results, fewer steps): a malloc served by an exact-size block freed on the
-  same non-blocking stream, and a free with no same-stream free neighbour.
+  indexed in ``_ready``. A synchronize promotes the pending blocks it proved. Live and pending
+  blocks lie on mapped granules, except that a free may absorb a ready neighbour whose
+  granules went back to the device (``_holes``); an allocation maps what it lands on.
+- Coalescing never loses ordering knowledge: a free on F absorbs ready neighbours and those
+  freed on F (the whole is pending on F at the later position); ready blocks merge with ready
+  ones. The fast free path defers absorbing ready neighbours (``_dirty``) until a decision
+  looks at sizes (``_settle``). Before growing, a run of adjacent blocks that are ready or
+  pending on the allocating stream A is merged if it fits (``reuse_merged``).
+- Placement: best fit (the closest size, the oldest free block among equals); a request of at
+  most 1 MiB takes the high end of its block, a larger one the low end, which keeps small and
+  large blocks apart. Growing extends the top free block when A may use it, else appends a
+  block at the top, and maps the granules it needs (``max_size`` bounds mapped bytes).
 - ``used`` is the bytes of live blocks (rounded to 512), as CUDA's USED_MEM_CURRENT ("in use by
   the application"); ``used <= reserved`` always. High watermarks only grow, and reset only to
   the current value.
 - ``s.malloc(n)`` on stream A takes, in order (each counted in ``stats()``): 1. a block freed
   on A; 2. a ready block; 3. (event dependencies) a block freed on F at p with
   ``clock[A][F] >= p``; 4. (opportunistic) one whose free F has already executed
-  (``done[F] >= p``); 5. a new chunk; 6. (internal dependencies) any pending block, after
-  enqueueing a wait of A on F at p; 7. ``OutOfMemoryError``. Within a step, best fit wins.
-  Between 4 and 5, a run of adjacent free blocks usable by A (ready, or freed on A) that fits
-  is merged and used (``reuse_merged``): this avoids growing when only fragmentation prevents
-  steps 1-2.
+  (``done[F] >= p``); 5. growth; 6. (internal dependencies) any pending block, after
+  enqueueing a wait of A on F at p; 7. ``OutOfMemoryError``. Within a step, best fit wins; a
+  block whose unmapped granules cannot be mapped under ``max_size`` is skipped.
 - The release threshold is applied only at synchronize points, after promoting the frees the
-  synchronize proved; ``trim_to`` releases down to its argument, whatever the threshold.
+  synchronize proved: granules lying wholly in ready free blocks are unmapped, from the top
+  down, while reserved stays at or above the threshold; ``trim_to`` does the same down to its
+  argument, whatever the threshold.
 """
 
 from __future__ import annotations
@@ -35,6 +42,8 @@ import threading
 import weakref
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
+
+from sortedcontainers import SortedDict
 
 from . import instrument
 from .device import Device
@@ -56,9 +65,8 @@ if TYPE_CHECKING:
 __all__ = ["MemPool", "MemPoolAttr", "pool_of", "find_pool"]
 
 ALIGN = 512
-SMALL_REQUEST = 1 << 20  # requests up to this share small-block chunks
-SMALL_CHUNK = 2 << 20
-GRANULE = 2 << 20
+SMALL_REQUEST = 1 << 20  # requests up to this are small: placed at the high end of a block
+GRANULE = 2 << 20  # physical memory is mapped into a pool's arena in granules of this size
 
 
 class MemPoolAttr(IntEnum):
@@ -143,8 +151,13 @@ class MemPool:
         self._is_default = False
         self._destroyed = False
         self._lock = threading.Lock()
-        self._chunks: dict[int, int] = {}  # base -> size
-        self._blocks: dict[int, _Block] = {}  # addr -> block (live and free)
+        self._arena = 0  # base of the pool's reserved address range (0: none yet)
+        self._va = 0  # its size
+        self._top = 0  # offset where the blocks end: they tile [arena, arena + top)
+        self._mapped: set[int] = set()  # offsets of the granules backed by physical memory
+        self._holes = False  # some granule below the top is not mapped
+        self._blocks: SortedDict = SortedDict()  # addr -> block (live and free)
+        self._dirty: set[_Block] = set()  # fast-path frees not yet merged with ready neighbours
         self._ready = _FreeList()
         self._pending: dict[int, _FreeList] = {}
         self._pstream: dict[int, Stream] = {}  # stream id -> stream, for pending lists
@@ -267,6 +280,8 @@ class MemPool:
     def stats(self) -> dict[str, int]:
         """The eight attributes, the per-step reuse counters, and ``largest_free_block``."""
         with self._lock:
+            if self._dirty:
+                self._settle()
             out = {a.name.lower(): self.get_attr(a) for a in MemPoolAttr}
             out.update(self._stats)
             out["alloc_count"] += self._fast_allocs
@@ -277,7 +292,7 @@ class MemPool:
                 largest = max(largest, fl.largest())
             out["largest_free_block"] = largest
             out["live_allocations"] = sum(1 for b in self._blocks.values() if b.live)
-            out["chunks"] = len(self._chunks)
+            out["chunks"] = len(self._mapped)  # mapped granules
         return out
 
     # -- allocation -----------------------------------------------------------------------------
@@ -290,8 +305,10 @@ class MemPool:
             try:
                 fl = self._pending.get(stream.id)
                 lst = fl.bins.get(size) if fl is not None else None
-                if lst:
-                    b = lst.pop()
+                if lst and (not self._holes or self._fully_mapped(lst[0])):
+                    # (with unmapped granules in the arena, a block may need mapping first;
+                    # a block left in _dirty is skipped by _settle once it is live)
+                    b = lst.pop(0)
                     fl.count -= 1
                     b.live = True
                     b.stream = None
@@ -318,9 +335,22 @@ class MemPool:
             # grew instead of reusing it by the event-dependency rule (DESIGN.md §2, §3 step 3).
             stream._implicit()
         with self._lock:
+            if self._dirty:
+                self._settle()
+            counts = dict(self._stats)  # restored if the device cannot back the block
             block = self._find(stream, size, nbytes)
             if block.size - size >= ALIGN:
-                self._split(block, size)
+                # small requests at the high end of the block, large ones at the low end: the
+                # two kinds keep apart, which leaves fewer unusable holes between them
+                block = self._split_high(block, size) if size <= SMALL_REQUEST else self._split(
+                    block, size)
+            try:
+                self._map_range(block.addr, block.size)
+            except OutOfMemoryError:  # the device itself is full (max_size was checked)
+                block.live = False
+                self._insert_free(self._coalesce(block))
+                self._stats = counts
+                raise self._oom(nbytes, size) from None
             block.live = True
             block.stream = None
             _owners[block.addr] = self
@@ -333,13 +363,14 @@ class MemPool:
     def _find(self, a: Stream, size: int, requested: int) -> _Block:
         st = self._stats
         own = self._pending.get(a.id)
+        ok = (lambda blk: self._mappable(blk, size)) if self._holes else None
         if own is not None:
-            b = own.best(size)
+            b = own.best(size, ok)
             if b is not None:
                 own.remove(b)
                 st["reuse_same_stream"] += 1
                 return b
-        b = self._ready.best(size)
+        b = self._ready.best(size, ok)
         if b is not None:
             self._ready.remove(b)
             st["reuse_after_sync"] += 1
@@ -360,7 +391,7 @@ class MemPool:
         if b is not None:
             st["reuse_merged"] += 1
             return b
-        b = self._grow(size)
+        b = self._grow(a, size)
         if b is not None:
             st["grow_count"] += 1
             return b
@@ -372,10 +403,13 @@ class MemPool:
                 a._order_after(f, b.pos, b.clock or {f.id: b.pos})
                 st["reuse_internal_dependency"] += 1
                 return b
-        st["oom_count"] += 1
+        raise self._oom(requested, size)
+
+    def _oom(self, requested: int, size: int) -> OutOfMemoryError:
+        self._stats["oom_count"] += 1
         limit = f"max_size {self.max_size}" if self.max_size else "no pool limit"
         free, total = self.device.memory_info()
-        raise OutOfMemoryError(
+        return OutOfMemoryError(
             f"{self.device.name}: stream-ordered allocation of {requested} bytes ({size} after "
             f"rounding to {ALIGN}) failed: pool reserves "
             f"{self._reserved} bytes ({self._used} used), {limit}; device has {free} of {total} "
@@ -388,23 +422,24 @@ class MemPool:
         block is tagged as freed on ``a`` (it must not become usable by other streams)."""
         best: list[_Block] | None = None
         best_size = 0
-        for base in self._chunks:
-            run: list[_Block] = []
-            total = 0
-            b = self._blocks.get(base)
-            while b is not None:
-                if not b.live and (b.stream is None or b.stream is a):
-                    run.append(b)
-                    total += b.size
-                    while total - run[0].size >= size:  # shortest run ending here
-                        total -= run.pop(0).size
-                    if total >= size and len(run) > 1 and (best is None or total < best_size):
-                        best, best_size = list(run), total
-                else:
-                    run, total = [], 0
-                b = b.next
+        run: list[_Block] = []
+        total = 0
+        for b in self._blocks.values():  # address order; a live block ends a run
+            if not b.live and (b.stream is None or b.stream is a):
+                run.append(b)
+                total += b.size
+                while total - run[0].size >= size:  # shortest run ending here
+                    total -= run.pop(0).size
+                if total >= size and len(run) > 1 and (best is None or total < best_size):
+                    best, best_size = list(run), total
+            else:
+                run, total = [], 0
         if best is None:
             return None
+        off = best[0].addr - self._arena  # the allocation takes the run's first bytes
+        if self._holes and self.max_size and self._reserved + GRANULE * len(
+                self._missing(off, off + size)) > self.max_size:
+            return None  # it could not map what it would land on
         pieces = [(b.addr, b.size, b.stream, b.pos) for b in best]
         for b in best:
             self._remove_free(b)
@@ -453,53 +488,77 @@ class MemPool:
         best: _Block | None = None
         for sid, fl in others:
             if limit_of is None:
-                b = fl.best(size)
+                b = fl.best(size, (lambda blk: self._mappable(blk, size)) if self._holes else None)
             else:
                 lim = limit_of(sid)
-                b = fl.best(size, lambda blk, lim=lim: blk.pos <= lim)
+                b = fl.best(size, lambda blk, lim=lim: blk.pos <= lim and (
+                    not self._holes or self._mappable(blk, size)))
             if b is not None and (best is None or b.size < best.size):
                 best = b
         if best is not None:
             self._pending[best.stream.id].remove(best)
         return best
 
-    def _grow(self, size: int) -> _Block | None:
-        chunk = SMALL_CHUNK if size <= SMALL_REQUEST else (size + GRANULE - 1) // GRANULE * GRANULE
-        if self.max_size and self._reserved + chunk > self.max_size:
-            chunk = size  # the granule does not fit under the limit; the request itself may
-            if self._reserved + chunk > self.max_size:
-                return None
+    def _grow(self, a: Stream, size: int) -> _Block | None:
+        """More of the arena: extend the top free block when ``a`` may use it (ready, or freed
+        on ``a``), else start a new block at the top; the granules are mapped on allocation."""
+        if not self._arena:
+            self._reserve_arena()
+        top = self._top
+        last = self._blocks.peekitem(-1)[1] if self._blocks else None
+        extend = (last is not None and not last.live and last.addr + last.size == self._arena + top
+                  and (last.stream is None or last.stream is a))
+        base = last.addr - self._arena if extend else top
+        new_top = min((base + size + GRANULE - 1) // GRANULE * GRANULE, self._va)
+        if base + size > new_top:
+            return None  # the arena (the device's capacity) is full
+        if new_top <= top:
+            return None  # the top block is large enough already: what it lacks is mapping
+        # map the new granules and those the allocation will land on (where _malloc places
+        # it), all or nothing: a failed growth changes nothing
+        lo, hi = (new_top - size, new_top) if size <= SMALL_REQUEST else (base, base + size)
+        missing = set(self._missing(top, new_top)) | set(self._missing(lo, hi))
         try:
-            base = self.device._impl.malloc(chunk)
+            self._map(sorted(missing))
         except OutOfMemoryError:
-            if chunk == size:
-                return None
-            try:
-                chunk = size
-                base = self.device._impl.malloc(chunk)
-            except OutOfMemoryError:
-                return None
-        self._chunks[base] = chunk
-        self._reserved += chunk
-        if self._reserved > self._reserved_high:
-            self._reserved_high = self._reserved
-        b = _Block(base, chunk, base)
-        self._blocks[base] = b
+            return None
+        self._top = new_top
+        self._holes = new_top != len(self._mapped) * GRANULE
+        if extend:
+            self._remove_free(last)
+            last.size = self._arena + new_top - last.addr
+            return last
+        b = _Block(self._arena + base, new_top - base, self._arena)
+        b.prev = last
+        if last is not None:
+            last.next = b
+        self._blocks[b.addr] = b
+        return b
+
+    def _reserve_arena(self) -> None:
+        impl = self.device._impl
+        # addresses for the whole device: max_size limits mapped memory, not addresses, so
+        # free blocks a stream cannot use yet never stop the arena from growing
+        self._va = max(GRANULE, (impl.capacity + GRANULE - 1) // GRANULE * GRANULE)
+        self._arena = base = impl.reserve(self._va)
         from .backends.cpu import SPACE
 
         arena = SPACE.get(base)
         if arena is not None:  # cpu backend: enqueue-time copies/memsets check block bounds
             arena.sub = lambda ptr, nbytes, base=base: self._check_range(base, ptr, nbytes)
-        return b
+
+    @property
+    def _chunks(self) -> dict[int, int]:
+        """The pool's reserved range, ``{base: size}`` (empty before the first allocation)."""
+        return {self._arena: self._va} if self._arena else {}
 
     def _check_range(self, chunk: int, ptr: int, nbytes: int) -> None:
         """The arena's ``sub`` hook: ``[ptr, ptr + nbytes)`` must lie in one live block."""
         with self._lock:
             b = self._blocks.get(ptr)
-            if b is None or b.chunk != chunk:  # an interior pointer: walk the chunk's blocks
-                b = self._blocks.get(chunk)
-                while b is not None and b.addr + b.size <= ptr:
-                    b = b.next
+            if b is None:  # an interior pointer: the block starting at or below it
+                i = self._blocks.bisect_right(ptr) - 1
+                b = self._blocks.peekitem(i)[1] if i >= 0 else None
             if b is None or not b.live or ptr + nbytes > b.addr + b.size:
                 where = (f"its block [{hex(b.addr)}, {hex(b.addr + b.size)})" if b is not None
                          and b.live else "no live stream-ordered allocation")
@@ -508,7 +567,8 @@ class MemPool:
                     f"{hex(ptr)} is in {where}"
                 )
 
-    def _split(self, b: _Block, size: int) -> None:
+    def _split(self, b: _Block, size: int) -> _Block:
+        """Keep the first ``size`` bytes in ``b``; the rest is a free block with b's tags."""
         rest = _Block(b.addr + size, b.size - size, b.chunk)
         rest.stream, rest.pos, rest.clock = b.stream, b.pos, b.clock
         rest.prev, rest.next = b, b.next
@@ -518,6 +578,20 @@ class MemPool:
         b.size = size
         self._blocks[rest.addr] = rest
         self._insert_free(rest)
+        return b
+
+    def _split_high(self, b: _Block, size: int) -> _Block:
+        """The last ``size`` bytes of ``b`` as a new block; ``b`` keeps the rest, free."""
+        hi = _Block(b.addr + b.size - size, size, b.chunk)
+        hi.stream, hi.pos, hi.clock = b.stream, b.pos, b.clock
+        hi.prev, hi.next = b, b.next
+        if b.next is not None:
+            b.next.prev = hi
+        b.next = hi
+        b.size -= size
+        self._blocks[hi.addr] = hi
+        self._insert_free(b)
+        return hi
 
     def _insert_free(self, b: _Block) -> None:
         if b.stream is None:
@@ -536,16 +610,30 @@ class MemPool:
         else:
             self._pending[b.stream.id].remove(b)
 
+    def _settle(self) -> None:
+        """Merge the blocks the fast free path left next to ready neighbours (before any
+        decision that looks at block sizes: best fit, statistics, release)."""
+        dirty, self._dirty = self._dirty, set()
+        for b in dirty:
+            if not b.live and b.stream is not None and self._blocks.get(b.addr) is b:
+                self._remove_free(b)
+                self._insert_free(self._coalesce(b))
+
     def _coalesce(self, b: _Block) -> _Block:
-        """Merge ``b`` (free, not indexed) with free neighbours of the same kind."""
+        """Merge ``b`` (free, not indexed) with the free neighbours it may absorb: a block freed
+        on stream F takes ready neighbours and those freed on F (the whole stays pending on F
+        at the later position: other streams lose nothing they could prove); a ready block
+        takes ready neighbours."""
         for nb in (b.prev, b.next):
-            if nb is None or nb.live or nb.stream is not b.stream:
+            if nb is None or nb.live or (nb.stream is not b.stream and nb.stream is not None):
                 continue
             self._remove_free(nb)
             lo, hi = (nb, b) if nb.addr < b.addr else (b, nb)
+            pending = [x for x in (lo, hi) if x.stream is not None]
             lo.size += hi.size
-            if hi.pos > lo.pos:  # same stream: the later free's clock knows more
-                lo.pos, lo.clock = hi.pos, hi.clock
+            if pending:  # one stream: the later free's position and clock know more
+                latest = max(pending, key=lambda x: x.pos)
+                lo.stream, lo.pos, lo.clock = latest.stream, latest.pos, latest.clock
             lo.next = hi.next
             if hi.next is not None:
                 hi.next.prev = lo
@@ -561,10 +649,15 @@ class MemPool:
             lock.acquire()  # see _malloc
             try:
                 b = self._blocks.get(ptr)
-                if (b is not None and b.live and (b.prev is None or b.prev.live
-                        or b.prev.stream is not stream) and (b.next is None or b.next.live
-                        or b.next.stream is not stream)):
-                    # fast path: nothing to coalesce with (no free neighbour of this stream)
+                prev, nxt = (b.prev, b.next) if b is not None else (None, None)
+                if (b is not None and b.live and (prev is None or prev.live
+                        or prev.stream is not stream) and (nxt is None or nxt.live
+                        or nxt.stream is not stream)):
+                    # fast path: no free neighbour freed on this stream. Ready neighbours are
+                    # absorbed later, by _settle: the next exact-size malloc takes b as it is
+                    if (prev is not None and not prev.live and prev.stream is None) or (
+                            nxt is not None and not nxt.live and nxt.stream is None):
+                        self._dirty.add(b)
                     del _owners[ptr]
                     b.live = False
                     b.stream = stream
@@ -601,6 +694,8 @@ class MemPool:
 
     def _release_block(self, ptr: int, stream: Stream | None, pos: int) -> None:
         with self._lock:
+            if self._dirty:
+                self._settle()
             b = self._blocks.get(ptr)
             if b is None or not b.live or _owners.get(ptr) is not self:
                 raise InvalidAddressError(f"free of {hex(ptr)}: not a live allocation of {self!r}")
@@ -613,12 +708,16 @@ class MemPool:
             self._stats["free_count"] += 1
             self._insert_free(self._coalesce(b))
             if self._destroyed:
-                self._release_chunks(0)
+                self._release_granules(0)
+                if self._idle():
+                    self._drop_arena()
 
     # -- synchronize points, threshold, trim -----------------------------------------------------
     def _on_sync(self) -> None:
         """Promote the frees a host synchronize proved, then apply the release threshold."""
         with self._lock:
+            if self._dirty:
+                self._settle()
             for sid in list(self._pending):
                 fl = self._pending[sid]
                 host = self._pstream[sid]._host
@@ -630,28 +729,91 @@ class MemPool:
                     del self._pending[sid], self._pstream[sid]
             keep = 0 if self._destroyed else self._threshold
             if self._reserved > keep:
-                self._release_chunks(keep)
+                self._release_granules(keep)
 
-    def _release_chunks(self, keep: int) -> None:
-        for b in [b for b in self._ready.blocks() if b.prev is None and b.next is None]:
-            if self._reserved <= keep:
-                break
-            if self._reserved - b.size < keep:
-                continue
-            self._ready.remove(b)
-            del self._blocks[b.addr]
-            del self._chunks[b.addr]
-            self.device._impl.free(b.addr)
-            self._reserved -= b.size
-            self._stats["release_count"] += 1
+    def _release_granules(self, keep: int) -> None:
+        """Unmap mapped granules lying wholly inside ready free blocks, from the top of the
+        arena down, while ``reserved - granule >= keep``. The blocks stay free: an allocation
+        landing on an unmapped granule maps it again."""
+        if self._reserved <= keep or not self._arena:
+            return
+        base, mapped = self._arena, self._mapped
+        for b in sorted(self._ready.blocks(), key=lambda x: -x.addr):
+            g0 = (b.addr - base + GRANULE - 1) // GRANULE * GRANULE
+            g = (b.addr + b.size - base) // GRANULE * GRANULE - GRANULE
+            while g >= g0:
+                if self._reserved - GRANULE < keep:
+                    return
+                if g in mapped:
+                    self.device._impl.decommit(base, g, GRANULE)
+                    mapped.discard(g)
+                    self._reserved -= GRANULE
+                    self._stats["release_count"] += 1
+                    self._holes = True
+                g -= GRANULE
+
+    def _fully_mapped(self, b: _Block) -> bool:
+        base = self._arena
+        first = (b.addr - base) // GRANULE * GRANULE
+        return all(g in self._mapped for g in range(first, b.addr + b.size - base, GRANULE))
+
+    def _mappable(self, b: _Block, size: int) -> bool:
+        """Whether an allocation of ``size`` placed in ``b`` can map what it lands on under
+        ``max_size`` (a block over unmapped granules is usable only if it can)."""
+        off = b.addr - self._arena
+        lo, hi = (off + b.size - size, off + b.size) if size <= SMALL_REQUEST else (off, off + size)
+        more = len(self._missing(lo, hi)) * GRANULE
+        return not more or not self.max_size or self._reserved + more <= self.max_size
+
+    def _missing(self, lo: int, hi: int) -> list[int]:
+        """Offsets of the unmapped granules overlapping arena offsets ``[lo, hi)``."""
+        return [g for g in range(lo // GRANULE * GRANULE, hi, GRANULE) if g not in self._mapped]
+
+    def _map_range(self, addr: int, nbytes: int) -> None:
+        """Map the granules under ``[addr, addr + nbytes)`` that are not."""
+        off = addr - self._arena
+        self._map(self._missing(off, off + nbytes))
+
+    def _map(self, missing: list[int]) -> None:
+        """Map granules (``OutOfMemoryError`` past ``max_size`` or the device's capacity)."""
+        if not missing:
+            return
+        mapped = self._mapped
+        more = len(missing) * GRANULE
+        if self.max_size and self._reserved + more > self.max_size:
+            raise OutOfMemoryError("max_size")
+        self.device._impl.commit(more)
+        mapped.update(missing)
+        self._holes = self._top != len(mapped) * GRANULE
+        self._reserved += more
+        if self._reserved > self._reserved_high:
+            self._reserved_high = self._reserved
+
+    def _idle(self) -> bool:
+        """No live block and no free still pending on a stream: the arena can go."""
+        return not any(x.live or x.stream is not None for x in self._blocks.values())
+
+    def _drop_arena(self) -> None:
+        """A destroyed pool with nothing left: give its address range back."""
+        for g in sorted(self._mapped):
+            self.device._impl.decommit(self._arena, g, GRANULE)
+            self._reserved -= GRANULE
+        self._mapped.clear()
+        self.device._impl.unreserve(self._arena)
+        self._blocks.clear()
+        self._ready = _FreeList()
+        self._arena = self._top = 0
+        self._holes = False
 
     def trim_to(self, min_bytes_to_keep: int) -> None:
         """Release entirely free, sync-proven chunks while ``reserved - chunk >= min_bytes_to_keep``."""
         keep = _nonneg(min_bytes_to_keep, "min_bytes_to_keep")
         self._check_alive()
         with self._lock:
+            if self._dirty:
+                self._settle()
             if self._reserved > keep:
-                self._release_chunks(keep)
+                self._release_granules(keep)
 
     def destroy(self) -> None:
         """``cudaMemPoolDestroy``: memory goes back once its last allocation is freed and proven."""
@@ -662,7 +824,10 @@ class MemPool:
             self._destroyed = True
             if self.device._pool is self:
                 self.device._pool = None
-            self._release_chunks(0)
+            self._settle()
+            self._release_granules(0)
+            if self._arena and self._idle():
+                self._drop_arena()
 
     def _reset(self) -> None:
         """Device reset: the backend frees the memory; forget every block."""
@@ -671,7 +836,10 @@ class MemPool:
                 if b.live:
                     _owners.pop(addr, None)
             self._blocks.clear()
-            self._chunks.clear()
+            self._mapped.clear()
+            self._arena = self._top = 0
+            self._dirty.clear()
+            self._holes = False
             self._ready = _FreeList()
             self._pending.clear()
             self._pstream.clear()
@@ -708,7 +876,7 @@ def usable_bytes(ptr: int) -> int | None:
     alloc = SPACE.find(ptr)
     if alloc is None or alloc.device < 0:
         return None
-    for p in _pools:  # a pool chunk is not itself an allocation the user owns
-        if alloc.base in p._chunks:
+    for p in _pools:  # a pool's arena is not itself an allocation the user owns
+        if alloc.base == p._arena:
             return None
     return alloc.end - ptr

@@ -257,8 +257,8 @@ def test_pool_default_pool_cannot_be_destroyed(dev):
 def test_pool_copies_and_memsets_stay_inside_one_live_block(dev):
     pool = srt.MemPool(dev, release_threshold=1 << 30)
     s = stream(dev)
-    a = s.malloc(1000, pool)  # 1024 bytes, then b right after it in the same chunk
-    b = s.malloc(512, pool)
+    b = s.malloc(512, pool)  # small requests fill a granule from its top down:
+    a = s.malloc(1000, pool)  # 1024 bytes, right below b
     assert b == a + 1024
     s.memset(a, 1, 1024)  # the whole rounded block
     s.memset(a + 1000, 2, 24)  # an interior pointer, up to the end of the block
@@ -273,7 +273,7 @@ def test_pool_copies_and_memsets_stay_inside_one_live_block(dev):
         with pytest.raises(srt.InvalidAddressError):
             s.memcpy(b + 256, host, 512)
         with pytest.raises(srt.InvalidAddressError):
-            s.memset(b + 1024, 0, 16)  # the free rest of the chunk
+            s.memset(a - 1024, 0, 16)  # the free rest of the arena
         assert s._pos == pos  # nothing was enqueued
     s.free(b)
     with pytest.raises(srt.InvalidAddressError):

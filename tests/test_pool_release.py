@@ -181,14 +181,14 @@ def test_pool_oom_message_and_state(dev):
     pool = srt.MemPool(dev, max_size=limit)
     s = stream(dev)
     a, b = chunks(pool, s, 2)
-    s.free(b)  # 4 MiB reserved, 2 MiB used, a 2 MiB free block that is too small below
+    s.free(b)  # 4 MiB reserved, 2 MiB used, b's free 2 MiB at the top of the arena
     before = pool.stats()
     with pytest.raises(srt.OutOfMemoryError) as info:
-        s.malloc(3_000_000, pool)
+        s.malloc(3_500_000, pool)  # b's block grown to the limit is still 3 MiB: too small
     err = info.value
     assert isinstance(err, MemoryError) and isinstance(err, srt.StreamRTError)
     msg = str(err)
-    assert "3000000" in msg  # the requested size
+    assert "3500000" in msg  # the requested size
     assert str(4 << 20) in msg  # pool reserved
     assert str(2 << 20) in msg  # pool used
     assert str(limit) in msg  # the limit
@@ -204,18 +204,20 @@ def test_pool_max_size_respected(dev):
     limit = 3 << 20
     pool = srt.MemPool(dev, max_size=limit)
     s = stream(dev)
-    a = s.malloc(BLOCK, pool)
-    # the 2 MiB small-block chunk no longer fits under the limit; the request itself does
-    b = s.malloc(512, pool)
-    assert pool.reserved_mem_current == BLOCK + 512
+    a = s.malloc(BLOCK, pool)  # fills the first 2 MiB granule
+    small = s.malloc(512, srt.MemPool(dev, max_size=limit))  # another pool: one granule fits
     with pytest.raises(srt.OutOfMemoryError):
-        s.malloc(1 << 20, pool)
+        s.malloc(512, pool)  # memory is mapped by whole granules: a second one passes 3 MiB
     with pytest.raises(srt.OutOfMemoryError):
         s.malloc(limit + 1, pool)
+    assert pool.reserved_mem_current == BLOCK
     assert pool.reserved_mem_high <= limit
     assert pool.get_attr(srt.MemPoolAttr.RESERVED_MEM_HIGH) <= limit
     s.free(a)
+    b = s.malloc(512, pool)  # a's granule, freed on this stream: usable again
+    assert a <= b < a + BLOCK
     s.free(b)
+    s.free(small)
 
 
 def test_pool_device_oom_without_pool_limit(dev):

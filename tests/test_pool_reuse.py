@@ -121,6 +121,7 @@ def test_pool_event_sync_promotes_split_remainder(dev):
     pool = pool_with(dev, False)
     s, a = stream(dev), stream(dev)
     x = s.malloc(BLOCK, pool)
+    sep = s.malloc(BLOCK, pool)  # live between x and y: their frees must not merge
     y = s.malloc(2 * BLOCK, pool)
     s.memset(x, 1, BLOCK)
     s.free(x)  # x freed at position 1
@@ -129,7 +130,7 @@ def test_pool_event_sync_promotes_split_remainder(dev):
     s.memset(y, 3, 2 * BLOCK)
     s.free(y)  # y freed at position 3
     z = s.malloc(512, pool)  # best fit on s: x, split; the remainder keeps position 1
-    assert z == x
+    assert x < z < x + BLOCK
     e.synchronize()  # proves position 2: the remainder of x, not y
     before = pool.stats()
     q = a.malloc(BLOCK // 2, pool)
@@ -137,6 +138,7 @@ def test_pool_event_sync_promotes_split_remainder(dev):
     assert x < q < x + BLOCK
     s.free(z)
     a.free(q)
+    s.free(sep)
 
 
 # -- step 3: event dependencies ---------------------------------------------------------------
@@ -325,9 +327,10 @@ def test_pool_rounds_to_512_and_aligns(dev):
     ptrs = [s.malloc(n, pool) for n in sizes]
     assert all(p % 512 == 0 for p in ptrs)
     assert pool.used_mem_current == sum(rounded)
-    # carved best-fit from one fresh chunk: each block starts where the previous one ends
-    assert [b - a for a, b in zip(ptrs, ptrs[1:])] == rounded[:-1]
-    assert pool.reserved_mem_current == 2 << 20  # all small: one shared 2 MiB chunk
+    # small requests are carved from the top of one fresh granule down: each block ends
+    # where the previous one starts
+    assert [a - b for a, b in zip(ptrs, ptrs[1:])] == rounded[1:]
+    assert pool.reserved_mem_current == 2 << 20  # all small: one shared 2 MiB granule
     for p in ptrs:
         s.free(p)
     assert pool.used_mem_current == 0
@@ -357,17 +360,18 @@ def test_pool_best_fit_chooses_closest_size(dev):
     for p in (a, b, c):
         s.memset(p, 0, 512)
         s.free(p)
-    # step 1 (pending on s): the closest size wins, not the latest freed or the largest
+    # step 1 (pending on s): the closest size wins, not the latest freed or the largest;
+    # a small request takes the high end of its block
     assert s.malloc(1000, pool) == b
-    assert s.malloc(1536, pool) == c
-    assert s.malloc(3000, pool) == a
-    for p in (a, b, c):
-        s.free(p)
+    assert s.malloc(1536, pool) == c + 512
+    assert s.malloc(3000, pool) == a + 1024
+    for p in (a + 1024, b, c + 512):
+        s.free(p)  # each merges back with the rest of its block
     s.synchronize()  # now all three are ready blocks (step 2): best fit again
     other = stream(dev)
     assert other.malloc(2000, pool) == c
     assert other.malloc(4000, pool) == a
-    assert other.malloc(1, pool) == b
+    assert other.malloc(1, pool) == b + 512
 
 
 def test_pool_best_fit_across_streams(dev):
@@ -391,7 +395,7 @@ def test_pool_split_remainder_keeps_pending_free(dev, gate):
     gate(b)
     p = used_then_freed(pool, b)
     a.wait(b.record())
-    assert a.malloc(512, pool) == p  # event dependency; the rest of the block splits off
+    assert a.malloc(512, pool) == p + BLOCK - 512  # event dependency; the rest splits off
     before = pool.stats()
     q = c.malloc(BLOCK - 512, pool)  # fits the remainder, but c has no order with b
     assert not p <= q < p + BLOCK
@@ -409,21 +413,25 @@ def test_pool_split_and_coalesce(dev):
     x = s.malloc(512, pool)
     y = s.malloc(512, pool)
     z = s.malloc(512, pool)
-    assert (y - x, z - y) == (512, 512)
+    assert (x - y, y - z) == (512, 512)  # small blocks, from the top of the granule down
     st = pool.stats()
     assert st["chunks"] == 1 and st["largest_free_block"] == BLOCK - 3 * 512  # split remainder
-    for p in (x, z, y):
-        s.memset(p, 0, 512)
-        s.free(p)
-    # pending frees on one stream coalesce with each other (not yet with the ready remainder)
-    st = pool.stats()
-    assert st["largest_free_block"] == BLOCK - 3 * 512
-    assert s.malloc(3 * 512, pool) == x  # x, y, z merged into one block
+    s.memset(x, 0, 512)
     s.free(x)
-    s.synchronize()  # proven: everything merges back into the whole chunk
+    s.memset(z, 0, 512)
+    s.free(z)  # pending on s, and it absorbs the ready remainder below it
+    st = pool.stats()
+    assert st["largest_free_block"] == BLOCK - 2 * 512
+    s.memset(y, 0, 512)
+    s.free(y)  # the three and the remainder: one block, pending on s
+    assert pool.stats()["largest_free_block"] == BLOCK
+    assert s.malloc(3 * 512, pool) == z  # the high end of the merged block: z, y, x again
+    s.free(z)
+    s.synchronize()  # proven: the whole granule is one ready block (kept: high threshold)
     st = pool.stats()
     assert st["largest_free_block"] == BLOCK and st["chunks"] == 1
-    assert stream(dev).malloc(BLOCK, pool) == x  # the whole chunk, in one piece
+    base = z - (BLOCK - 3 * 512)
+    assert stream(dev).malloc(BLOCK, pool) == base  # the whole granule, in one piece
 
 
 # -- ownership, srt.free ------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 State and invariants:
 - Address space: every allocation (device memory of any cpu device, pinned host memory) is a
   numpy ``uint8`` arena at an integer base address, 512-byte aligned, never 0, in a range per
-  device (``(index + 1) << 40``; pinned host memory at ``0x7F << 40``). Allocations never
+  device (``(index + 1) << 48``; pinned host memory at ``0x7F << 40``). Allocations never
   overlap and are separated by a guard gap, so running off the end of one never lands in the
   next. ``_allocs`` maps base -> allocation in a sorted dict: lookups are O(log n).
 - Views: ``array()`` caches numpy views by ``(ptr, shape, dtype, readonly)``; the cache is
@@ -18,8 +18,10 @@ State and invariants:
 
 from __future__ import annotations
 
+import mmap
 import os
 import random
+import sys
 import threading
 import time
 from collections import deque
@@ -36,6 +38,8 @@ ALIGN = 512
 _GUARD = ALIGN  # gap between consecutive allocations
 HOST_DEVICE = -1  # device index of pinned host memory
 _NEVER = float("inf")
+# reserve addresses without committing swap (Linux's value; Python < 3.13 does not export it)
+_MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform.startswith("linux") else 0)
 
 
 def _round_up(n: int, a: int = ALIGN) -> int:
@@ -84,13 +88,15 @@ class Allocation:
 
     __slots__ = ("base", "size", "buf", "device", "sub", "virtual")
 
-    def __init__(self, base: int, size: int, device: int, *, virtual: bool = False) -> None:
+    def __init__(self, base: int, size: int, device: int, *, virtual: bool = False,
+                 buf: np.ndarray | None = None) -> None:
         self.base = base
         self.size = size
         self.device = device
         # a virtual range (graph memory) has no backing until an executable graph maps it
         self.virtual = virtual
-        self.buf: np.ndarray | None = None if virtual else np.zeros(size, np.uint8)
+        self.buf: np.ndarray | None = None if virtual else (
+            buf if buf is not None else np.zeros(size, np.uint8))
         self.sub: Callable[[int, int], None] | None = None
 
     @property
@@ -110,13 +116,15 @@ class AddressSpace:
         # bumped whenever memory goes away or is remapped: views made before may be stale
         self.generation = 0
 
-    def allocate(self, device: int, nbytes: int, *, virtual: bool = False) -> Allocation:
+    def allocate(self, device: int, nbytes: int, *, virtual: bool = False,
+                 buf: np.ndarray | None = None) -> Allocation:
         size = _round_up(max(nbytes, 1))
         with self._lock:
-            start = (0x7F << 40) if device == HOST_DEVICE else (device + 1) << 40
+            # 256 TiB of addresses per device: pool arenas reserve whole device capacities
+            start = (0x7F << 40) if device == HOST_DEVICE else (device + 1) << 48
             base = self._next.get(device, start)
             self._next[device] = base + size + _GUARD
-            alloc = Allocation(base, size, device, virtual=virtual)
+            alloc = Allocation(base, size, device, virtual=virtual, buf=buf)
             self._allocs[base] = alloc
         return alloc
 
@@ -398,6 +406,7 @@ class CpuDevice(DeviceImpl):
         self.capacity = _env_int("STREAMRT_CPU_MEMORY", 0) or physical_memory()
         self._used = 0
         self._lock = threading.Lock()
+        self._arenas: dict[int, mmap.mmap] = {}
 
     def malloc(self, nbytes: int) -> int:
         size = _round_up(max(nbytes, 1))
@@ -415,9 +424,44 @@ class CpuDevice(DeviceImpl):
                 self._used -= size
             raise OutOfMemoryError(f"cpu:{self.index}: host refused {nbytes} bytes") from exc
 
+    # -- pool arenas: address space reserved whole, physical memory committed by granule --------
+    def reserve(self, nbytes: int) -> int:
+        """Reserve ``nbytes`` of addresses backed by lazily committed memory (a pool arena)."""
+        size = _round_up(max(nbytes, 1), mmap.PAGESIZE)
+        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE
+        try:
+            mm = mmap.mmap(-1, size, flags=flags)
+        except (OSError, OverflowError) as exc:
+            raise OutOfMemoryError(f"cpu:{self.index}: cannot reserve {size} bytes of addresses") from exc
+        alloc = SPACE.allocate(self.index, size, buf=np.frombuffer(mm, np.uint8))
+        self._arenas[alloc.base] = mm
+        return alloc.base
+
+    def commit(self, nbytes: int) -> None:
+        """Count ``nbytes`` of a reserved range as in use (``OutOfMemoryError`` past capacity)."""
+        with self._lock:
+            if self._used + nbytes > self.capacity:
+                raise OutOfMemoryError(
+                    f"cpu:{self.index}: cannot map {nbytes} more bytes: {self._used} of "
+                    f"{self.capacity} bytes in use")
+            self._used += nbytes
+
+    def decommit(self, base: int, offset: int, nbytes: int) -> None:
+        """Give ``nbytes`` at ``base + offset`` back to the host (their contents are lost)."""
+        mm = self._arenas[base]
+        if hasattr(mm, "madvise"):
+            mm.madvise(mmap.MADV_DONTNEED, offset, nbytes)
+        with self._lock:
+            self._used -= nbytes
+
+    def unreserve(self, base: int) -> None:
+        """Drop a reserved range (everything in it was decommitted)."""
+        SPACE.release(base)
+        self._arenas.pop(base, None)  # the mapping goes once no view of it is left
+
     def free(self, ptr: int) -> None:
         alloc = SPACE.get(ptr)
-        if alloc is None or alloc.device != self.index or alloc.virtual:
+        if alloc is None or alloc.device != self.index or alloc.virtual or ptr in self._arenas:
             raise InvalidAddressError(
                 f"free of {_hex(ptr)}: not the start of a live allocation on cpu:{self.index}"
             )
@@ -430,11 +474,17 @@ class CpuDevice(DeviceImpl):
 
     def owns(self, ptr: int) -> bool:
         alloc = SPACE.get(ptr)
-        return alloc is not None and alloc.device == self.index and not alloc.virtual
+        return (alloc is not None and alloc.device == self.index and not alloc.virtual
+                and ptr not in self._arenas)
 
     def free_all(self) -> None:
         for alloc in SPACE.allocations(self.index):
-            self.free(alloc.base)
+            if alloc.base in self._arenas:
+                self.unreserve(alloc.base)
+            else:
+                self.free(alloc.base)
+        with self._lock:
+            self._used = 0  # committed arena memory went with its arenas
 
     def create_queue(self, name: str, *, priority: int = 0, non_blocking: bool = False,
                      legacy: bool = False) -> CpuQueue:
