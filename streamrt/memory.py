@@ -53,6 +53,7 @@ from .errors import (
     InvalidTypeError,
     InvalidValueError,
     OutOfMemoryError,
+    StreamRTError,
 )
 from .freelist import Block as _Block
 from .freelist import FreeList as _FreeList
@@ -90,6 +91,7 @@ _FLAGS = {
 
 # live pool pointer -> its pool (a pointer always returns to the pool that owns it)
 _owners: dict[int, MemPool] = {}
+_busy: set[MemPool] = set()  # pools with frees no synchronize has proven yet
 _pools: weakref.WeakSet[MemPool] = weakref.WeakSet()
 
 
@@ -541,11 +543,15 @@ class MemPool:
         # free blocks a stream cannot use yet never stop the arena from growing
         self._va = max(GRANULE, (impl.capacity + GRANULE - 1) // GRANULE * GRANULE)
         self._arena = base = impl.reserve(self._va)
+        # a pool dropped without destroy() gives its memory back when it is collected (it
+        # cannot be while it has live allocations: ``_owners`` refers to it)
+        self._finalizer = weakref.finalize(self, _release_arena, impl, base, self._mapped)
         from .backends.cpu import SPACE
 
         arena = SPACE.get(base)
         if arena is not None:  # cpu backend: enqueue-time copies/memsets check block bounds
-            arena.sub = lambda ptr, nbytes, base=base: self._check_range(base, ptr, nbytes)
+            ref = weakref.ref(self)  # the address space must not keep the pool alive
+            arena.sub = lambda ptr, nbytes, base=base: ref()._check_range(base, ptr, nbytes)
 
     @property
     def _chunks(self) -> dict[int, int]:
@@ -602,6 +608,7 @@ class MemPool:
             if fl is None:
                 fl = self._pending[sid] = _FreeList()
                 self._pstream[sid] = b.stream
+                _busy.add(self)  # work may still use its memory: not collectable until proven
             fl.add(b)
 
     def _remove_free(self, b: _Block) -> None:
@@ -727,6 +734,8 @@ class MemPool:
                     self._ready.add(self._coalesce(b))
                 if not fl.count:
                     del self._pending[sid], self._pstream[sid]
+            if not self._pending:
+                _busy.discard(self)
             keep = 0 if self._destroyed else self._threshold
             if self._reserved > keep:
                 self._release_granules(keep)
@@ -799,6 +808,7 @@ class MemPool:
             self.device._impl.decommit(self._arena, g, GRANULE)
             self._reserved -= GRANULE
         self._mapped.clear()
+        self._finalizer.detach()
         self.device._impl.unreserve(self._arena)
         self._blocks.clear()
         self._ready = _FreeList()
@@ -835,6 +845,8 @@ class MemPool:
             for addr, b in self._blocks.items():
                 if b.live:
                     _owners.pop(addr, None)
+            if self._arena:
+                self._finalizer.detach()  # the device reset released the arena
             self._blocks.clear()
             self._mapped.clear()
             self._arena = self._top = 0
@@ -843,8 +855,19 @@ class MemPool:
             self._ready = _FreeList()
             self._pending.clear()
             self._pstream.clear()
+            _busy.discard(self)
             self._reserved = self._used = 0
             self._destroyed = True
+
+
+def _release_arena(impl: Any, base: int, mapped: set[int]) -> None:
+    try:
+        for g in mapped:
+            impl.decommit(base, g, GRANULE)
+        mapped.clear()
+        impl.unreserve(base)
+    except (StreamRTError, KeyError):
+        pass  # the device was reset meanwhile: the arena is already gone
 
 
 def _attr(attr: Any) -> MemPoolAttr:

@@ -11,6 +11,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
+from ..errors import NotSupportedError
+
 
 class Queue(ABC):
     """An in-order work queue (one per stream): operations run in submission order.
@@ -118,6 +120,23 @@ class DeviceImpl(ABC):
         return max(self.capacity - self.used(), 0), self.capacity
 
     native_pools = False  # True: MemPool runs on the backend's own pools (cudaMemPool)
+
+    # -- pool arenas (backends whose pools are the frontend's, i.e. ``native_pools`` False) ------
+    def reserve(self, nbytes: int) -> int:
+        """Reserve an address range whose memory is committed piecewise; returns its base."""
+        raise NotSupportedError(f"{type(self).__name__} has no pool arenas")
+
+    def commit(self, nbytes: int) -> None:
+        """Count ``nbytes`` of a reserved range as device memory in use."""
+        raise NotSupportedError(f"{type(self).__name__} has no pool arenas")
+
+    def decommit(self, base: int, offset: int, nbytes: int) -> None:
+        """Give back ``nbytes`` at ``base + offset`` of a reserved range."""
+        raise NotSupportedError(f"{type(self).__name__} has no pool arenas")
+
+    def unreserve(self, base: int) -> None:
+        """Drop a reserved range."""
+        raise NotSupportedError(f"{type(self).__name__} has no pool arenas")
 
 
 class Backend(ABC):
