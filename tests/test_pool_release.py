@@ -301,3 +301,24 @@ def test_pool_device_default_and_current_pool(dev):
     finally:
         dev.set_mem_pool(default)
 
+
+
+def test_pool_dropped_pool_keeps_memory_until_its_frees_are_proven(dev, gate):
+    import gc
+
+    from .conftest import fill_kernel
+
+    s = stream(dev)
+    g = gate(s)
+    pool = srt.MemPool(dev)
+    x = s.malloc(4096, pool)
+    s.launch(fill_kernel, x, 1024, 3.0)  # behind the gate: it has not run yet
+    s.free(x)
+    arenas = len(dev._impl._arenas)
+    del pool
+    gc.collect()
+    assert len(dev._impl._arenas) == arenas  # the kernel still needs the pool's memory
+    g.open()
+    s.synchronize()  # a LaunchError here would mean the memory went away under the kernel
+    gc.collect()
+    assert len(dev._impl._arenas) == arenas - 1  # proven and unreferenced: given back
