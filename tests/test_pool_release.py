@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 
 import streamrt as srt
 
-BLOCK = 2 << 20  # a whole chunk
+BLOCK = 2 << 20  # a whole granule
 BIG = 1 << 30
 
 
@@ -322,3 +323,26 @@ def test_pool_dropped_pool_keeps_memory_until_its_frees_are_proven(dev, gate):
     s.synchronize()  # a LaunchError here would mean the memory went away under the kernel
     gc.collect()
     assert len(dev._impl._arenas) == arenas - 1  # proven and unreferenced: given back
+
+
+def test_pool_released_granules_are_mapped_again_on_reuse(dev):
+    pool = srt.MemPool(dev)  # threshold 0
+    s = stream(dev)
+    a, b = chunks(pool, s, 2)  # two granules, a below b
+    assert b == a + BLOCK
+    s.free(a)
+    s.synchronize()  # a's granule goes back to the device; its addresses stay free
+    assert pool.reserved_mem_current == BLOCK
+    free_dev = dev.memory_info()[0]
+    s.free(b)  # absorbs a's free block: one free block over both granules, pending on s
+    c = s.malloc(2 * BLOCK, pool)  # lands on both granules: a's is mapped again
+    assert c == a
+    st = pool.stats()
+    assert st["reserved_mem_current"] == 2 * BLOCK >= st["used_mem_current"] == 2 * BLOCK
+    assert dev.memory_info()[0] == free_dev - BLOCK  # the device counts the granule again
+    s.memset(c, 5, 2 * BLOCK)
+    s.synchronize()
+    assert (srt.read(c, (2 * BLOCK,), np.uint8) == 5).all()
+    s.free(c)
+    s.synchronize()
+    assert pool.reserved_mem_current == 0
