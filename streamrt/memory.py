@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 from sortedcontainers import SortedDict
 
 from . import instrument
+from .arena import ALIGN, SMALL_REQUEST, ArenaMixin
 from .device import Device
 from .errors import (
     InvalidAddressError,
@@ -53,11 +54,11 @@ from .errors import (
     InvalidTypeError,
     InvalidValueError,
     OutOfMemoryError,
-    StreamRTError,
 )
 from .freelist import Block as _Block
 from .freelist import FreeList as _FreeList
 from .hooks import sync_listeners
+from .reuse import ReuseMixin
 
 if TYPE_CHECKING:
 
@@ -65,9 +66,6 @@ if TYPE_CHECKING:
 
 __all__ = ["MemPool", "MemPoolAttr", "pool_of", "find_pool"]
 
-ALIGN = 512
-SMALL_REQUEST = 1 << 20  # requests up to this are small: placed at the high end of a block
-GRANULE = 2 << 20  # physical memory is mapped into a pool's arena in granules of this size
 
 
 class MemPoolAttr(IntEnum):
@@ -131,7 +129,7 @@ def _nonneg(value: Any, what: str) -> int:
     return value
 
 
-class MemPool:
+class MemPool(ArenaMixin, ReuseMixin):
     """A stream-ordered memory pool (``cudaMemPool_t`` / ``aclrtMemPool``)."""
 
     def __init__(
@@ -362,202 +360,6 @@ class MemPool:
             self._stats["alloc_count"] += 1
         return block.addr
 
-    def _find(self, a: Stream, size: int, requested: int) -> _Block:
-        st = self._stats
-        own = self._pending.get(a.id)
-        ok = (lambda blk: self._mappable(blk, size)) if self._holes else None
-        if own is not None:
-            b = own.best(size, ok)
-            if b is not None:
-                own.remove(b)
-                st["reuse_same_stream"] += 1
-                return b
-        b = self._ready.best(size, ok)
-        if b is not None:
-            self._ready.remove(b)
-            st["reuse_after_sync"] += 1
-            return b
-        others = [(sid, fl) for sid, fl in self._pending.items() if sid != a.id and fl.count]
-        if others and self._follow_events:
-            clock = a._clock
-            b = self._best_of(others, size, lambda sid: clock.get(sid, 0))
-            if b is not None:
-                st["reuse_event_dependency"] += 1
-                return b
-        if others and self._opportunistic:
-            b = self._best_of(others, size, lambda sid: self._pstream[sid]._q.done)
-            if b is not None:
-                st["reuse_opportunistic"] += 1
-                return b
-        b = self._merge_for(a, size)
-        if b is not None:
-            st["reuse_merged"] += 1
-            return b
-        b = self._grow(a, size)
-        if b is not None:
-            st["grow_count"] += 1
-            return b
-        if others and self._internal:
-            b = self._best_of(others, size, None)
-            if b is not None:
-                f = b.stream
-                # a real wait: later work on A follows the free (and what the free followed)
-                a._order_after(f, b.pos, b.clock or {f.id: b.pos})
-                st["reuse_internal_dependency"] += 1
-                return b
-        raise self._oom(requested, size)
-
-    def _oom(self, requested: int, size: int) -> OutOfMemoryError:
-        self._stats["oom_count"] += 1
-        limit = f"max_size {self.max_size}" if self.max_size else "no pool limit"
-        free, total = self.device.memory_info()
-        return OutOfMemoryError(
-            f"{self.device.name}: stream-ordered allocation of {requested} bytes ({size} after "
-            f"rounding to {ALIGN}) failed: pool reserves "
-            f"{self._reserved} bytes ({self._used} used), {limit}; device has {free} of {total} "
-            "bytes free"
-        )
-
-    def _merge_for(self, a: Stream, size: int) -> _Block | None:
-        """Before growing: merge the smallest run of adjacent blocks, each ready or freed on
-        ``a``, that fits ``size``. Both kinds are usable by ``a`` (steps 1-2), so the merged
-        block is tagged as freed on ``a`` (it must not become usable by other streams)."""
-        best: list[_Block] | None = None
-        best_size = 0
-        run: list[_Block] = []
-        total = 0
-        for b in self._blocks.values():  # address order; a live block ends a run
-            if not b.live and (b.stream is None or b.stream is a):
-                run.append(b)
-                total += b.size
-                while total - run[0].size >= size:  # shortest run ending here
-                    total -= run.pop(0).size
-                if total >= size and len(run) > 1 and (best is None or total < best_size):
-                    best, best_size = list(run), total
-            else:
-                run, total = [], 0
-        if best is None:
-            return None
-        off = best[0].addr - self._arena  # the allocation takes the run's first bytes
-        if self._holes and self.max_size and self._reserved + GRANULE * len(
-                self._missing(off, off + size)) > self.max_size:
-            return None  # it could not map what it would land on
-        pieces = [(b.addr, b.size, b.stream, b.pos) for b in best]
-        for b in best:
-            self._remove_free(b)
-        lo = best[0]
-        lo.pos = max((b.pos for b in best if b.stream is a), default=0)
-        lo.stream = a
-        for hi in best[1:]:
-            lo.size += hi.size
-            lo.next = hi.next
-            if hi.next is not None:
-                hi.next.prev = lo
-            del self._blocks[hi.addr]
-            hi.stream = None
-        # give the part past the request back with its original tags (ready stays ready)
-        end = lo.addr + lo.size
-        lo.size = size
-        parts: list[list] = []
-        for addr, psize, stream, pos in pieces:
-            start = max(addr, lo.addr + size)
-            if start >= addr + psize:
-                continue
-            if parts and parts[-1][2] is stream:  # same kind next to each other: one block
-                parts[-1][1] = addr + psize - parts[-1][0]
-                parts[-1][3] = max(parts[-1][3], pos)
-            else:
-                parts.append([start, addr + psize - start, stream, pos])
-        tail = lo
-        created = []
-        for start, psize, stream, pos in parts:
-            rest = _Block(start, psize, lo.chunk)
-            rest.stream, rest.pos = stream, pos
-            rest.prev, rest.next = tail, tail.next
-            if tail.next is not None:
-                tail.next.prev = rest
-            tail.next = rest
-            self._blocks[start] = rest
-            created.append(rest)
-            tail = rest
-        assert tail.addr + tail.size == end
-        lo.live = True  # taken: the pieces must not coalesce back into it
-        for r in created:
-            self._insert_free(self._coalesce(r))
-        return lo
-
-    def _best_of(self, others: list, size: int, limit_of: Any) -> _Block | None:
-        best: _Block | None = None
-        for sid, fl in others:
-            if limit_of is None:
-                b = fl.best(size, (lambda blk: self._mappable(blk, size)) if self._holes else None)
-            else:
-                lim = limit_of(sid)
-                b = fl.best(size, lambda blk, lim=lim: blk.pos <= lim and (
-                    not self._holes or self._mappable(blk, size)))
-            if b is not None and (best is None or b.size < best.size):
-                best = b
-        if best is not None:
-            self._pending[best.stream.id].remove(best)
-        return best
-
-    def _grow(self, a: Stream, size: int) -> _Block | None:
-        """More of the arena: extend the top free block when ``a`` may use it (ready, or freed
-        on ``a``), else start a new block at the top; the granules are mapped on allocation."""
-        if not self._arena:
-            self._reserve_arena()
-        top = self._top
-        last = self._blocks.peekitem(-1)[1] if self._blocks else None
-        extend = (last is not None and not last.live and last.addr + last.size == self._arena + top
-                  and (last.stream is None or last.stream is a))
-        base = last.addr - self._arena if extend else top
-        new_top = min((base + size + GRANULE - 1) // GRANULE * GRANULE, self._va)
-        if base + size > new_top:
-            return None  # the arena (the device's capacity) is full
-        if new_top <= top:
-            return None  # the top block is large enough already: what it lacks is mapping
-        # map the new granules and those the allocation will land on (where _malloc places
-        # it), all or nothing: a failed growth changes nothing
-        lo, hi = (new_top - size, new_top) if size <= SMALL_REQUEST else (base, base + size)
-        missing = set(self._missing(top, new_top)) | set(self._missing(lo, hi))
-        try:
-            self._map(sorted(missing))
-        except OutOfMemoryError:
-            return None
-        self._top = new_top
-        self._holes = new_top != len(self._mapped) * GRANULE
-        if extend:
-            self._remove_free(last)
-            last.size = self._arena + new_top - last.addr
-            return last
-        b = _Block(self._arena + base, new_top - base, self._arena)
-        b.prev = last
-        if last is not None:
-            last.next = b
-        self._blocks[b.addr] = b
-        return b
-
-    def _reserve_arena(self) -> None:
-        impl = self.device._impl
-        # addresses for the whole device: max_size limits mapped memory, not addresses, so
-        # free blocks a stream cannot use yet never stop the arena from growing
-        self._va = max(GRANULE, (impl.capacity + GRANULE - 1) // GRANULE * GRANULE)
-        self._arena = base = impl.reserve(self._va)
-        # a pool dropped without destroy() gives its memory back when it is collected (it
-        # cannot be while it has live allocations: ``_owners`` refers to it)
-        self._finalizer = weakref.finalize(self, _release_arena, impl, base, self._mapped)
-        from .backends.cpu import SPACE
-
-        arena = SPACE.get(base)
-        if arena is not None:  # cpu backend: enqueue-time copies/memsets check block bounds
-            ref = weakref.ref(self)  # the address space must not keep the pool alive
-            arena.sub = lambda ptr, nbytes, base=base: ref()._check_range(base, ptr, nbytes)
-
-    @property
-    def _chunks(self) -> dict[int, int]:
-        """The pool's reserved range, ``{base: size}`` (empty before the first allocation)."""
-        return {self._arena: self._va} if self._arena else {}
-
     def _check_range(self, chunk: int, ptr: int, nbytes: int) -> None:
         """The arena's ``sub`` hook: ``[ptr, ptr + nbytes)`` must lie in one live block."""
         with self._lock:
@@ -740,81 +542,6 @@ class MemPool:
             if self._reserved > keep:
                 self._release_granules(keep)
 
-    def _release_granules(self, keep: int) -> None:
-        """Unmap mapped granules lying wholly inside ready free blocks, from the top of the
-        arena down, while ``reserved - granule >= keep``. The blocks stay free: an allocation
-        landing on an unmapped granule maps it again."""
-        if self._reserved <= keep or not self._arena:
-            return
-        base, mapped = self._arena, self._mapped
-        for b in sorted(self._ready.blocks(), key=lambda x: -x.addr):
-            g0 = (b.addr - base + GRANULE - 1) // GRANULE * GRANULE
-            g = (b.addr + b.size - base) // GRANULE * GRANULE - GRANULE
-            while g >= g0:
-                if self._reserved - GRANULE < keep:
-                    return
-                if g in mapped:
-                    self.device._impl.decommit(base, g, GRANULE)
-                    mapped.discard(g)
-                    self._reserved -= GRANULE
-                    self._stats["release_count"] += 1
-                    self._holes = True
-                g -= GRANULE
-
-    def _fully_mapped(self, b: _Block) -> bool:
-        base = self._arena
-        first = (b.addr - base) // GRANULE * GRANULE
-        return all(g in self._mapped for g in range(first, b.addr + b.size - base, GRANULE))
-
-    def _mappable(self, b: _Block, size: int) -> bool:
-        """Whether an allocation of ``size`` placed in ``b`` can map what it lands on under
-        ``max_size`` (a block over unmapped granules is usable only if it can)."""
-        off = b.addr - self._arena
-        lo, hi = (off + b.size - size, off + b.size) if size <= SMALL_REQUEST else (off, off + size)
-        more = len(self._missing(lo, hi)) * GRANULE
-        return not more or not self.max_size or self._reserved + more <= self.max_size
-
-    def _missing(self, lo: int, hi: int) -> list[int]:
-        """Offsets of the unmapped granules overlapping arena offsets ``[lo, hi)``."""
-        return [g for g in range(lo // GRANULE * GRANULE, hi, GRANULE) if g not in self._mapped]
-
-    def _map_range(self, addr: int, nbytes: int) -> None:
-        """Map the granules under ``[addr, addr + nbytes)`` that are not."""
-        off = addr - self._arena
-        self._map(self._missing(off, off + nbytes))
-
-    def _map(self, missing: list[int]) -> None:
-        """Map granules (``OutOfMemoryError`` past ``max_size`` or the device's capacity)."""
-        if not missing:
-            return
-        mapped = self._mapped
-        more = len(missing) * GRANULE
-        if self.max_size and self._reserved + more > self.max_size:
-            raise OutOfMemoryError("max_size")
-        self.device._impl.commit(more)
-        mapped.update(missing)
-        self._holes = self._top != len(mapped) * GRANULE
-        self._reserved += more
-        if self._reserved > self._reserved_high:
-            self._reserved_high = self._reserved
-
-    def _idle(self) -> bool:
-        """No live block and no free still pending on a stream: the arena can go."""
-        return not any(x.live or x.stream is not None for x in self._blocks.values())
-
-    def _drop_arena(self) -> None:
-        """A destroyed pool with nothing left: give its address range back."""
-        for g in sorted(self._mapped):
-            self.device._impl.decommit(self._arena, g, GRANULE)
-            self._reserved -= GRANULE
-        self._mapped.clear()
-        self._finalizer.detach()
-        self.device._impl.unreserve(self._arena)
-        self._blocks.clear()
-        self._ready = _FreeList()
-        self._arena = self._top = 0
-        self._holes = False
-
     def trim_to(self, min_bytes_to_keep: int) -> None:
         """Release entirely free, sync-proven chunks while ``reserved - chunk >= min_bytes_to_keep``."""
         keep = _nonneg(min_bytes_to_keep, "min_bytes_to_keep")
@@ -858,16 +585,6 @@ class MemPool:
             _busy.discard(self)
             self._reserved = self._used = 0
             self._destroyed = True
-
-
-def _release_arena(impl: Any, base: int, mapped: set[int]) -> None:
-    try:
-        for g in mapped:
-            impl.decommit(base, g, GRANULE)
-        mapped.clear()
-        impl.unreserve(base)
-    except (StreamRTError, KeyError):
-        pass  # the device was reset meanwhile: the arena is already gone
 
 
 def _attr(attr: Any) -> MemPoolAttr:

@@ -1,0 +1,171 @@
+"""A pool's arena: one reserved address range, physical memory mapped into it by granule.
+
+Mixed into :class:`~streamrt.memory.MemPool` (all state is the pool's, guarded by its lock):
+``_arena`` (base address, 0 before the first allocation), ``_va`` (its size: the device's
+capacity), ``_top`` (where the blocks end), ``_mapped`` (offsets of mapped granules; reserved
+bytes are ``len(_mapped) * GRANULE``) and ``_holes`` (some granule below the top is unmapped).
+Growth extends the top free block or appends one; release unmaps granules lying wholly inside
+ready free blocks; an allocation maps the granules it lands on, within ``max_size``.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from .errors import OutOfMemoryError, StreamRTError
+from .freelist import Block as _Block
+from .freelist import FreeList as _FreeList
+
+if TYPE_CHECKING:
+    from .stream import Stream
+
+ALIGN = 512
+GRANULE = 2 << 20  # physical memory is mapped into a pool's arena in granules of this size
+SMALL_REQUEST = 1 << 20  # requests up to this are small: placed at the high end of a block
+
+
+class ArenaMixin:
+    """Granule mapping of a pool's address range (see the module docstring)."""
+
+    def _grow(self, a: Stream, size: int) -> _Block | None:
+        """More of the arena: extend the top free block when ``a`` may use it (ready, or freed
+        on ``a``), else start a new block at the top; the granules are mapped on allocation."""
+        if not self._arena:
+            self._reserve_arena()
+        top = self._top
+        last = self._blocks.peekitem(-1)[1] if self._blocks else None
+        extend = (last is not None and not last.live and last.addr + last.size == self._arena + top
+                  and (last.stream is None or last.stream is a))
+        base = last.addr - self._arena if extend else top
+        new_top = min((base + size + GRANULE - 1) // GRANULE * GRANULE, self._va)
+        if base + size > new_top:
+            return None  # the arena (the device's capacity) is full
+        if new_top <= top:
+            return None  # the top block is large enough already: what it lacks is mapping
+        # map the new granules and those the allocation will land on (where _malloc places
+        # it), all or nothing: a failed growth changes nothing
+        lo, hi = (new_top - size, new_top) if size <= SMALL_REQUEST else (base, base + size)
+        missing = set(self._missing(top, new_top)) | set(self._missing(lo, hi))
+        try:
+            self._map(sorted(missing))
+        except OutOfMemoryError:
+            return None
+        self._top = new_top
+        self._holes = new_top != len(self._mapped) * GRANULE
+        if extend:
+            self._remove_free(last)
+            last.size = self._arena + new_top - last.addr
+            return last
+        b = _Block(self._arena + base, new_top - base, self._arena)
+        b.prev = last
+        if last is not None:
+            last.next = b
+        self._blocks[b.addr] = b
+        return b
+
+    def _reserve_arena(self) -> None:
+        impl = self.device._impl
+        # addresses for the whole device: max_size limits mapped memory, not addresses, so
+        # free blocks a stream cannot use yet never stop the arena from growing
+        self._va = max(GRANULE, (impl.capacity + GRANULE - 1) // GRANULE * GRANULE)
+        self._arena = base = impl.reserve(self._va)
+        # a pool dropped without destroy() gives its memory back when it is collected (it
+        # cannot be while it has live allocations: ``_owners`` refers to it)
+        self._finalizer = weakref.finalize(self, _release_arena, impl, base, self._mapped)
+        from .backends.cpu import SPACE
+
+        arena = SPACE.get(base)
+        if arena is not None:  # cpu backend: enqueue-time copies/memsets check block bounds
+            ref = weakref.ref(self)  # the address space must not keep the pool alive
+            arena.sub = lambda ptr, nbytes, base=base: ref()._check_range(base, ptr, nbytes)
+
+    @property
+    def _chunks(self) -> dict[int, int]:
+        """The pool's reserved range, ``{base: size}`` (empty before the first allocation)."""
+        return {self._arena: self._va} if self._arena else {}
+
+    def _release_granules(self, keep: int) -> None:
+        """Unmap mapped granules lying wholly inside ready free blocks, from the top of the
+        arena down, while ``reserved - granule >= keep``. The blocks stay free: an allocation
+        landing on an unmapped granule maps it again."""
+        if self._reserved <= keep or not self._arena:
+            return
+        base, mapped = self._arena, self._mapped
+        for b in sorted(self._ready.blocks(), key=lambda x: -x.addr):
+            g0 = (b.addr - base + GRANULE - 1) // GRANULE * GRANULE
+            g = (b.addr + b.size - base) // GRANULE * GRANULE - GRANULE
+            while g >= g0:
+                if self._reserved - GRANULE < keep:
+                    return
+                if g in mapped:
+                    self.device._impl.decommit(base, g, GRANULE)
+                    mapped.discard(g)
+                    self._reserved -= GRANULE
+                    self._stats["release_count"] += 1
+                    self._holes = True
+                g -= GRANULE
+
+    def _fully_mapped(self, b: _Block) -> bool:
+        base = self._arena
+        first = (b.addr - base) // GRANULE * GRANULE
+        return all(g in self._mapped for g in range(first, b.addr + b.size - base, GRANULE))
+
+    def _mappable(self, b: _Block, size: int) -> bool:
+        """Whether an allocation of ``size`` placed in ``b`` can map what it lands on under
+        ``max_size`` (a block over unmapped granules is usable only if it can)."""
+        off = b.addr - self._arena
+        lo, hi = (off + b.size - size, off + b.size) if size <= SMALL_REQUEST else (off, off + size)
+        more = len(self._missing(lo, hi)) * GRANULE
+        return not more or not self.max_size or self._reserved + more <= self.max_size
+
+    def _missing(self, lo: int, hi: int) -> list[int]:
+        """Offsets of the unmapped granules overlapping arena offsets ``[lo, hi)``."""
+        return [g for g in range(lo // GRANULE * GRANULE, hi, GRANULE) if g not in self._mapped]
+
+    def _map_range(self, addr: int, nbytes: int) -> None:
+        """Map the granules under ``[addr, addr + nbytes)`` that are not."""
+        off = addr - self._arena
+        self._map(self._missing(off, off + nbytes))
+
+    def _map(self, missing: list[int]) -> None:
+        """Map granules (``OutOfMemoryError`` past ``max_size`` or the device's capacity)."""
+        if not missing:
+            return
+        mapped = self._mapped
+        more = len(missing) * GRANULE
+        if self.max_size and self._reserved + more > self.max_size:
+            raise OutOfMemoryError("max_size")
+        self.device._impl.commit(more)
+        mapped.update(missing)
+        self._holes = self._top != len(mapped) * GRANULE
+        self._reserved += more
+        if self._reserved > self._reserved_high:
+            self._reserved_high = self._reserved
+
+    def _idle(self) -> bool:
+        """No live block and no free still pending on a stream: the arena can go."""
+        return not any(x.live or x.stream is not None for x in self._blocks.values())
+
+    def _drop_arena(self) -> None:
+        """A destroyed pool with nothing left: give its address range back."""
+        for g in sorted(self._mapped):
+            self.device._impl.decommit(self._arena, g, GRANULE)
+            self._reserved -= GRANULE
+        self._mapped.clear()
+        self._finalizer.detach()
+        self.device._impl.unreserve(self._arena)
+        self._blocks.clear()
+        self._ready = _FreeList()
+        self._arena = self._top = 0
+        self._holes = False
+
+
+def _release_arena(impl: Any, base: int, mapped: set[int]) -> None:
+    try:
+        for g in mapped:
+            impl.decommit(base, g, GRANULE)
+        mapped.clear()
+        impl.unreserve(base)
+    except (StreamRTError, KeyError):
+        pass  # the device was reset meanwhile: the arena is already gone
