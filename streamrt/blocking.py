@@ -12,6 +12,7 @@ from .device import Device, current_device, devices
 from .errors import InvalidAddressError
 from .graph.capture import check_unsafe
 from .hostsync import synchronize_device
+from .memory import device_of
 from .stream import current_stream
 from .validate import check_ptr, check_size
 
@@ -87,22 +88,10 @@ def _stream_for(*ends: Any) -> Any:
     s = current_stream()
     for end in ends:
         if isinstance(end, int | np.integer) and not isinstance(end, bool):
-            dev = _owner(int(end))
+            dev = device_of(int(end))
             if dev is not None and dev is not s.device:
                 return dev.default_stream
     return s
-
-
-def _owner(ptr: int) -> Device | None:
-    from .backends.cpu import SPACE
-
-    alloc = SPACE.find(ptr)
-    if alloc is not None:
-        return Device(f"cpu:{alloc.device}") if alloc.device >= 0 else None
-    for dev in devices():
-        if dev.backend != "cpu" and dev._impl.contains(ptr, 1):
-            return dev
-    return None
 
 
 def read(ptr: int, shape: Any, dtype: Any) -> np.ndarray:

@@ -522,6 +522,11 @@ class MemPool(ArenaMixin, ReuseMixin):
                     self._drop_arena()
 
     # -- synchronize points, threshold, trim -----------------------------------------------------
+    def _usable(self, ptr: int) -> int | None:
+        """Bytes of the live block starting at ``ptr`` (None: not one)."""
+        b = self._blocks.get(ptr)
+        return b.size if b is not None and b.live else None
+
     def _on_sync(self) -> None:
         """Promote the frees a host synchronize proved, then apply the release threshold."""
         with self._lock:
@@ -609,14 +614,33 @@ def usable_bytes(ptr: int) -> int | None:
     or any ``srt.malloc`` allocation containing it); None when ``ptr`` is not in one."""
     pool = _owners.get(ptr)
     if pool is not None:
-        b = pool._blocks.get(ptr)
-        return b.size if b is not None and b.live else None
+        return pool._usable(ptr)
     from .backends.cpu import SPACE
 
     alloc = SPACE.find(ptr)
-    if alloc is None or alloc.device < 0:
+    if alloc is None:
+        dev = device_of(ptr)  # another backend's memory (cuda)
+        return None if dev is None else dev._impl.usable(ptr)
+    if alloc.device < 0:
         return None
     for p in _pools:  # a pool's arena is not itself an allocation the user owns
         if alloc.base == p._arena:
             return None
     return alloc.end - ptr
+
+
+def device_of(ptr: int) -> Device | None:
+    """The device whose memory holds ``ptr`` (None: pinned host memory, or no allocation)."""
+    pool = _owners.get(ptr)
+    if pool is not None:
+        return pool.device
+    from .backends.cpu import SPACE
+    from .device import devices
+
+    alloc = SPACE.find(ptr)
+    if alloc is not None:
+        return Device(f"cpu:{alloc.device}") if alloc.device >= 0 else None
+    for dev in devices():
+        if dev.backend != "cpu" and dev._impl.contains(ptr, 1):
+            return dev
+    return None

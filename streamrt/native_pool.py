@@ -140,6 +140,10 @@ class NativeMemPool(MemPool):
             del _owners[ptr]
             self._counts["free_count"] += 1
 
+    def _usable(self, ptr: int) -> int | None:
+        """Bytes of the live allocation starting at ``ptr`` (None: not one of this pool)."""
+        return self._impl.usable(ptr) if ptr in self._live else None
+
     def _on_sync(self) -> None:
         """The driver applies the release threshold at synchronize points itself."""
 

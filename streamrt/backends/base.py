@@ -115,6 +115,10 @@ class DeviceImpl(ABC):
         """True when ``[ptr, ptr + nbytes)`` lies inside one live allocation of this device."""
         return False  # cpu memory is found through its address space instead
 
+    def usable(self, ptr: int) -> int | None:
+        """Bytes from ``ptr`` to the end of the live allocation holding it (None: not one)."""
+        return None  # cpu memory is found through its address space instead
+
     def memory_info(self) -> tuple[int, int]:
         """``(free, total)`` bytes of device memory."""
         return max(self.capacity - self.used(), 0), self.capacity

@@ -363,6 +363,13 @@ class CudaDevice(DeviceImpl):
     def owns(self, ptr: int) -> bool:
         return ptr in self._allocs
 
+    def usable(self, ptr: int) -> int | None:
+        i = self._ranges.bisect_right(ptr) - 1
+        if i < 0:
+            return None
+        base, size = self._ranges.peekitem(i)
+        return base + size - ptr if ptr < base + max(size, 1) else None
+
     def contains(self, ptr: int, nbytes: int) -> bool:
         """True when ``[ptr, ptr + nbytes)`` lies inside one live allocation of this device."""
         return _in_contains(self._ranges, ptr, nbytes)

@@ -245,7 +245,7 @@ class Op:
 
 
 def _check_workspace(name: str, ws: Any, size: int, ex: Executor) -> None:
-    from ..memory import find_pool, usable_bytes  # stream.py must be imported before memory.py
+    from ..memory import device_of, usable_bytes  # stream.py must be imported before memory.py
 
     if not _is_int(ws):
         raise _bad(name, f"workspace must be a device pointer int or None, not {type(ws).__name__}")
@@ -267,17 +267,9 @@ def _check_workspace(name: str, ws: Any, size: int, ex: Executor) -> None:
                          "allocated, or an interior pointer of a pool block)")
     if have < size:
         raise _bad(name, f"workspace {hex(ws)} holds {have} bytes, the executor needs {size}")
-    pool = find_pool(ws)
-    dev_index = pool.device.index if pool is not None else _space_device(ws)
-    if dev_index != ex.device.index:
+    if device_of(ws) is not ex.device:
         raise _bad(name, f"workspace {hex(ws)} is not memory of {ex.device.name}")
 
-
-def _space_device(ptr: int) -> int:
-    from ..backends.cpu import SPACE
-
-    alloc = SPACE.find(ptr)
-    return -1 if alloc is None else alloc.device
 
 
 def stats(*, reset: bool = False) -> dict[str, Any]:
