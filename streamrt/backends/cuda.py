@@ -250,6 +250,12 @@ class CudaQueue(Queue):
         return self._copy, (dst, src, nbytes)
 
     def _copy(self, dst: Any, src: Any, nbytes: int) -> None:
+        if _outstanding[0] and (isinstance(dst, np.ndarray) or isinstance(src, np.ndarray)):
+            # a copy with pageable memory may wait for the stream inside the driver; with a
+            # host function pending, that function's thread needs the GIL: wait here first,
+            # polling, so the GIL is free while it runs
+            stream = self.stream
+            _block(lambda: rt.cudaStreamQuery(stream), lambda: rt.cudaStreamSynchronize(stream))
         _activate(self.dev.index)
         check(rt.cudaMemcpyAsync(_host_ptr(dst), _host_ptr(src), nbytes,
                                  rt.cudaMemcpyKind.cudaMemcpyDefault, self.stream))
