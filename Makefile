@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test bench clean
+.PHONY: demo test test-emu bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -25,6 +25,10 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed-test
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# the operators' CUDA C built with g++ and run on the CPU (no GPU needed; a few minutes)
+test-emu: $(VENV)/.installed-test
+	STREAMRT_CUDA_EMU=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_ops_cuda_emulated.py
 
 bench: $(VENV)/.installed
 	$(BIN)/streamrt bench

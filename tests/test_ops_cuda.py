@@ -9,7 +9,8 @@ Three layers, the first two need no GPU:
    workspace, and then the launches are executed by numpy models of the kernels (written from
    the kernels' C parameter lists) to check that the plumbing (levels, offsets, strides, packing,
    dtypes) computes the operator. These doubles test our planner; they do not pretend to be a
-   GPU, and they cannot find a bug inside the CUDA C itself;
+   GPU, and they cannot find a bug inside the CUDA C itself (``test_ops_cuda_emulated.py``
+   can: with ``STREAMRT_CUDA_EMU=1`` it runs the real CUDA C, built with g++, on the CPU);
 3. ``@pytest.mark.cuda`` tests run the operators on a real device against numpy (they skip, with
    the reason, where no GPU is usable).
 """
@@ -696,10 +697,10 @@ def _cuda_reason() -> str | None:
 
 
 class GpuSession:
-    """A non-blocking stream on cuda:0 and the tensors a test made on it (freed at teardown)."""
+    """A non-blocking stream on ``device`` and the tensors a test made on it (freed at teardown)."""
 
-    def __init__(self) -> None:
-        self.s = srt.Stream(srt.Device("cuda:0"), non_blocking=True)
+    def __init__(self, device: str = "cuda:0") -> None:
+        self.s = srt.Stream(srt.Device(device), non_blocking=True)
         self.owned: list[srt.Tensor] = []
 
     def put(self, a: np.ndarray, layout: str = "c") -> srt.Tensor:

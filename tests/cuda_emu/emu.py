@@ -1,0 +1,170 @@
+"""Run the operator kernels' real CUDA C on the CPU: a test aid for machines without a GPU.
+
+g++ (C++20) compiles each kernel's ``cuda_source`` after ``shim.h``, which supplies the CUDA
+built-ins the kernels use: 1-D ``threadIdx``/``blockIdx``/``blockDim``/``gridDim``, ``__shared__``,
+``__syncthreads`` (a ``std::barrier``), full-warp ``__shfl_xor_sync``/``__shfl_up_sync``,
+``__fmul_rn``/``__dmul_rn`` and the float16 conversions (``_Float16``, round to nearest even).
+A launch runs each CUDA thread of a block as one ``std::thread``. The shared objects are cached
+in ``$STREAMRT_CACHE_DIR/emu`` (default ``~/.cache/streamrt/emu``), named by a hash of the C++
+source and the compiler command, so a changed kernel is rebuilt and an unchanged one is not.
+
+What it does not emulate, so what it cannot find:
+
+- no real memory model: no weak ordering, caches or coalescing. A missing barrier may or may not
+  show (the threads are OS threads), and accesses are not bounds checked: a stray one reads or
+  corrupts this process's memory, or crashes it;
+- blocks run one after another: races or ordering between blocks never show;
+- the grid is capped for speed: x and z to ``GRID_CAP`` blocks (y, the split-K index, is never
+  capped). The kernels cover their work with grid-stride loops over x and z, so fewer blocks must
+  give the same result, but a bug needing many blocks is missed unless ``cap=None``;
+- floating point: fp contraction is off (NVRTC fuses ``a*b+c`` into FMAs by default) and
+  ``expf``/``exp``/``sqrtf`` come from the host's libm, so the last bits may differ from a GPU's;
+- warps: the shuffle mask is ignored (all 32 lanes must take part); blocks must be 1-D multiples
+  of 32 threads;
+- nothing about speed, occupancy, registers or launch limits: only results.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import threading
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from streamrt.backends.cpu import SPACE
+from streamrt.backends.nvrtc import parse_signature
+from streamrt.kernel import Kernel, dim3
+from streamrt.ops.framework import Op
+
+GRID_CAP = 2  # blocks along grid x and z (see the module docstring)
+SHIM = (Path(__file__).parent / "shim.h").read_text()
+CXX = ["g++", "-std=c++20", "-O1", "-ffp-contract=off", "-fPIC", "-shared", "-pthread", "-w"]
+# srt_ld / srt_st convert float16 with PTX; the host converts with the shim's _Float16 helpers
+PTX = {
+    'asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(p->bits));': "f = srt_emu_h2f(p->bits);",
+    'asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));': "h = srt_emu_f2h(v);",
+}
+LAUNCH = ('extern "C" void srt_emu_launch(void** p, unsigned gx, unsigned gy, unsigned gz, '
+          'unsigned bx) {{ srt_emu_run(&{name}, p, gx, gy, gz, bx); }}\n')
+
+_libs: dict[str, ctypes.CDLL] = {}  # by C++ source
+_launching = threading.Lock()  # a launch sets its library's globals (blockIdx, ...): one at a time
+
+
+def cache_dir() -> Path:
+    """``$STREAMRT_CACHE_DIR/emu`` or ``~/.cache/streamrt/emu`` (read on every call)."""
+    root = os.environ.get("STREAMRT_CACHE_DIR")
+    return (Path(root) if root else Path.home() / ".cache" / "streamrt") / "emu"
+
+
+def unavailable() -> str | None:
+    """None when g++ compiles the shim here (C++20 ``<barrier>``, ``_Float16``), else why not."""
+    if shutil.which("g++") is None:
+        return "g++ is not on PATH"
+    try:
+        r = subprocess.run(["g++", "-std=c++20", "-fsyntax-only", "-x", "c++", "-"], input=SHIM,
+                           capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"g++ did not run: {exc}"
+    if r.returncode:
+        return f"g++ cannot compile the C++20 shim (<barrier>, _Float16): {r.stderr.strip()[-600:]}"
+    return None
+
+
+def cpp_source(kernel: Kernel) -> str:
+    """The C++ translation unit of ``kernel``: shim, its CUDA source, and an extern "C" launcher."""
+    src = kernel.cuda_source
+    for ptx, host in PTX.items():
+        src = src.replace(ptx, host)
+    if "asm(" in src:
+        raise NotImplementedError(f"{kernel.name}: inline PTX the emulator does not know ({__file__})")
+    return SHIM + src + LAUNCH.format(name=kernel.name)
+
+
+def build(kernel: Kernel) -> ctypes.CDLL:
+    """The loaded library of ``kernel``'s current source, compiled unless cached."""
+    src = cpp_source(kernel)
+    lib = _libs.get(src)
+    if lib is None:
+        key = hashlib.sha256("\0".join([*CXX, src]).encode()).hexdigest()[:16]
+        so = cache_dir() / f"{kernel.name}-{key}.so"
+        if not so.exists():
+            _compile(src, so)
+        lib = ctypes.CDLL(str(so))
+        lib.srt_emu_launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 4
+        lib.srt_emu_launch.restype = None
+        _libs[src] = lib
+    return lib
+
+
+def _compile(src: str, so: Path) -> None:
+    so.parent.mkdir(parents=True, exist_ok=True)
+    tag = f"{os.getpid()}-{threading.get_ident()}"  # concurrent builders never share a file
+    cpp, tmp = so.with_suffix(f".{tag}.cpp"), so.with_suffix(f".{tag}.tmp")
+    cpp.write_text(src)
+    try:
+        r = subprocess.run([*CXX, "-o", str(tmp), str(cpp)], capture_output=True, text=True)
+        if r.returncode:
+            raise RuntimeError(f"g++ failed on {so.stem}:\n{r.stderr[-4000:]}")
+        os.replace(tmp, so)
+        os.replace(cpp, so.with_suffix(".cpp"))  # kept next to the library, for debugging
+    finally:
+        cpp.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
+
+
+def build_all(kernels: Iterable[Kernel], jobs: int | None = None) -> None:
+    """Build ``kernels`` ahead of their launches, ``jobs`` compilers at a time (default: cores)."""
+    with ThreadPoolExecutor(jobs or os.cpu_count() or 1) as pool:
+        list(pool.map(build, kernels))
+
+
+def launch(kernel: Kernel, args: Any, grid: Any, block: Any, cap: int | None = GRID_CAP) -> None:
+    """Run one launch of ``kernel``; pointer arguments are host addresses."""
+    g, b = dim3(grid), dim3(block, "block")
+    if b.y != 1 or b.z != 1 or b.x % 32:
+        raise NotImplementedError(f"{kernel.name}: block {tuple(b)}; the emulator runs 1-D blocks "
+                                  "of whole warps")
+    vals = [t(v) for t, v in zip(parse_signature(kernel.signature), args, strict=True)]
+    params = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
+    gx, gz = (g.x, g.z) if cap is None else (min(g.x, cap), min(g.z, cap))
+    lib = build(kernel)
+    with _launching:
+        lib.srt_emu_launch(params, gx, g.y, gz, b.x)
+
+
+def host_address(ptr: int) -> int:
+    """The host address of cpu-backend device address ``ptr``."""
+    a = SPACE.find(ptr)
+    if a is None or a.buf is None:
+        raise ValueError(f"{hex(ptr)} is not in mapped cpu-backend memory")
+    return a.buf.ctypes.data + (ptr - a.base)
+
+
+def host_body(kernel: Kernel, cap: int | None = GRID_CAP):
+    """A Python body for ``kernel`` on the cpu backend: the emulator, with host addresses."""
+    is_ptr = [t is ctypes.c_void_p for t in parse_signature(kernel.signature)]
+
+    def body(ctx, *args):
+        args = [host_address(v) if p and v else v for p, v in zip(is_ptr, args, strict=True)]
+        launch(kernel, args, ctx.grid, ctx.block, cap)
+
+    return body
+
+
+def _plan_cuda_everywhere(op, backend, ins, outs, attrs):
+    return op._plan_cuda(ins, outs, attrs)
+
+
+def route(monkeypatch: Any, kernels: Iterable[Kernel], cap: int | None = GRID_CAP) -> None:
+    """Through ``monkeypatch`` (so undone at its teardown): operators plan with their cuda planners
+    on every device, and on cpu ``kernels`` run their CUDA C on the emulator."""
+    monkeypatch.setattr(Op, "_plan_for", _plan_cuda_everywhere)
+    for k in kernels:
+        monkeypatch.setattr(k, "fn", host_body(k, cap))
