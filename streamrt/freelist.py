@@ -1,13 +1,14 @@
 """Pool blocks and free lists: best fit in O(log n) with exact-size bins (DESIGN.md §3).
 
-A :class:`Block` is a 512-aligned piece of a pool chunk, linked to its neighbours so that free
-ones coalesce. A :class:`FreeList` bins free blocks by exact size (a LIFO list per size, so the
+A :class:`Block` is a 512-aligned piece of a pool's arena, linked to its neighbours so that free
+ones coalesce. A :class:`FreeList` bins free blocks by exact size (a FIFO queue per size, so the
 common exact reuse is a dict lookup and a pop) and keeps a sorted index of the sizes for best
 fit; sizes whose bin emptied stay indexed until a search passes over them.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -42,14 +43,14 @@ class FreeList:
     __slots__ = ("bins", "sizes", "count")
 
     def __init__(self) -> None:
-        self.bins: dict[int, list[Block]] = {}
+        self.bins: dict[int, deque[Block]] = {}  # oldest free first: best fit's tie-break
         self.sizes = SortedList()  # may keep sizes whose bin is empty; pruned while searching
         self.count = 0
 
     def add(self, b: Block) -> None:
         lst = self.bins.get(b.size)
         if lst is None:
-            self.bins[b.size] = [b]
+            self.bins[b.size] = deque((b,))
             self.sizes.add(b.size)
         else:
             lst.append(b)
@@ -60,7 +61,7 @@ class FreeList:
         self.count -= 1
 
     def best(self, size: int, ok: Callable[[Block], bool] | None = None) -> Block | None:
-        """The smallest block of at least ``size`` bytes accepted by ``ok`` (latest freed first)."""
+        """The smallest block of at least ``size`` bytes accepted by ``ok`` (oldest free first)."""
         if not self.count:
             return None
         lst = self.bins.get(size)
@@ -93,7 +94,7 @@ class FreeList:
         return [b for lst in self.bins.values() for b in lst]
 
 
-def pick(lst: list[Block], ok: Callable[[Block], bool] | None) -> Block | None:
+def pick(lst: deque[Block], ok: Callable[[Block], bool] | None) -> Block | None:
     if ok is None:
         return lst[0]
     for b in lst:

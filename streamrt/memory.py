@@ -308,7 +308,7 @@ class MemPool(ArenaMixin, ReuseMixin):
                 if lst and (not self._holes or self._fully_mapped(lst[0])):
                     # (with unmapped granules in the arena, a block may need mapping first;
                     # a block left in _dirty is skipped by _settle once it is live)
-                    b = lst.pop(0)
+                    b = lst.popleft()
                     fl.count -= 1
                     b.live = True
                     b.stream = None
