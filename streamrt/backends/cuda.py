@@ -292,7 +292,7 @@ class CudaQueue(Queue):
         assert isinstance(other, CudaQueue), "streams of one backend only"
         if other._done >= pos:
             return
-        ev = other._event_at(pos) if pos < other.pos else None
+        ev = other._event_at(pos)  # a marked position at or after pos (an event record)
         if ev is None:  # the other stream's tail: mark it now
             other.mark()
             ev = other._markers[-1][1]
