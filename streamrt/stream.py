@@ -30,6 +30,7 @@ from .device import Device, current_device
 from .errors import (
     InvalidHandleError,
     InvalidTypeError,
+    NotSupportedError,
 )
 from .event import Event
 from .hostsync import after_sync, covered, proved, reset_device, retire, synchronize_device
@@ -186,6 +187,10 @@ class Stream:
                 accesses: tuple = (), extra: dict | None = None) -> None:
         if self._destroyed:
             self._check_alive()
+        if _global_slow and instrument.listeners and not self._q.inline:
+            raise NotSupportedError(
+                f"the sanitizer and the tracer observe work where the cpu backend runs it; "
+                f"they do not support {self.device.name} yet (disable them for cuda streams)")
         if not self.non_blocking:
             self._implicit()
         self._pos += 1

@@ -378,3 +378,19 @@ def test_backend_explicit_graph_nodes_and_updates(bdev):
     ge.destroy()
     for p in (a, b):
         srt.free(p)
+
+
+@pytest.mark.cuda
+def test_cuda_sanitizer_refuses_cuda_streams_clearly():
+    reason = _cuda_reason()
+    if reason is not None:
+        pytest.skip(f"no usable CUDA device here: {reason}")
+    s = srt.Stream(srt.Device("cuda:0"), non_blocking=True)
+    srt.sanitizer.enable()
+    try:
+        with pytest.raises(srt.NotSupportedError, match="sanitizer"):
+            s.launch_host_func(lambda: None)
+    finally:
+        srt.sanitizer.disable()
+    s.launch_host_func(lambda: None)  # and nothing was left half-enqueued
+    s.synchronize()
