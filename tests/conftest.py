@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -30,6 +32,28 @@ def delay():
     cpu.set_delay_us(prev)
 
 
+# -- backends: contract tests run on each (cuda ones skip, saying why, where no GPU is usable) --
+BACKENDS = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+
+
+def cuda_reason() -> str | None:
+    """Why ``cuda:0`` cannot be used here (None: it can)."""
+    try:
+        srt.Device("cuda:0")
+    except srt.StreamRTError as exc:
+        return str(exc)
+    return None
+
+
+def backend_device(backend: str) -> srt.Device:
+    """Device 0 of ``backend``; skips the test, with the reason, when it cannot be used."""
+    if backend == "cuda":
+        reason = cuda_reason()
+        if reason is not None:
+            pytest.skip(f"no usable CUDA device here: {reason}")
+    return srt.Device(f"{backend}:0")
+
+
 @srt.kernel
 def gate_kernel(ctx, event):
     """Blocks its stream until ``event`` is set: makes "not yet complete" certain."""
@@ -37,15 +61,54 @@ def gate_kernel(ctx, event):
         raise TimeoutError("gate never opened")
 
 
+FLAG_GATE = r"""extern "C" __global__ void flag_gate_kernel(const volatile int* flag) {
+  long long t0 = clock64();
+  while (*flag == 0 && clock64() - t0 < 40000000000LL) { }
+}"""
+
+
+@srt.kernel(cuda=FLAG_GATE, signature="ptr")
+def flag_gate_kernel(ctx, flag):
+    """The gate of any backend: spins on an int32 in pinned host memory until the host sets it."""
+    f = ctx.array(flag, (1,), np.int32, readonly=True)
+    deadline = time.monotonic() + 30
+    while f[0] == 0 and time.monotonic() < deadline:  # a spin, as the CUDA body does
+        time.sleep(0.0002)
+
+
+class HostFlag:
+    """An int32 in pinned host memory that kernels can read while the host writes it."""
+
+    def __init__(self, dev: srt.Device) -> None:
+        with dev:
+            self.ptr = srt.malloc_host(4)
+        if dev.backend == "cpu":
+            self.view = cpu.SPACE.array(self.ptr, (1,), np.int32, False)
+        else:
+            self.view = np.ctypeslib.as_array((ctypes.c_int32 * 1).from_address(self.ptr))
+        self.view[0] = 0
+
+    def set(self) -> None:
+        self.view[0] = 1
+
+
 class Gate:
-    """A host-controlled gate enqueued on a stream."""
+    """A host-controlled gate enqueued on a stream (a pinned-memory flag on non-cpu backends)."""
 
     def __init__(self, stream: srt.Stream) -> None:
         self.event = threading.Event()
-        stream.launch(gate_kernel, self.event)
+        self.flag: HostFlag | None = None
+        if stream.device.backend == "cpu":
+            stream.launch(gate_kernel, self.event)
+        else:
+            self.flag = HostFlag(stream.device)
+            self.device = stream.device
+            stream.launch(flag_gate_kernel, self.flag.ptr)
 
     def open(self) -> None:
         self.event.set()
+        if self.flag is not None:
+            self.flag.set()
 
 
 @pytest.fixture
@@ -61,6 +124,11 @@ def gate():
     yield make
     for g in gates:
         g.open()
+    for g in gates:
+        if g.flag is not None:  # the kernel may still read it: free once its device is idle
+            g.device.synchronize()
+            with g.device:
+                srt.free_host(g.flag.ptr)
 
 
 @srt.kernel

@@ -6,16 +6,12 @@ certain by a gate kernel that spins on a flag in pinned host memory until the ho
 
 from __future__ import annotations
 
-import ctypes
-import time
-
 import numpy as np
 import pytest
 
 import streamrt as srt
-from streamrt.backends import cpu
 
-BACKENDS = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+from .conftest import BACKENDS, HostFlag, backend_device, cuda_reason, flag_gate_kernel
 
 ADD_ONE = r"""extern "C" __global__ void add_one(float* x, int n) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -27,12 +23,6 @@ SCALE = r"""extern "C" __global__ void scale(float* x, int n, float factor) {
   if (i < n) x[i] *= factor;
 }"""
 
-GATE = r"""extern "C" __global__ void gate(const volatile int* flag) {
-  long long t0 = clock64();
-  while (*flag == 0 && clock64() - t0 < 40000000000LL) { }
-}"""
-
-
 @srt.kernel(cuda=ADD_ONE, signature="ptr, i32")
 def add_one(ctx, x, n):
     ctx.array(x, (n,), np.float32)[:] += 1
@@ -43,53 +33,18 @@ def scale(ctx, x, n, factor):
     ctx.array(x, (n,), np.float32)[:] *= factor
 
 
-@srt.kernel(cuda=GATE, signature="ptr")
-def gate(ctx, flag):
-    f = ctx.array(flag, (1,), np.int32, readonly=True)
-    deadline = time.monotonic() + 30
-    while f[0] == 0 and time.monotonic() < deadline:  # a spin, as the CUDA body does
-        time.sleep(0.0002)
-
-
 @srt.kernel
 def python_only(ctx, x):
     pass
 
 
-def _cuda_reason() -> str | None:
-    try:
-        srt.Device("cuda:0")
-    except srt.StreamRTError as exc:
-        return str(exc)
-    return None
-
-
 @pytest.fixture(params=BACKENDS)
 def bdev(request):
     """Device 0 of each backend, current for the test; cuda skips with the reason it is unusable."""
-    if request.param == "cuda":
-        reason = _cuda_reason()
-        if reason is not None:
-            pytest.skip(f"no usable CUDA device here: {reason}")
-    d = srt.Device(f"{request.param}:0")
+    d = backend_device(request.param)
     with d:
         yield d
         d.synchronize()
-
-
-class HostFlag:
-    """An int32 in pinned host memory that kernels can read while the host writes it."""
-
-    def __init__(self, dev: srt.Device) -> None:
-        self.ptr = srt.malloc_host(4)
-        if dev.backend == "cpu":
-            self.view = cpu.SPACE.array(self.ptr, (1,), np.int32, False)
-        else:
-            self.view = np.ctypeslib.as_array((ctypes.c_int32 * 1).from_address(self.ptr))
-        self.view[0] = 0
-
-    def set(self) -> None:
-        self.view[0] = 1
 
 
 @pytest.fixture
@@ -162,7 +117,7 @@ def test_backend_event_wait_orders_streams(bdev, flags):
     n = 256
     src, dst = _dev_f32(bdev, np.zeros(n)), _dev_f32(bdev, np.zeros(n))
     f = flags()
-    s1.launch(gate, f.ptr)
+    s1.launch(flag_gate_kernel, f.ptr)
     s1.launch(add_one, src, n, grid=1, block=256)
     e = s1.record()
     assert not e.query() and not s1.query()
@@ -181,7 +136,7 @@ def test_backend_host_functions_run_in_stream_order(bdev, flags):
     s = srt.Stream(bdev, non_blocking=True)
     seen: list[int] = []
     f = flags()
-    s.launch(gate, f.ptr)
+    s.launch(flag_gate_kernel, f.ptr)
     for i in range(5):
         s.launch_host_func(seen.append, i)
     done = s.record()
@@ -210,7 +165,7 @@ def test_backend_timing_events(bdev, flags):
     start = srt.Event(bdev, timing=True)
     end = srt.Event(bdev, timing=True)
     s.record(start)
-    s.launch(gate, f.ptr)
+    s.launch(flag_gate_kernel, f.ptr)
     s.record(end)
     with pytest.raises(srt.NotReadyError):
         start.elapsed_time(end)
@@ -225,7 +180,7 @@ def test_backend_blocking_stream_follows_legacy_default_stream(bdev, flags):
     f = flags()
     legacy = bdev.default_stream
     blocking = srt.Stream(bdev)  # implicitly ordered after the legacy stream
-    legacy.launch(gate, f.ptr)
+    legacy.launch(flag_gate_kernel, f.ptr)
     blocking.launch_host_func(lambda: None)
     assert not blocking.query()
     f.set()
@@ -310,7 +265,7 @@ def test_backend_stream_priorities_and_destroy(bdev):
 
 @pytest.mark.cuda
 def test_cuda_kernel_without_cuda_body_is_a_clear_error():
-    reason = _cuda_reason()
+    reason = cuda_reason()
     if reason is not None:
         pytest.skip(f"no usable CUDA device here: {reason}")
     dev = srt.Device("cuda:0")
@@ -321,7 +276,7 @@ def test_cuda_kernel_without_cuda_body_is_a_clear_error():
 
 
 def test_cuda_unavailable_is_reported_clearly():
-    reason = _cuda_reason()
+    reason = cuda_reason()
     if reason is None:
         pytest.skip("a CUDA device is usable here")
     assert srt.device_count("cuda") == 0
@@ -382,7 +337,7 @@ def test_backend_explicit_graph_nodes_and_updates(bdev):
 
 @pytest.mark.cuda
 def test_cuda_sanitizer_refuses_cuda_streams_clearly():
-    reason = _cuda_reason()
+    reason = cuda_reason()
     if reason is not None:
         pytest.skip(f"no usable CUDA device here: {reason}")
     s = srt.Stream(srt.Device("cuda:0"), non_blocking=True)

@@ -1,10 +1,21 @@
-"""Events: record, wait, query, synchronize, elapsed time, and their errors."""
+"""Events: record, wait, query, synchronize, elapsed time, and their errors (every backend)."""
 
 from __future__ import annotations
 
 import pytest
 
 import streamrt as srt
+
+from .conftest import BACKENDS, backend_device
+
+
+@pytest.fixture(params=BACKENDS)
+def dev(request):
+    """Device 0 of each backend, current for the test: events are a contract of every backend."""
+    d = backend_device(request.param)
+    with d:
+        yield d
+        d.synchronize()
 
 
 @pytest.fixture
