@@ -1,4 +1,5 @@
-"""Synchronous helpers: malloc/free/malloc_host/free_host/memcpy/memset/read/write."""
+"""Synchronous helpers: malloc/free/malloc_host/free_host/memcpy/memset/read/write (every
+backend)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,23 @@ import numpy as np
 import pytest
 
 import streamrt as srt
-from streamrt.backends.cpu import ALIGN
+
+from .conftest import BACKENDS, backend_device
+
+
+@pytest.fixture(params=BACKENDS)
+def dev(request):
+    """Device 0 of each backend, current for the test."""
+    d = backend_device(request.param)
+    with d:
+        yield d
+        d.synchronize()
 
 
 def test_blocking_malloc_alignment_and_nonzero(dev):
+    align = 512 if dev.backend == "cpu" else 256  # cudaMalloc guarantees 256 bytes
     ptrs = [srt.malloc(n) for n in (0, 1, 511, 512, 513, 100000)]
-    assert all(p != 0 and p % ALIGN == 0 for p in ptrs)
+    assert all(p != 0 and p % align == 0 for p in ptrs)
     assert len(set(ptrs)) == len(ptrs)
     for p in ptrs:
         srt.free(p)

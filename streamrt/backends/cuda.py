@@ -34,6 +34,7 @@ from ..errors import (
     InvalidAddressError,
     NotReadyError,
     NotSupportedError,
+    OutOfMemoryError,
 )
 from .base import Backend, DeviceImpl, Queue
 
@@ -343,7 +344,12 @@ class CudaDevice(DeviceImpl):
 
     def malloc(self, nbytes: int) -> int:
         _activate(self.index)
-        ptr = int(check(rt.cudaMalloc(max(nbytes, 1))))
+        try:
+            ptr = int(check(rt.cudaMalloc(max(nbytes, 1))))
+        except OutOfMemoryError as exc:
+            free, total = self.memory_info()
+            raise OutOfMemoryError(f"cuda:{self.index}: cudaMalloc of {nbytes} bytes failed: "
+                                   f"{free} of {total} bytes free") from exc
         self._allocs[ptr] = nbytes
         self._ranges[ptr] = nbytes
         return ptr
@@ -506,7 +512,10 @@ class CudaBackend(Backend):
         return CudaDevice(index)
 
     def malloc_host(self, nbytes: int) -> int:
-        ptr = int(check(rt.cudaMallocHost(max(nbytes, 1))))
+        try:
+            ptr = int(check(rt.cudaMallocHost(max(nbytes, 1))))
+        except OutOfMemoryError as exc:
+            raise OutOfMemoryError(f"cudaMallocHost of {nbytes} bytes failed") from exc
         self._host[ptr] = nbytes
         return ptr
 
