@@ -3,7 +3,8 @@
 State and invariants:
 - Address space: every allocation (device memory of any cpu device, pinned host memory) is a
   numpy ``uint8`` arena at an integer base address, 512-byte aligned, never 0, in a range per
-  device (``(index + 1) << 48``; pinned host memory at ``0x7F << 40``). Allocations never
+  device (``(index + 1) << 48``; pinned host memory at ``0x7F << 48``, above any real
+  address, so cpu pointers never collide with another backend's). Allocations never
   overlap and are separated by a guard gap, so running off the end of one never lands in the
   next. ``_allocs`` maps base -> allocation in a sorted dict: lookups are O(log n).
 - Views: ``array()`` caches numpy views by ``(ptr, shape, dtype, readonly)``; the cache is
@@ -121,7 +122,7 @@ class AddressSpace:
         size = _round_up(max(nbytes, 1))
         with self._lock:
             # 256 TiB of addresses per device: pool arenas reserve whole device capacities
-            start = (0x7F << 40) if device == HOST_DEVICE else (device + 1) << 48
+            start = (0x7F << 48) if device == HOST_DEVICE else (device + 1) << 48
             base = self._next.get(device, start)
             self._next[device] = base + size + _GUARD
             alloc = Allocation(base, size, device, virtual=virtual, buf=buf)
