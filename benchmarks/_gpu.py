@@ -10,12 +10,15 @@ from __future__ import annotations
 import ctypes
 import functools
 import importlib
+import json
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 import streamrt as srt
+from streamrt.backends.nvrtc import compile_cubin
 
 N_ELEMS = 256
 SRC = r"""extern "C" __global__ void tiny_add(const float* a, const float* b, float* c, int n) {
@@ -96,41 +99,13 @@ def raw_arch(index: int = 0) -> str:
     return f"sm_{major}{minor}"
 
 
-def _nvrtc_cubin(source: str, name: str, arch: str) -> bytes:
-    """Compile ``source`` to a CUBIN with cuda.bindings.nvrtc (used until streamrt ships its own)."""
-    from cuda.bindings import nvrtc
-
-    prog = check(nvrtc.nvrtcCreateProgram(source.encode(), f"{name}.cu".encode(), 0, [], []))
-    try:
-        opts = [f"--gpu-architecture={arch}".encode()]
-        err = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]
-        if err:
-            log = bytearray(check(nvrtc.nvrtcGetProgramLogSize(prog)))
-            check(nvrtc.nvrtcGetProgramLog(prog, log))
-            raise RuntimeError(f"NVRTC failed ({_err_name(err)}):\n{log.decode(errors='replace')}")
-        cubin = bytearray(check(nvrtc.nvrtcGetCUBINSize(prog)))  # a writable char* NVRTC fills
-        check(nvrtc.nvrtcGetCUBIN(prog, cubin))
-        return bytes(cubin)
-    finally:
-        nvrtc.nvrtcDestroyProgram(prog)
-
-
-def compile_cubin(source: str, name: str, arch: str) -> bytes:
-    """A CUBIN of ``source`` for ``arch``: streamrt's NVRTC wrapper when present, else our own."""
-    try:
-        from streamrt.backends.nvrtc import compile_cubin as srt_compile
-    except ImportError:
-        return _nvrtc_cubin(source, name, arch)
-    return srt_compile(source, f"{name}.cu", arch)
-
-
 @functools.cache
 def raw_module(source: str, name: str, index: int = 0) -> Any:
     """The ``CUfunction`` ``name`` of ``source``, compiled for device ``index`` and loaded raw."""
     from cuda.bindings import driver
 
     raw_context(index)
-    cubin = compile_cubin(source, name, raw_arch(index))
+    cubin = compile_cubin(source, name, raw_arch(index))  # streamrt's NVRTC wrapper and cache
     module = check(driver.cuModuleLoadData(cubin))
     return check(driver.cuModuleGetFunction(module, name.encode()))
 
@@ -245,3 +220,28 @@ def quietly(fn: Callable[..., Any], *args: Any) -> None:
         fn(*args)
     except Exception:
         pass
+
+
+def fmt(v: float | None) -> str:
+    """A figure of a report line (``n/a`` for a measurement that did not run)."""
+    return "    n/a" if v is None else f"{v:7.3f}"
+
+
+def report(r: dict, as_json: bool, title: str, unit: str) -> None:
+    """Print a benchmark result: JSON (``--json``), the skip reason, or a readable report."""
+    if as_json:
+        if "skipped" in r:
+            print(f"skipped: {r['skipped']}", file=sys.stderr)
+        print(json.dumps(r))
+        return
+    if "skipped" in r:
+        print(f"skipped: {r['skipped']}")
+        return
+    print(title)
+    for x in r["rows"]:
+        err = f"  {x['error']}" if "error" in x else ""
+        print(f"  {x['claim']:64s} {fmt(x['ours'])} vs {fmt(x['peer'])} {unit}   "
+              f"ratio {fmt(x['ratio'])}x ({x['target']}){err}")
+    for note in r.get("notes", ()):
+        print(f"  note: {note}")
+    print(f"  {'PASS' if r['pass'] else 'FAIL'}")

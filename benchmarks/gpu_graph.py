@@ -16,12 +16,10 @@ Needs a cuda device: without one, ``run`` returns ``{"rows": [], "skipped": reas
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 
 import numpy as np
 from _common import best_us
-from _gpu import N_ELEMS, RawTiny, attempt, check, errors, gpu_skip_reason, quietly, row, tiny_add
+from _gpu import N_ELEMS, RawTiny, attempt, check, errors, gpu_skip_reason, quietly, report, row, tiny_add
 
 import streamrt as srt
 
@@ -187,25 +185,10 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     r = run(args.nodes, quick=args.quick)
-    if args.json:
-        if "skipped" in r:
-            print(f"skipped: {r['skipped']}", file=sys.stderr)
-        print(json.dumps(r))
-        return
-    if "skipped" in r:
-        print(f"skipped: {r['skipped']}")
-        return
-    print(f"graph replay of a {r['nodes']}-node chain of a tiny CUDA kernel, {r['launches']} replays, "
-          f"best of {r['repeat']}")
-    for x in r["rows"]:
-        print(f"  {x['claim']:62s} {_f(x['ours'])} vs {_f(x['peer'])} us/node   "
-              f"ratio {_f(x['ratio'])}x ({x['target']}){'  ' + x['error'] if 'error' in x else ''}")
-    print(f"  {'PASS' if r['pass'] else 'FAIL'}")
-
-
-def _f(v: float | None) -> str:
-    return "  n/a" if v is None else f"{v:6.3f}"
-
+    title = "" if "skipped" in r else (
+        f"graph replay of a {r['nodes']}-node chain of a tiny CUDA kernel, {r['launches']} replays, "
+        f"best of {r['repeat']}")
+    report(r, args.json, title, "us/node")
 
 if __name__ == "__main__":
     main()

@@ -17,8 +17,6 @@ Needs a cuda device: without one, ``run`` returns ``{"rows": [], "skipped": reas
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from typing import Any
 
 import numpy as np
@@ -33,6 +31,7 @@ from _gpu import (
     gpu_skip_reason,
     optional,
     quietly,
+    report,
     row,
     tiny_add,
 )
@@ -182,26 +181,9 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     r = run(args.n, quick=args.quick)
-    if args.json:
-        if "skipped" in r:
-            print(f"skipped: {r['skipped']}", file=sys.stderr)
-        print(json.dumps(r))
-        return
-    if "skipped" in r:
-        print(f"skipped: {r['skipped']}")
-        return
-    print(f"eager launch of a tiny CUDA kernel, {r['n']} launches, best of {r['repeat']}")
-    for x in r["rows"]:
-        print(f"  {x['claim']:60s} {_f(x['ours'])} vs {_f(x['peer'])} us   ratio {_f(x['ratio'])}x "
-              f"({x['target']}){'  ' + x['error'] if 'error' in x else ''}")
-    for note in r["notes"]:
-        print(f"  note: {note}")
-    print(f"  {'PASS' if r['pass'] else 'FAIL'}")
-
-
-def _f(v: float | None) -> str:
-    return "  n/a" if v is None else f"{v:5.2f}"
-
+    title = "" if "skipped" in r else (
+        f"eager launch of a tiny CUDA kernel, {r['n']} launches, best of {r['repeat']}")
+    report(r, args.json, title, "us")
 
 if __name__ == "__main__":
     main()

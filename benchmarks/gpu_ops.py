@@ -14,13 +14,11 @@ Needs a cuda device: without one, ``run`` returns ``{"rows": [], "skipped": reas
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from typing import Any
 
 import numpy as np
 from _common import best_us
-from _gpu import attempt, errors, gpu_skip_reason, optional, quietly, row
+from _gpu import attempt, errors, gpu_skip_reason, optional, quietly, report, row
 
 import streamrt as srt
 from streamrt import ops
@@ -142,25 +140,9 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     r = run(args.n, quick=args.quick)
-    if args.json:
-        if "skipped" in r:
-            print(f"skipped: {r['skipped']}", file=sys.stderr)
-        print(json.dumps(r))
-        return
-    if "skipped" in r:
-        print(f"skipped: {r['skipped']}")
-        return
-    print(f"ops.run (executor-cache hit) on CUDA tensors vs CuPy, best of {r['repeat']}")
-    for x in r["rows"]:
-        print(f"  {x['claim']:56s} {_f(x['ours'])} vs {_f(x['peer'])} us   ratio {_f(x['ratio'])}x"
-              f"{'  ' + x['error'] if 'error' in x else ''}")
-    for note in r["notes"]:
-        print(f"  note: {note}")
-
-
-def _f(v: float | None) -> str:
-    return "    n/a" if v is None else f"{v:7.2f}"
-
+    title = "" if "skipped" in r else (
+        f"ops.run (executor-cache hit) on CUDA tensors vs CuPy, best of {r['repeat']}")
+    report(r, args.json, title, "us")
 
 if __name__ == "__main__":
     main()

@@ -18,13 +18,11 @@ Needs a cuda device: without one, ``run`` returns ``{"rows": [], "skipped": reas
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from collections.abc import Callable
 from typing import Any
 
 from _common import best_us
-from _gpu import attempt, check, errors, gpu_skip_reason, optional, quietly, raw_context, row
+from _gpu import attempt, check, errors, gpu_skip_reason, optional, quietly, raw_context, report, row
 
 import streamrt as srt
 
@@ -161,25 +159,9 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     r = run(args.n, sizes=tuple(args.sizes), quick=args.quick)
-    if args.json:
-        if "skipped" in r:
-            print(f"skipped: {r['skipped']}", file=sys.stderr)
-        print(json.dumps(r))
-        return
-    if "skipped" in r:
-        print(f"skipped: {r['skipped']}")
-        return
-    print(f"stream-ordered malloc + free pair on a CUDA stream, {r['n']} pairs, best of {r['repeat']}")
-    for x in r["rows"]:
-        print(f"  {x['claim']:80s} {_f(x['ours'])} vs {_f(x['peer'])} us   ratio {_f(x['ratio'])}x"
-              f"{'  ' + x['error'] if 'error' in x else ''}")
-    for note in r["notes"]:
-        print(f"  note: {note}")
-
-
-def _f(v: float | None) -> str:
-    return "  n/a" if v is None else f"{v:5.2f}"
-
+    title = "" if "skipped" in r else (
+        f"stream-ordered malloc + free pair on a CUDA stream, {r['n']} pairs, best of {r['repeat']}")
+    report(r, args.json, title, "us")
 
 if __name__ == "__main__":
     main()
