@@ -54,6 +54,16 @@ def backend_device(backend: str) -> srt.Device:
     return srt.Device(f"{backend}:0")
 
 
+@pytest.fixture(params=BACKENDS)
+def any_dev(request):
+    """Device 0 of each backend, current for the test (a module of contract tests makes its
+    ``dev`` fixture return this one)."""
+    d = backend_device(request.param)
+    with d:
+        yield d
+        d.synchronize()
+
+
 @srt.kernel
 def gate_kernel(ctx, event):
     """Blocks its stream until ``event`` is set: makes "not yet complete" certain."""

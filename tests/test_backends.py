@@ -1,7 +1,7 @@
 """Contract tests run on every backend: the same program, the same results (cuda ones need a GPU).
 
 Each kernel carries a Python body (cpu) and a CUDA C body (cuda). "Not yet complete" is made
-certain by a gate kernel that spins on a flag in pinned host memory until the host sets it.
+certain by conftest's gate (on cuda, a kernel spinning on a flag in pinned host memory).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 import streamrt as srt
 
-from .conftest import BACKENDS, HostFlag, backend_device, cuda_reason, flag_gate_kernel
+from .conftest import cuda_reason
 
 ADD_ONE = r"""extern "C" __global__ void add_one(float* x, int n) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -38,31 +38,10 @@ def python_only(ctx, x):
     pass
 
 
-@pytest.fixture(params=BACKENDS)
-def bdev(request):
-    """Device 0 of each backend, current for the test; cuda skips with the reason it is unusable."""
-    d = backend_device(request.param)
-    with d:
-        yield d
-        d.synchronize()
-
-
 @pytest.fixture
-def flags(bdev):
-    """``flags()`` makes a closed host flag; every flag is opened and freed at teardown."""
-    made: list[HostFlag] = []
-
-    def make() -> HostFlag:
-        f = HostFlag(bdev)
-        made.append(f)
-        return f
-
-    yield make
-    for f in made:
-        f.set()
-    bdev.synchronize()
-    for f in made:
-        srt.free_host(f.ptr)
+def bdev(any_dev):
+    """Device 0 of each backend (conftest's ``any_dev``)."""
+    return any_dev
 
 
 def _dev_f32(bdev, values) -> int:
@@ -112,19 +91,18 @@ def test_backend_kernels_same_results(bdev):
     srt.free(p)
 
 
-def test_backend_event_wait_orders_streams(bdev, flags):
+def test_backend_event_wait_orders_streams(bdev, gate):
     s1, s2 = srt.Stream(bdev, non_blocking=True), srt.Stream(bdev, non_blocking=True)
     n = 256
     src, dst = _dev_f32(bdev, np.zeros(n)), _dev_f32(bdev, np.zeros(n))
-    f = flags()
-    s1.launch(flag_gate_kernel, f.ptr)
+    g = gate(s1)
     s1.launch(add_one, src, n, grid=1, block=256)
     e = s1.record()
     assert not e.query() and not s1.query()
     s2.wait(e)
     s2.memcpy(dst, src, 4 * n)  # must see add_one's result: it waits for the gate
     assert not s2.query()
-    f.set()
+    g.open()
     s2.synchronize()
     assert e.query()
     assert np.array_equal(srt.read(dst, (n,), np.float32), np.ones(n, np.float32))
@@ -132,17 +110,16 @@ def test_backend_event_wait_orders_streams(bdev, flags):
         srt.free(p)
 
 
-def test_backend_host_functions_run_in_stream_order(bdev, flags):
+def test_backend_host_functions_run_in_stream_order(bdev, gate):
     s = srt.Stream(bdev, non_blocking=True)
     seen: list[int] = []
-    f = flags()
-    s.launch(flag_gate_kernel, f.ptr)
+    g = gate(s)
     for i in range(5):
         s.launch_host_func(seen.append, i)
     done = s.record()
     assert not done.query()
     assert seen == []  # the gate holds them back
-    f.set()
+    g.open()
     done.synchronize()
     assert seen == [0, 1, 2, 3, 4]
 
@@ -159,31 +136,29 @@ def test_backend_host_function_error_reported_at_synchronize(bdev):
     assert isinstance(info.value.__cause__, RuntimeError)
 
 
-def test_backend_timing_events(bdev, flags):
+def test_backend_timing_events(bdev, gate):
     s = srt.Stream(bdev, non_blocking=True)
-    f = flags()
     start = srt.Event(bdev, timing=True)
     end = srt.Event(bdev, timing=True)
     s.record(start)
-    s.launch(flag_gate_kernel, f.ptr)
+    g = gate(s)
     s.record(end)
     with pytest.raises(srt.NotReadyError):
         start.elapsed_time(end)
-    f.set()
+    g.open()
     end.synchronize()
     assert start.elapsed_time(end) >= 0.0
     with pytest.raises(srt.InvalidHandleError):
         srt.Event(bdev).elapsed_time(end)  # not a timing event
 
 
-def test_backend_blocking_stream_follows_legacy_default_stream(bdev, flags):
-    f = flags()
+def test_backend_blocking_stream_follows_legacy_default_stream(bdev, gate):
     legacy = bdev.default_stream
     blocking = srt.Stream(bdev)  # implicitly ordered after the legacy stream
-    legacy.launch(flag_gate_kernel, f.ptr)
+    g = gate(legacy)
     blocking.launch_host_func(lambda: None)
     assert not blocking.query()
-    f.set()
+    g.open()
     blocking.synchronize()
     assert legacy.query()
 

@@ -9,13 +9,14 @@ import pkgutil
 
 import pytest
 
-import streamrt as srt
 import streamrt.demos
 from streamrt import cli
 from streamrt.backends.nvrtc import compile_cubin, nvrtc_available, parse_signature
 from streamrt.demos import guarded, run
 from streamrt.errors import ExecutorError, InvalidValueError, NotSupportedError
 from streamrt.kernel import Kernel
+
+from .conftest import cuda_reason
 
 
 def _demo_kernels() -> dict[str, Kernel]:
@@ -85,18 +86,10 @@ def test_run_summary_counts_steps_shown_as_na(monkeypatch):
     assert lines[-1] == "all checks passed (1 step(s) n/a on cpu:0, see above)"
 
 
-def _cuda_reason() -> str | None:
-    try:
-        srt.Device("cuda:0")
-    except srt.StreamRTError as exc:
-        return str(exc)
-    return None
-
-
 @pytest.mark.cuda
 @pytest.mark.timeout(600)  # the first run compiles every demo and operator kernel with NVRTC
 def test_demo_passes_on_cuda(capsys):
-    reason = _cuda_reason()
+    reason = cuda_reason()
     if reason is not None:
         pytest.skip(f"no usable CUDA device here: {reason}")
     code = cli.main(["demo", "--device", "cuda:0"])

@@ -6,16 +6,11 @@ import pytest
 
 import streamrt as srt
 
-from .conftest import BACKENDS, backend_device
 
-
-@pytest.fixture(params=BACKENDS)
-def dev(request):
-    """Device 0 of each backend, current for the test: events are a contract of every backend."""
-    d = backend_device(request.param)
-    with d:
-        yield d
-        d.synchronize()
+@pytest.fixture
+def dev(any_dev):
+    """Device 0 of each backend: events are a contract of every backend."""
+    return any_dev
 
 
 @pytest.fixture

@@ -38,6 +38,8 @@ from streamrt.ops.cuda import scan as cu_scan
 from streamrt.ops.cuda.common import SMALL, contiguous_strides
 from streamrt.tensor import TensorDesc
 
+from .conftest import cuda_reason
+
 F16, F32, F64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
 DTYPES = (F16, F32, F64)
 ACC = {F16: F32, F32: F32, F64: F64}
@@ -688,14 +690,6 @@ def test_empty_outputs_launch_nothing():
 
 
 # -- 3. on a GPU -------------------------------------------------------------------------------------
-def _cuda_reason() -> str | None:
-    try:
-        srt.Device("cuda:0")
-    except srt.StreamRTError as exc:
-        return str(exc)
-    return None
-
-
 class GpuSession:
     """A non-blocking stream on ``device`` and the tensors a test made on it (freed at teardown)."""
 
@@ -733,7 +727,7 @@ class GpuSession:
 @pytest.fixture
 def gpu():
     """A :class:`GpuSession` on cuda:0; skips with the reason when there is no usable GPU."""
-    reason = _cuda_reason()
+    reason = cuda_reason()
     if reason is not None:
         pytest.skip(f"no usable CUDA device here: {reason}")
     g = GpuSession()
