@@ -129,6 +129,15 @@ def _nonneg(value: Any, what: str) -> int:
     return value
 
 
+def _options(max_size: Any, release_threshold: Any, follow: Any, opportunistic: Any,
+             internal: Any) -> tuple[int, int, bool, bool, bool]:
+    """MemPool's keyword options, validated: two sizes (>= 0) and the three reuse flags."""
+    return (_nonneg(max_size, "max_size"), _nonneg(release_threshold, "release_threshold"),
+            _flag(follow, "reuse_follow_event_dependencies"),
+            _flag(opportunistic, "reuse_allow_opportunistic"),
+            _flag(internal, "reuse_allow_internal_dependencies"))
+
+
 class MemPool(ArenaMixin, ReuseMixin):
     """A stream-ordered memory pool (``cudaMemPool_t`` / ``aclrtMemPool``)."""
 
@@ -143,11 +152,9 @@ class MemPool(ArenaMixin, ReuseMixin):
         reuse_allow_internal_dependencies: bool = True,
     ) -> None:
         self.device = Device(device)
-        self.max_size = _nonneg(max_size, "max_size")
-        self._threshold = _nonneg(release_threshold, "release_threshold")
-        self._follow_events = _flag(reuse_follow_event_dependencies, "reuse_follow_event_dependencies")
-        self._opportunistic = _flag(reuse_allow_opportunistic, "reuse_allow_opportunistic")
-        self._internal = _flag(reuse_allow_internal_dependencies, "reuse_allow_internal_dependencies")
+        (self.max_size, self._threshold, self._follow_events, self._opportunistic,
+         self._internal) = _options(max_size, release_threshold, reuse_follow_event_dependencies,
+                                    reuse_allow_opportunistic, reuse_allow_internal_dependencies)
         self._is_default = False
         self._destroyed = False
         self._lock = threading.Lock()
@@ -221,20 +228,20 @@ class MemPool(ArenaMixin, ReuseMixin):
         """``cudaMemPoolSetAttribute``: the three flags, the threshold, and ``*_HIGH`` = 0 (reset)."""
         attr = _attr(attr)
         self._check_alive()
+        self._store_attr(attr, _attr_value(attr, value))
+
+    def _store_attr(self, attr: MemPoolAttr, value: int) -> None:
+        """Apply a validated attribute write (a ``*_HIGH`` write resets the watermark)."""
         if attr in _FLAGS:
-            setattr(self, _FLAGS[attr], _flag(value, attr.name))
+            setattr(self, _FLAGS[attr], bool(value))
         elif attr is MemPoolAttr.RELEASE_THRESHOLD:
-            self._threshold = _nonneg(value, "release_threshold")
-        elif attr in (MemPoolAttr.RESERVED_MEM_HIGH, MemPoolAttr.USED_MEM_HIGH):
-            if _nonneg(value, attr.name) != 0:
-                raise InvalidValueError(f"{attr.name} can only be reset, by writing 0")
+            self._threshold = value
+        else:
             with self._lock:
                 if attr is MemPoolAttr.RESERVED_MEM_HIGH:
                     self._reserved_high = self._reserved
                 else:
                     self._used_high = self._used
-        else:
-            raise InvalidValueError(f"{attr.name} is read-only")
 
     reuse_follow_event_dependencies = property(
         lambda self: self._follow_events,
@@ -590,6 +597,19 @@ class MemPool(ArenaMixin, ReuseMixin):
             _busy.discard(self)
             self._reserved = self._used = 0
             self._destroyed = True
+
+
+def _attr_value(attr: MemPoolAttr, value: Any) -> int:
+    """A value ``set_attr`` may write: a flag as 0/1, the threshold, or 0 to a watermark."""
+    if attr in _FLAGS:
+        return int(_flag(value, attr.name))
+    if attr is MemPoolAttr.RELEASE_THRESHOLD:
+        return _nonneg(value, "release_threshold")
+    if attr in (MemPoolAttr.RESERVED_MEM_HIGH, MemPoolAttr.USED_MEM_HIGH):
+        if _nonneg(value, attr.name) != 0:
+            raise InvalidValueError(f"{attr.name} can only be reset, by writing 0")
+        return 0
+    raise InvalidValueError(f"{attr.name} is read-only")
 
 
 def _attr(attr: Any) -> MemPoolAttr:

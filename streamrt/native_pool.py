@@ -11,11 +11,11 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
+from .device import Device
 from .errors import InvalidAddressError, InvalidValueError
-from .memory import MemPool, MemPoolAttr, _attr, _flag, _nonneg, _owners
+from .memory import MemPool, MemPoolAttr, _attr, _nonneg, _options, _owners
 
 if TYPE_CHECKING:
-    from .device import Device
     from .stream import Stream
 
 _NOT_EXPOSED = (
@@ -39,16 +39,10 @@ class NativeMemPool(MemPool):
         reuse_allow_internal_dependencies: bool = True,
         _handle: Any = None,
     ) -> None:
-        from .device import Device
-
         self.device = Device(device)
-        self.max_size = _nonneg(max_size, "max_size")
-        flags = (
-            _flag(reuse_follow_event_dependencies, "reuse_follow_event_dependencies"),
-            _flag(reuse_allow_opportunistic, "reuse_allow_opportunistic"),
-            _flag(reuse_allow_internal_dependencies, "reuse_allow_internal_dependencies"),
-        )
-        threshold = _nonneg(release_threshold, "release_threshold")
+        self.max_size, threshold, *flags = _options(
+            max_size, release_threshold, reuse_follow_event_dependencies,
+            reuse_allow_opportunistic, reuse_allow_internal_dependencies)
         self._impl = self.device._impl
         self._handle = _handle if _handle is not None else self._impl.pool_create(self.max_size)
         self._is_default = _handle is not None
@@ -77,19 +71,8 @@ class NativeMemPool(MemPool):
         self._check_alive()
         return self._impl.pool_get(self._handle, int(attr))
 
-    def set_attr(self, attr: MemPoolAttr | int, value: Any) -> None:
-        """``cudaMemPoolSetAttribute``: the three flags, the threshold, and ``*_HIGH`` = 0 (reset)."""
-        attr = _attr(attr)
-        self._check_alive()
-        if attr <= MemPoolAttr.REUSE_ALLOW_INTERNAL_DEPENDENCIES:
-            value = int(_flag(value, attr.name))
-        elif attr is MemPoolAttr.RELEASE_THRESHOLD:
-            value = _nonneg(value, "release_threshold")
-        elif attr in (MemPoolAttr.RESERVED_MEM_HIGH, MemPoolAttr.USED_MEM_HIGH):
-            if _nonneg(value, attr.name) != 0:
-                raise InvalidValueError(f"{attr.name} can only be reset, by writing 0")
-        else:
-            raise InvalidValueError(f"{attr.name} is read-only")
+    def _store_attr(self, attr: MemPoolAttr, value: int) -> None:
+        """The driver applies the write (and resets a watermark written 0)."""
         self._impl.pool_set(self._handle, int(attr), value)
 
     def stats(self) -> dict[str, Any]:
