@@ -376,15 +376,11 @@ class CudaDevice(DeviceImpl):
         return ptr in self._allocs
 
     def usable(self, ptr: int) -> int | None:
-        i = self._ranges.bisect_right(ptr) - 1
-        if i < 0:
-            return None
-        base, size = self._ranges.peekitem(i)
-        return base + size - ptr if ptr < base + max(size, 1) else None
+        return _room(self._ranges, ptr)
 
     def contains(self, ptr: int, nbytes: int) -> bool:
-        """True when ``[ptr, ptr + nbytes)`` lies inside one live allocation of this device."""
-        return _in_contains(self._ranges, ptr, nbytes)
+        room = _room(self._ranges, ptr)
+        return room is not None and nbytes <= room
 
     def free_all(self) -> None:
         for ptr in list(self._allocs):
@@ -395,7 +391,8 @@ class CudaDevice(DeviceImpl):
         return CudaQueue(self, name, priority, non_blocking, legacy)
 
     def endpoint(self, ptr: int, nbytes: int) -> int:
-        if not self.contains(ptr, nbytes) and not _in_pinned(ptr, nbytes):
+        room = _room(self._ranges, ptr) or _room(_pinned(), ptr)
+        if room is None or nbytes > room:
             raise InvalidAddressError(
                 f"{hex(ptr)}+{nbytes} is not inside a live allocation of cuda:{self.index}")
         return ptr
@@ -472,18 +469,20 @@ class CudaDevice(DeviceImpl):
         check(rt.cudaMemPoolDestroy(pool))
 
 
-def _in_contains(ranges: SortedDict, ptr: int, nbytes: int) -> bool:
+def _room(ranges: SortedDict, ptr: int) -> int | None:
+    """Bytes from ``ptr`` to the end of the allocation (``base -> size``) holding it, or None."""
     i = ranges.bisect_right(ptr) - 1
     if i < 0:
-        return False
+        return None
     base, size = ranges.peekitem(i)
-    return ptr + nbytes <= base + max(size, 1)
+    end = base + max(size, 1)
+    return end - ptr if ptr < end else None
 
 
-def _in_pinned(ptr: int, nbytes: int) -> bool:
+def _pinned() -> SortedDict:
     from . import get_backend
 
-    return _in_contains(get_backend("cuda")._host, ptr, nbytes)  # type: ignore[attr-defined]
+    return get_backend("cuda")._host  # type: ignore[attr-defined]
 
 
 class CudaBackend(Backend):

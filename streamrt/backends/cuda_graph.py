@@ -13,10 +13,9 @@ import itertools
 import weakref
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from ..errors import NotSupportedError
 from ..graph.node import NodeType
+from ..stream import _endpoint  # device pointers checked by the backend, host buffers as views
 from . import cuda
 from .cuda import _activate, _host_fn, _host_ptr, check, drv, rt
 
@@ -69,7 +68,8 @@ class NativeGraph:
             made = check(drv.cuGraphAddKernelNode(drv.CUgraph(int(graph)),
                                                   [drv.CUgraphNode(d) for d in deps], len(deps), kp))
         elif t is NodeType.MEMCPY and p["nbytes"]:
-            dst, src = (_endpoint(x, p["nbytes"]) for x in (p["dst"], p["src"]))
+            dst, src = (_endpoint(self.dev, x, p["nbytes"], writable=w)
+                        for x, w in ((p["dst"], True), (p["src"], False)))
             self._keep += [dst, src]
             made = check(rt.cudaGraphAddMemcpyNode1D(
                 graph, rdeps, len(deps), _host_ptr(dst), _host_ptr(src), p["nbytes"],
@@ -127,15 +127,6 @@ class NativeGraph:
         """``cudaGraphUpload``: do the launch's one-time work ahead of it."""
         _activate(self.dev.index)
         check(rt.cudaGraphUpload(self.exec, q.stream))
-
-
-def _endpoint(end: Any, nbytes: int) -> Any:
-    """A device pointer, or the host buffer's ``uint8`` view (graph copies use it by reference)."""
-    if isinstance(end, int | np.integer) and not isinstance(end, bool):
-        return int(end)
-    from ..validate import host_view
-
-    return host_view(end, nbytes, writable=False)
 
 
 def _destroy(exec_: Any, jobs: list[int]) -> None:
