@@ -99,18 +99,11 @@ def synchronize_device(device: Device, *, skip_capturing: bool = False) -> None:
         s._q.wait_done(s._pos)
     retired = device.__dict__.get("_retired", [])
     for q in list(retired):
-        q.wait_done(_queue_total(q))
+        q.drain()
     for s in streams + list(device.__dict__.get("_dead_streams", ())):
         proved(s, s._pos, s._clock)
     device.__dict__["_retired"] = [q for q in retired if q._errors]
     after_sync(device, [(s, s._pos) for s in streams], extra=retired)
-
-
-def _queue_total(q: Any) -> int:
-    # a retired queue only drains: its final position is what it has done plus what is queued
-    if not q.inline:
-        return q.pos  # enqueue calls ran at once: the queue knows its tail
-    return q.done + len(q._ops)
 
 
 def reset_device(device: Device) -> None:

@@ -340,8 +340,7 @@ class Stream:
             event._stamp = stamp
         elif not self.non_blocking:
             self._implicit()
-        if not self._q.inline:
-            self._q.mark()
+        self._q.mark()
         event._stream = self
         event._pos = self._pos
         event._clock = self._snapshot()

@@ -59,6 +59,10 @@ class Queue(ABC):
     def elapsed_ms(self, start: Any, end: Any) -> float:
         """Milliseconds between two completed stamps; :class:`NotReadyError` if one is pending."""
 
+    @abstractmethod
+    def drain(self) -> None:
+        """Block until a closed queue has completed everything submitted to it."""
+
     def mark(self) -> None:
         """The tail may be waited for later (an event was recorded there): cuda records one."""
         return None  # the cpu queue counts completions exactly: nothing to mark

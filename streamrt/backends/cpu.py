@@ -283,6 +283,13 @@ class CpuQueue(Queue):
         if self._idle:
             self.wake()
 
+    def drain(self) -> None:
+        assert self._closed, "only a retired (closed) queue is drained"
+        # the worker exits once closed and empty, so nothing is left running or queued then;
+        # (done + queued would miss an op the worker has popped and is running)
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
     # -- operations: the work itself, run later by the worker ------------------------------
     def op_launch(self, kernel: Any, ctx: Any, args: tuple) -> tuple[Callable[..., Any], tuple]:
         return kernel.fn, (ctx, *args)

@@ -213,6 +213,9 @@ class CudaQueue(Queue):
             _block(lambda: rt.cudaEventQuery(ev), lambda: rt.cudaEventSynchronize(ev))
             self._advance(pos)
 
+    def drain(self) -> None:
+        self.wait_done(self.pos)  # enqueue calls ran at once: the queue counts them
+
     def submit(self, fn: Callable[..., Any], args: tuple) -> None:
         self.pos += 1
         fn(*args)
