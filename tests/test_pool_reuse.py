@@ -374,6 +374,19 @@ def test_pool_best_fit_chooses_closest_size(dev):
     assert other.malloc(1, pool) == b + 512
 
 
+def test_pool_best_fit_ties_go_to_the_oldest_free(dev):
+    pool = pool_with(dev)
+    s = stream(dev)
+    a = s.malloc(4096, pool)
+    s.malloc(512, pool)  # live separators: the two free blocks stay apart
+    b = s.malloc(4096, pool)
+    s.malloc(512, pool)
+    s.free(b)  # freed first: the oldest of two equal sizes
+    s.free(a)
+    assert s.malloc(4096, pool) == b
+    assert s.malloc(4096, pool) == a
+
+
 def test_pool_best_fit_across_streams(dev):
     pool = pool_with(dev)
     a, b, c = stream(dev), stream(dev), stream(dev)
