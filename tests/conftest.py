@@ -141,18 +141,28 @@ def gate():
                 srt.free_host(g.flag.ptr)
 
 
-@srt.kernel
+def _grid_stride(name: str, params: str, body: str) -> str:
+    """CUDA C of a float32 elementwise kernel correct for any launch shape (default: 1 thread)."""
+    return (f'extern "C" __global__ void {name}({params}) {{\n'
+            "  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)"
+            f" {body};\n}}")
+
+
+@srt.kernel(cuda=_grid_stride("fill_kernel", "float* ptr, int n, float value", "ptr[i] = value"),
+            signature="ptr, i32, f32")
 def fill_kernel(ctx, ptr, n, value):
     ctx.array(ptr, (n,), np.float32)[:] = value
 
 
-@srt.kernel
+@srt.kernel(cuda=_grid_stride("add_one_kernel", "float* ptr, int n", "ptr[i] += 1.0f"),
+            signature="ptr, i32")
 def add_one_kernel(ctx, ptr, n):
     x = ctx.array(ptr, (n,), np.float32)
     x += 1
 
 
-@srt.kernel
+@srt.kernel(cuda=_grid_stride("copy_kernel", "float* dst, const float* src, int n", "dst[i] = src[i]"),
+            signature="ptr, ptr, i32")
 def copy_kernel(ctx, dst, src, n):
     ctx.array(dst, (n,), np.float32)[:] = ctx.array(src, (n,), np.float32, readonly=True)
 

@@ -8,14 +8,21 @@ import pytest
 
 import streamrt as srt
 
-from .conftest import add_one_kernel, copy_kernel, fill_kernel
+from .conftest import _grid_stride, add_one_kernel, copy_kernel, fill_kernel
 from .conftest import read_f32 as _read
 
 N = 16
-MIB = 1 << 20
+UNIT = 2 << 20  # 2 MiB: a multiple of every backend's graph granule (cuda: the VMM granularity)
 
 
-@srt.kernel
+@pytest.fixture
+def dev(any_dev):
+    """Each backend's device 0: graph memory is a contract of every backend."""
+    return any_dev
+
+
+@srt.kernel(cuda=_grid_stride("add_kernel", "float* dst, const float* src, int n", "dst[i] += src[i]"),
+            signature="ptr, ptr, i32")
 def add_kernel(ctx, dst, src, n):
     ctx.array(dst, (n,), np.float32)[:] += ctx.array(src, (n,), np.float32, readonly=True)
 
@@ -34,10 +41,10 @@ def _pairs_chain(count, nbytes, *, free=True):
 
 
 def test_graph_memory_chain_of_pairs_shares_one_allocation(s):
-    g, allocs = _pairs_chain(4, MIB)
+    g, allocs = _pairs_chain(4, UNIT)
     assert len({a.ptr for a in allocs}) == 4  # distinct addresses...
     ge = g.instantiate()
-    assert MIB <= ge.memory_footprint < 2 * MIB  # ...about one physical allocation
+    assert UNIT <= ge.memory_footprint < 2 * UNIT  # ...about one physical allocation
     for _ in range(3):
         ge.launch(s)
     s.synchronize()
@@ -47,8 +54,8 @@ def test_graph_memory_chain_of_pairs_shares_one_allocation(s):
 def test_graph_memory_independent_allocations_do_not_share(s, out):
     # two branches allocate, fill with different values concurrently, then combine
     g = srt.Graph()
-    a = g.add_mem_alloc_node(MIB)
-    b = g.add_mem_alloc_node(MIB)
+    a = g.add_mem_alloc_node(UNIT)
+    b = g.add_mem_alloc_node(UNIT)
     fa = g.add_kernel_node(fill_kernel, a.ptr, N, 1.0, deps=a)
     fb = g.add_kernel_node(fill_kernel, b.ptr, N, 2.0, deps=b)
     ca = g.add_kernel_node(copy_kernel, out, a.ptr, N, deps=[fa, fb])
@@ -56,7 +63,7 @@ def test_graph_memory_independent_allocations_do_not_share(s, out):
     g.add_mem_free_node(a.ptr, deps=cb)
     g.add_mem_free_node(b.ptr, deps=cb)
     ge = g.instantiate()
-    assert ge.memory_footprint >= 2 * MIB  # both live at once: no sharing
+    assert ge.memory_footprint >= 2 * UNIT  # both live at once: no sharing
     for _ in range(3):
         ge.launch(s)
     s.synchronize()
@@ -67,15 +74,15 @@ def test_graph_memory_independent_allocations_do_not_share(s, out):
 def test_graph_memory_alloc_overlapping_a_live_one_does_not_share(s, out):
     # a is freed only after b was allocated and used: lifetimes overlap
     g = srt.Graph()
-    a = g.add_mem_alloc_node(MIB)
+    a = g.add_mem_alloc_node(UNIT)
     fa = g.add_kernel_node(fill_kernel, a.ptr, N, 5.0, deps=a)
-    b = g.add_mem_alloc_node(MIB, deps=fa)
+    b = g.add_mem_alloc_node(UNIT, deps=fa)
     fb = g.add_kernel_node(fill_kernel, b.ptr, N, 7.0, deps=b)
     c = g.add_kernel_node(copy_kernel, out, a.ptr, N, deps=fb)  # a must still hold 5.0
     g.add_mem_free_node(a.ptr, deps=c)
     g.add_mem_free_node(b.ptr, deps=c)
     ge = g.instantiate()
-    assert ge.memory_footprint >= 2 * MIB
+    assert ge.memory_footprint >= 2 * UNIT
     ge.launch(s)
     s.synchronize()
     assert (_read(out) == 5.0).all()
@@ -85,13 +92,13 @@ def test_graph_memory_alloc_overlapping_a_live_one_does_not_share(s, out):
 def test_graph_memory_captured_pairs_share(s, out):
     s.begin_capture()
     for i in range(3):
-        p = s.malloc(MIB)
+        p = s.malloc(UNIT)
         s.launch(fill_kernel, p, N, float(i + 1))
         s.launch(add_kernel, out, p, N)
         s.free(p)
     g = s.end_capture()
     ge = g.instantiate()
-    assert MIB <= ge.memory_footprint < 2 * MIB
+    assert UNIT <= ge.memory_footprint < 2 * UNIT
     for _ in range(3):
         ge.launch(s)
     s.synchronize()
@@ -301,13 +308,13 @@ def test_graph_memory_explicit_copy_and_memset_of_graph_memory(s, out):
 def test_graph_memory_device_info(dev):
     base = dev.graph_mem_info()
     g = srt.Graph()
-    a = g.add_mem_alloc_node(1 << 20)
+    a = g.add_mem_alloc_node(UNIT)
     ge = g.instantiate()
     info = dev.graph_mem_info()
-    assert info["reserved"] - base["reserved"] == ge.memory_footprint >= 1 << 20
+    assert info["reserved"] - base["reserved"] == ge.memory_footprint >= UNIT
     s = srt.Stream(dev, non_blocking=True)
     ge.launch(s)
-    assert dev.graph_mem_info()["used"] - base["used"] == 1 << 20  # live until freed
+    assert dev.graph_mem_info()["used"] - base["used"] == UNIT  # live until freed
     s.free(a.ptr)
     s.synchronize()
     assert dev.graph_mem_info()["used"] == base["used"]

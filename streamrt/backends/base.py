@@ -147,6 +147,27 @@ class DeviceImpl(ABC):
         raise NotSupportedError(f"{type(self).__name__} has no pool arenas")
 
 
+    # -- graph memory: addresses fixed when a MEM_ALLOC node is made, memory mapped per exec -----
+    graph_granule = 512  # sizes and offsets of graph allocations are multiples of this
+
+    @abstractmethod
+    def graph_reserve(self, nbytes: int) -> int:
+        """Reserve ``nbytes`` of addresses with no memory behind them; returns the base."""
+
+    @abstractmethod
+    def graph_release(self, ptr: int, nbytes: int) -> None:
+        """Drop a reservation of :meth:`graph_reserve` (nothing is mapped in it any more)."""
+
+    @abstractmethod
+    def graph_map(self, ranges: list[tuple[int, int, int]], nbytes: int) -> Any:
+        """Back reserved ``(ptr, offset, size)`` ranges with one new allocation of ``nbytes`` at
+        those offsets (ranges may share bytes); returns its handle for :meth:`graph_unmap`."""
+
+    @abstractmethod
+    def graph_unmap(self, ranges: list[tuple[int, int, int]], handle: Any) -> None:
+        """Unmap the ranges of :meth:`graph_map` and release its allocation."""
+
+
 class Backend(ABC):
     """A family of devices (``cpu``, ``cuda``)."""
 

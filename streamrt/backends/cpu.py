@@ -467,6 +467,25 @@ class CpuDevice(DeviceImpl):
         SPACE.release(base)
         self._arenas.pop(base, None)  # the mapping goes once no view of it is left
 
+    # -- graph memory: virtual ranges of the address space, backed by an arena per exec --------
+    def graph_reserve(self, nbytes: int) -> int:
+        return SPACE.reserve(self.index, nbytes).base
+
+    def graph_release(self, ptr: int, nbytes: int) -> None:
+        SPACE.unreserve(ptr)
+
+    def graph_map(self, ranges: list[tuple[int, int, int]], nbytes: int) -> int:
+        base = self.malloc(nbytes)
+        buf = SPACE.get(base).buf  # type: ignore[union-attr]
+        for ptr, off, size in ranges:
+            SPACE.map_reserved(ptr, buf[off : off + size])
+        return base
+
+    def graph_unmap(self, ranges: list[tuple[int, int, int]], handle: int) -> None:
+        for ptr, _off, _size in ranges:
+            SPACE.map_reserved(ptr, None)
+        self.free(handle)
+
     def free(self, ptr: int) -> None:
         alloc = SPACE.get(ptr)
         if alloc is None or alloc.device != self.index or alloc.virtual or ptr in self._arenas:

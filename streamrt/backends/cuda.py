@@ -342,6 +342,7 @@ class CudaDevice(DeviceImpl):
         self.arch = f"sm_{prop.major}{prop.minor}"
         self._allocs: dict[int, int] = {}
         self._ranges: SortedDict = SortedDict()  # base -> size of every live allocation, pools too
+        self._reserved: SortedDict = SortedDict()  # base -> size of graph memory's address ranges
         self._functions: dict[Any, tuple] = {}
         self._lock = threading.Lock()
 
@@ -382,7 +383,7 @@ class CudaDevice(DeviceImpl):
         return _room(self._ranges, ptr)
 
     def contains(self, ptr: int, nbytes: int) -> bool:
-        room = _room(self._ranges, ptr)
+        room = _room(self._ranges, ptr) or _room(self._reserved, ptr)  # graph memory, mapped or not
         return room is not None and nbytes <= room
 
     def free_all(self) -> None:
@@ -426,6 +427,64 @@ class CudaDevice(DeviceImpl):
         from .cuda_graph import NativeGraph
 
         return NativeGraph(self, flat)
+
+    # -- graph memory: virtual memory management (what CUDA's own graph memory is built on) ----
+    def _vmm_prop(self) -> Any:
+        prop = drv.CUmemAllocationProp()
+        prop.type = drv.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        prop.location.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        prop.location.id = self.index
+        return prop
+
+    @property
+    def graph_granule(self) -> int:  # type: ignore[override]
+        """The VMM allocation granularity (``cuMemGetAllocationGranularity``, typically 2 MiB)."""
+        g = self.__dict__.get("_granule")
+        if g is None:
+            flag = drv.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM
+            g = self._granule = int(check(drv.cuMemGetAllocationGranularity(self._vmm_prop(), flag)))
+        return g
+
+    def graph_reserve(self, nbytes: int) -> int:
+        """``cuMemAddressReserve``: addresses only; an exec maps memory there."""
+        _activate(self.index)
+        ptr = int(check(drv.cuMemAddressReserve(nbytes, 0, 0, 0)))
+        self._reserved[ptr] = nbytes
+        return ptr
+
+    def graph_release(self, ptr: int, nbytes: int) -> None:
+        """``cuMemAddressFree``."""
+        self._reserved.pop(ptr, None)
+        check(drv.cuMemAddressFree(ptr, nbytes))
+
+    def graph_map(self, ranges: list[tuple[int, int, int]], nbytes: int) -> Any:
+        """``cuMemCreate`` one physical allocation, ``cuMemMap`` each range at its offset and make
+        it readable and writable by this device (``cuMemSetAccess``)."""
+        _activate(self.index)
+        handle = check(drv.cuMemCreate(nbytes, self._vmm_prop(), 0))
+        access = drv.CUmemAccessDesc()
+        access.location.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        access.location.id = self.index
+        access.flags = drv.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        mapped: list[tuple[int, int, int]] = []
+        try:
+            for ptr, off, size in ranges:
+                check(drv.cuMemMap(ptr, size, off, handle, 0))
+                mapped.append((ptr, off, size))
+                check(drv.cuMemSetAccess(ptr, size, [access], 1))
+                self._ranges[ptr] = size
+        except BaseException:
+            self.graph_unmap(mapped, handle)
+            raise
+        return handle
+
+    def graph_unmap(self, ranges: list[tuple[int, int, int]], handle: Any) -> None:
+        """``cuMemUnmap`` each range, then ``cuMemRelease`` the physical allocation."""
+        _activate(self.index)
+        for ptr, _off, size in ranges:
+            self._ranges.pop(ptr, None)
+            check(drv.cuMemUnmap(ptr, size))
+        check(drv.cuMemRelease(handle))
 
     # -- native pools (cudaMemPool_t) --------------------------------------------------------
     def pool_default(self) -> Any:

@@ -13,7 +13,6 @@ import itertools
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from ..errors import NotSupportedError
 from ..graph.node import NodeType
 from ..stream import _endpoint  # device pointers checked by the backend, host buffers as views
 from . import cuda
@@ -93,10 +92,10 @@ class NativeGraph:
             hp.fn = _host_fn
             hp.userData = job
             made = check(rt.cudaGraphAddHostNode(graph, rdeps, len(deps), hp))
-        elif t in (NodeType.MEM_ALLOC, NodeType.MEM_FREE):
-            raise NotSupportedError(
-                "graph memory nodes (MEM_ALLOC/MEM_FREE) are not implemented on the cuda backend yet")
-        else:  # empty, disabled, a child's exit, events (they act around the launch on the host)
+        else:
+            # empty, disabled, a child's exit, events (they act around the launch on the host) and
+            # memory nodes: the exec mapped graph memory at instantiate (GraphExec._map_memory),
+            # so a MEM_ALLOC/MEM_FREE node only orders its neighbours here
             made = check(rt.cudaGraphAddEmptyNode(graph, rdeps, len(deps)))
         return int(made)
 

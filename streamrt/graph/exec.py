@@ -30,10 +30,10 @@ from ..errors import (
     InvalidHandleError,
     InvalidTypeError,
     InvalidValueError,
-    NotSupportedError,
     StreamRTError,
 )
 from ..kernel import dim3
+from ..memory import device_of
 from ..stream import Stream
 from . import memory
 from .graph import Graph, host_params, memcpy_params, memset_params
@@ -140,9 +140,6 @@ class GraphExec:
             key: Any = stream.device
             plan = self._plans.get(key)
             if plan is None:
-                if self._allocs:
-                    raise NotSupportedError(
-                        f"graph memory nodes are not implemented on {stream.device.name} yet")
                 _execs_of(stream.device).add(self)
                 flat = [(n if on else None, deps) for n, deps, on in flatten(self._template,
                                                                             self._disabled)]
@@ -366,8 +363,7 @@ class GraphExec:
 def _kinds(p: dict[str, Any]) -> tuple:
     def kind(x: Any) -> Any:
         if isinstance(x, int | np.integer) and not isinstance(x, bool):
-            a = SPACE.find(int(x))
-            return ("device", a.device if a is not None else None)
+            return ("device", device_of(int(x)))  # any backend's (None: pinned host memory)
         return ("host",)
 
     return kind(p["dst"]), kind(p["src"])

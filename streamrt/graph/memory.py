@@ -1,12 +1,15 @@
 """Graph memory (DESIGN.md §3): MEM_ALLOC addresses fixed at creation, physical sharing at instantiate.
 
 State and invariants:
-- A :class:`GraphAlloc` owns a reserved virtual range in the cpu address space from the moment
-  its MEM_ALLOC node exists; the range has no backing (``buf is None``) until an exec maps it.
-  Accessing an unmapped range is an ``InvalidAddressError``.
+- A :class:`GraphAlloc` owns a range of addresses reserved by its device's backend from the
+  moment its MEM_ALLOC node exists (the cpu address space; ``cuMemAddressReserve`` on cuda); the
+  range has no memory behind it until an exec maps it. Accessing an unmapped range is an
+  ``InvalidAddressError`` on cpu (an illegal address on a GPU).
 - At instantiate, allocations whose lifetimes cannot overlap in any valid execution of the DAG
   (the free of one is an ancestor of the other's alloc) are packed at overlapping offsets of
-  one arena; the exec's footprint is the arena size, close to the peak live bytes.
+  one arena (``cuMemCreate`` + ``cuMemMap`` on cuda); the exec's footprint is the arena size,
+  close to the peak live bytes. Sizes and offsets are multiples of the backend's
+  ``graph_granule`` (512 B on cpu, the VMM granularity, 2 MiB, on cuda).
 - ``live`` is True from a launch that executed the alloc until a free (a MEM_FREE node of any
   graph, or ``s.free``). Launching again while it is live is refused unless the exec was
   instantiated with ``auto_free_on_launch``.
@@ -17,14 +20,12 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from ..backends.cpu import SPACE
-from ..errors import InvalidAddressError, NotSupportedError
+from ..errors import InvalidAddressError, NotSupportedError, StreamRTError
 
 if TYPE_CHECKING:
     from ..device import Device
     from .node import Node
 
-ALIGN = 512
 # virtual address -> allocation, for every reserved graph allocation
 _allocs: weakref.WeakValueDictionary[int, GraphAlloc] = weakref.WeakValueDictionary()
 
@@ -35,17 +36,26 @@ class GraphAlloc:
     __slots__ = ("ptr", "nbytes", "size", "device", "live", "exec", "__weakref__")
 
     def __init__(self, device: Device, nbytes: int) -> None:
+        impl = device._impl
+        granule = impl.graph_granule
         self.nbytes = nbytes
-        self.size = (max(nbytes, 1) + ALIGN - 1) // ALIGN * ALIGN
+        self.size = (max(nbytes, 1) + granule - 1) // granule * granule
         self.device = device
-        self.ptr = SPACE.reserve(device.index, self.size).base
+        self.ptr = impl.graph_reserve(self.size)
         self.live = False
         self.exec: Any = None  # the GraphExec mapping it, if any
         _allocs[self.ptr] = self
-        weakref.finalize(self, SPACE.unreserve, self.ptr)
+        weakref.finalize(self, _release, impl, self.ptr, self.size)
 
     def __repr__(self) -> str:
         return f"<GraphAlloc {hex(self.ptr)} {self.nbytes} B{' live' if self.live else ''}>"
+
+
+def _release(impl: Any, ptr: int, size: int) -> None:
+    try:
+        impl.graph_release(ptr, size)
+    except StreamRTError:
+        pass  # at exit, or after a driver failure: the addresses go with the process
 
 
 def find(ptr: int) -> GraphAlloc | None:
@@ -96,8 +106,8 @@ def pack(allocs: list[tuple[GraphAlloc, Node, Node | None]], ancestors: dict[Nod
     return offsets, footprint
 
 
-def map_allocs(exec_: Any, device: Device, offsets: dict[GraphAlloc, int], footprint: int) -> int:
-    """Back the allocations with one arena of ``footprint`` bytes; returns the arena pointer."""
+def map_allocs(exec_: Any, device: Device, offsets: dict[GraphAlloc, int], footprint: int) -> Any:
+    """Back the allocations with one arena of ``footprint`` bytes; returns the arena's handle."""
     for a in offsets:
         if a.exec is not None and a.exec is not exec_ and not a.exec._destroyed:
             raise NotSupportedError(
@@ -105,30 +115,26 @@ def map_allocs(exec_: Any, device: Device, offsets: dict[GraphAlloc, int], footp
                 "one live executable graph at a time (destroy the other one first)"
             )
     if not offsets:
-        return 0
-    base = device._impl.malloc(footprint)
-    arena = SPACE.get(base)
-    assert arena is not None
-    for a, off in offsets.items():
-        SPACE.map_reserved(a.ptr, arena.buf[off : off + a.size])
+        return None
+    base = device._impl.graph_map([(a.ptr, off, a.size) for a, off in offsets.items()], footprint)
+    for a in offsets:
         a.exec = exec_
     device.__dict__["_graph_reserved"] = device.__dict__.get("_graph_reserved", 0) + footprint
     device.__dict__.setdefault("_execs", weakref.WeakSet()).add(exec_)  # for device reset
     return base
 
 
-def unmap_allocs(exec_: Any, device: Device, allocs: list[GraphAlloc], base: int,
+def unmap_allocs(exec_: Any, device: Device, allocs: list[GraphAlloc], base: Any,
                  footprint: int) -> None:
     """Destroying an exec: its allocations lose their backing; the arena goes back."""
-    for a in allocs:
-        if a.exec is exec_:
-            SPACE.map_reserved(a.ptr, None)
-            a.exec = None
-            if a.live:
-                a.live = False
-                _account(device, -a.size)
-    if base:
-        device._impl.free(base)
+    mine = [a for a in allocs if a.exec is exec_ and a.device is device]
+    for a in mine:
+        a.exec = None
+        if a.live:
+            a.live = False
+            _account(device, -a.size)
+    if base is not None:
+        device._impl.graph_unmap([(a.ptr, 0, a.size) for a in mine], base)
         device.__dict__["_graph_reserved"] = device.__dict__.get("_graph_reserved", 0) - footprint
 
 
