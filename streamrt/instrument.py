@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .errors import NotSupportedError
+
 _PKG = os.path.dirname(os.path.abspath(__file__))
 _seq = itertools.count(1)
 _tls = threading.local()
@@ -28,7 +30,7 @@ class OpInfo:
 
     __slots__ = (
         "stream", "pos", "seq", "kind", "name", "site", "clock", "accesses", "t0", "t1", "args",
-        "parent", "index", "ancestors", "thread",
+        "parent", "index", "ancestors", "thread", "stamps",
     )
 
     def __init__(self, stream: Any, kind: str, name: str, clock: dict[int, int],
@@ -47,6 +49,7 @@ class OpInfo:
         self.index = -1  # node index within its launch
         self.ancestors = 0  # bitset of node indices ordered before it within the launch
         self.thread = ""
+        self.stamps: tuple | None = None  # (queue, start, end) timing stamps on an enqueuing backend
 
     def where(self) -> str:
         """``stream@pos`` (and the node within its graph launch)."""
@@ -107,7 +110,36 @@ def wrap(stream: Any, fn: Callable[..., Any], args: tuple, kind: str, name: str,
         hook = getattr(lst, "on_enqueue", None)
         if hook is not None:
             hook(op)
-    return run, (op, fn, args)
+    return (run, (op, fn, args)) if stream._q.inline else (run_stamped, (op, stream._q, fn, args))
+
+
+def check_backend(stream: Any) -> None:
+    """Refuse an operation of a backend that enqueues its work (cuda) that a listener cannot see."""
+    for lst in listeners:
+        if getattr(lst, "needs_inline", False):
+            raise NotSupportedError(
+                f"the {type(lst).__name__.lower()} observes work where the cpu backend runs it; it "
+                f"does not support {stream.device.name} (disable it for {stream.device.backend} streams)")
+
+
+def run_stamped(op: OpInfo, q: Any, fn: Callable[..., Any], args: tuple) -> None:
+    """Queue operation of a backend whose operations enqueue the work (cuda): the host times the
+    enqueue call, and timing stamps recorded on the stream around it time the work itself."""
+    f0, a0, start = q.op_stamp()
+    f1, a1, end = q.op_stamp()
+    op.stamps = (q, start, end)
+    op.thread = threading.current_thread().name
+    op.t0 = time.perf_counter()
+    try:
+        for lst in listeners:
+            lst.op_start(op)
+        f0(*a0)
+        fn(*args)
+        f1(*a1)
+    finally:
+        op.t1 = time.perf_counter()
+        for lst in listeners:
+            lst.op_end(op)
 
 
 def run(op: OpInfo, fn: Callable[..., Any], args: tuple) -> None:

@@ -152,6 +152,7 @@ class Sanitizer:
     """The checker; one per process (``streamrt.sanitizer``)."""
 
     wants_sites = True
+    needs_inline = True  # kernel accesses are seen as views made where the cpu backend runs them
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
@@ -208,6 +209,16 @@ class Sanitizer:
             if g is None:
                 return
             g.free = _Event(stream, f"free of {hex(ptr)}", clock)
+            # an access that already ran is checked against this free here: left to the access's
+            # own check, the finding would depend on whether it ran before the free was enqueued
+            for alo, ahi, _w, aop in g.accesses:
+                if not _before_free(aop, g.free):
+                    self._find("workspace" if "workspace" in g.label else "use-after-free", alo,
+                               ahi - alo, aop, g.free,
+                               f"{aop.describe()} touched {hex(alo)}+{ahi - alo} of a {g.label} "
+                               f"that may already be freed: {g.free.describe()} is not ordered "
+                               "after it")
+                    break
             self._tags.pop(ptr, None)
             self._freed.append(g)
             while len(self._freed) > _HISTORY:

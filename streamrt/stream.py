@@ -30,7 +30,6 @@ from .device import Device, current_device
 from .errors import (
     InvalidHandleError,
     InvalidTypeError,
-    NotSupportedError,
 )
 from .event import Event
 from .hostsync import after_sync, covered, proved, reset_device, retire, synchronize_device
@@ -188,9 +187,7 @@ class Stream:
         if self._destroyed:
             self._check_alive()
         if _global_slow and instrument.listeners and not self._q.inline:
-            raise NotSupportedError(
-                f"the sanitizer and the tracer observe work where the cpu backend runs it; "
-                f"they do not support {self.device.name} yet (disable them for cuda streams)")
+            instrument.check_backend(self)
         if not self.non_blocking:
             self._implicit()
         self._pos += 1

@@ -37,6 +37,10 @@ class Tracer:
         self._procs: dict[int, str] = {}
         self._ends: dict[tuple[int, int], tuple[int, Any, float]] = {}  # (stream id, pos) -> end
         self._flow = 0
+        # cuda: operations whose stamps are read once they completed, and per device the first
+        # stamp with the host time of its enqueue (the device's clock is placed from it)
+        self._pending: list[OpInfo] = []
+        self._base: dict[Any, tuple[Any, float]] = {}
 
     def _us(self, t: float) -> float:
         return round((t - self._t0) * 1e6, 3)
@@ -66,27 +70,50 @@ class Tracer:
 
     def op_end(self, op: OpInfo) -> None:
         with self._lock:
-            pid, tid = self._track(op)
-            ts, end = self._us(op.t0), self._us(op.t1)
-            args = {k: _plain(v) for k, v in op.args.items()}
-            args["position"] = op.pos if op.parent is None else f"node #{op.index}"
-            self.events.append({"name": op.name, "cat": op.kind, "ph": "X", "ts": ts,
-                                "dur": max(end - ts, 0.001), "pid": pid, "tid": tid,
-                                "args": args})
-            if op.parent is None:
-                self._ends[(op.stream.id, op.pos)] = (pid, tid, end)
-                if len(self._ends) > 100000:
-                    self._ends.clear()
-            on = op.args.get("on")
-            if op.kind == "wait" and on is not None:
-                src = self._ends.get((on[0].id, on[1]))
-                if src is not None:  # arrow from the awaited operation to the wait
-                    self._flow += 1
-                    spid, stid, sts = src
-                    self.events.append({"name": "wait", "cat": "flow", "ph": "s", "id": self._flow,
-                                        "ts": max(sts - 0.001, 0), "pid": spid, "tid": stid})
-                    self.events.append({"name": "wait", "cat": "flow", "ph": "f", "bp": "e",
-                                        "id": self._flow, "ts": ts, "pid": pid, "tid": tid})
+            if op.stamps is None:
+                self._slice(op, self._us(op.t0), self._us(op.t1))
+            else:
+                self._base.setdefault(op.stream.device, (op.stamps[1], op.t0))
+                self._pending.append(op)
+
+    def _resolve(self) -> None:
+        """Place the completed stamped operations on the device's clock (in enqueue order)."""
+        from .errors import NotReadyError
+
+        left = []
+        for op in self._pending:
+            q, start, end = op.stamps  # type: ignore[misc]
+            base, t = self._base[op.stream.device]
+            try:
+                ms0, ms1 = q.elapsed_ms(base, start), q.elapsed_ms(base, end)
+            except NotReadyError:
+                left.append(op)  # still running: placed by a later write
+                continue
+            self._slice(op, self._us(t + ms0 / 1e3), self._us(t + ms1 / 1e3))
+        self._pending = left
+
+    def _slice(self, op: OpInfo, ts: float, end: float) -> None:
+        """One operation's slice (and the flow arrow of a wait); called holding ``_lock``."""
+        pid, tid = self._track(op)
+        args = {k: _plain(v) for k, v in op.args.items()}
+        args["position"] = op.pos if op.parent is None else f"node #{op.index}"
+        self.events.append({"name": op.name, "cat": op.kind, "ph": "X", "ts": ts,
+                            "dur": max(end - ts, 0.001), "pid": pid, "tid": tid,
+                            "args": args})
+        if op.parent is None:
+            self._ends[(op.stream.id, op.pos)] = (pid, tid, end)
+            if len(self._ends) > 100000:
+                self._ends.clear()
+        on = op.args.get("on")
+        if op.kind == "wait" and on is not None:
+            src = self._ends.get((on[0].id, on[1]))
+            if src is not None:  # arrow from the awaited operation to the wait
+                self._flow += 1
+                spid, stid, sts = src
+                self.events.append({"name": "wait", "cat": "flow", "ph": "s", "id": self._flow,
+                                    "ts": max(sts - 0.001, 0), "pid": spid, "tid": stid})
+                self.events.append({"name": "wait", "cat": "flow", "ph": "f", "bp": "e",
+                                    "id": self._flow, "ts": ts, "pid": pid, "tid": tid})
 
     def on_alloc(self, stream: Any, ptr: int, nbytes: int) -> None:
         self._pool_counter(ptr)
@@ -106,10 +133,14 @@ class Tracer:
             self._count(pool)
 
     def _count(self, pool: Any) -> None:
+        from .memory import MemPoolAttr
+
+        reserved = pool.get_attr(MemPoolAttr.RESERVED_MEM_CURRENT)  # a cudaMemPool's too
+        used = pool.get_attr(MemPoolAttr.USED_MEM_CURRENT)
         with self._lock:
             self.events.append({"name": f"pool {id(pool):x} ({pool.device.name})", "ph": "C",
                                 "ts": self._us(time.perf_counter()), "pid": self._pid(pool.device),
-                                "args": {"reserved": pool._reserved, "used": pool._used}})
+                                "args": {"reserved": reserved, "used": used}})
 
     def on_capture(self, stream: Any, what: str) -> None:
         with self._lock:
@@ -123,6 +154,7 @@ class Tracer:
     def to_json(self) -> dict:
         """The trace as a Chrome trace-event JSON object."""
         with self._lock:
+            self._resolve()
             meta: list[dict] = [{"name": "process_name", "ph": "M", "pid": pid,
                                  "args": {"name": name}} for pid, name in self._procs.items()]
             for (pid, tid), name in self._tracks.items():

@@ -136,6 +136,21 @@ def _ensure_worker() -> None:
                 _worker.start()
 
 
+class _Stamp:
+    """A timing event (``cudaEventCreate``), destroyed with its last reference."""
+
+    __slots__ = ("event",)
+
+    def __init__(self) -> None:
+        self.event = check(rt.cudaEventCreate())
+
+    def __del__(self) -> None:
+        try:  # a pending event is released by CUDA once it completes
+            rt.cudaEventDestroy(self.event)
+        except Exception:  # noqa: S110 - at interpreter exit the bindings may be gone
+            pass
+
+
 # -- queues ----------------------------------------------------------------------------------
 class CudaQueue(Queue):
     """One CUDA stream: enqueue calls run at once; completion is read from CUDA events."""
@@ -309,14 +324,14 @@ class CudaQueue(Queue):
 
     def op_stamp(self) -> tuple[Callable[..., Any], tuple, Any]:
         _activate(self.dev.index)
-        ev = check(rt.cudaEventCreate())
-        return self._stamp, (ev,), ev
+        st = _Stamp()
+        return self._stamp, (st,), st
 
-    def _stamp(self, ev: Any) -> None:
-        check(rt.cudaEventRecord(ev, self.stream))
+    def _stamp(self, st: _Stamp) -> None:
+        check(rt.cudaEventRecord(st.event, self.stream))
 
     def elapsed_ms(self, start: Any, end: Any) -> float:
-        err, ms = rt.cudaEventElapsedTime(start, end)
+        err, ms = rt.cudaEventElapsedTime(start.event, end.event)
         if err == _NOT_READY:
             raise NotReadyError("the event has not completed yet")
         check((err,))
