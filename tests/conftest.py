@@ -54,6 +54,17 @@ def backend_device(backend: str) -> srt.Device:
     return srt.Device(f"{backend}:0")
 
 
+def cpu_only(dev: srt.Device, why: str) -> None:
+    """Skip a contract test on backends other than cpu, saying why it cannot hold there."""
+    if dev.backend != "cpu":
+        pytest.skip(f"cpu backend only: {why}")
+
+
+PY_KERNELS = "Python kernel bodies with host-side effects (a GPU runs only CUDA C)"
+HOST_CONCURRENCY = ("CUDA may serialize host functions without a mandated order (cudaLaunchHostFunc), "
+                    "so host nodes waiting for each other deadlock there")
+
+
 @pytest.fixture(params=BACKENDS)
 def any_dev(request):
     """Device 0 of each backend, current for the test (a module of contract tests makes its

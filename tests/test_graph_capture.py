@@ -10,12 +10,18 @@ import pytest
 
 import streamrt as srt
 
-from .conftest import add_one_kernel, copy_kernel, fill_kernel
+from .conftest import _grid_stride, add_one_kernel, copy_kernel, fill_kernel
 from .conftest import read_f32 as _read
 
 N = 16
 M = srt.CaptureMode
 T = srt.NodeType
+
+
+@pytest.fixture
+def dev(any_dev):
+    """Each backend's device 0: capture is frontend code, its graphs run on every backend."""
+    return any_dev
 
 
 def noop():
@@ -121,7 +127,8 @@ def test_graph_capture_fork_join_by_events(s, s2, dev, buf):
     srt.free(other)
 
 
-@srt.kernel
+@srt.kernel(cuda=_grid_stride("add_kernel", "float* dst, const float* src, int n", "dst[i] += src[i]"),
+            signature="ptr, ptr, i32")
 def add_kernel(ctx, dst, src, n):
     ctx.array(dst, (n,), np.float32)[:] += ctx.array(src, (n,), np.float32, readonly=True)
 

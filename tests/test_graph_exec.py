@@ -10,12 +10,26 @@ import pytest
 
 import streamrt as srt
 
-from .conftest import add_one_kernel, copy_kernel, fill_kernel
+from .conftest import (
+    HOST_CONCURRENCY,
+    PY_KERNELS,
+    _grid_stride,
+    add_one_kernel,
+    copy_kernel,
+    cpu_only,
+    fill_kernel,
+)
 from .conftest import read_f32 as _read
 
 N = 16
 R = srt.GraphExecUpdateResult
 WINDOW = 0.25  # seconds a correct runtime keeps something blocked; only a failing one is faster
+
+
+@pytest.fixture
+def dev(any_dev):
+    """Each backend's device 0: executable graphs are a contract of every backend."""
+    return any_dev
 
 
 @pytest.fixture
@@ -28,7 +42,8 @@ def bufs(dev):
         srt.free(p)
 
 
-@srt.kernel
+@srt.kernel(cuda=_grid_stride("scale_kernel", "float* ptr, int n, float factor", "ptr[i] *= factor"),
+            signature="ptr, i32, f32")
 def scale_kernel(ctx, ptr, n, factor):
     ctx.array(ptr, (n,), np.float32)[:] *= factor
 
@@ -87,7 +102,8 @@ def test_graph_exec_launch_errors(s, bufs):
         srt.Graph.instantiate("graph")
 
 
-def test_graph_exec_kernel_failure_reported_at_synchronize(s):
+def test_graph_exec_kernel_failure_reported_at_synchronize(s, dev):
+    cpu_only(dev, PY_KERNELS)
     @srt.kernel
     def boom(ctx):
         raise RuntimeError("kernel boom")
@@ -100,7 +116,8 @@ def test_graph_exec_kernel_failure_reported_at_synchronize(s):
     assert isinstance(ei.value.__cause__, RuntimeError)
 
 
-def test_graph_exec_failure_in_a_parallel_branch_reported_and_exec_reusable(s):
+def test_graph_exec_failure_in_a_parallel_branch_reported_and_exec_reusable(s, dev):
+    cpu_only(dev, "a host function cannot fail in CUDA: a failed host node's dependents still run there")
     def bad():
         raise RuntimeError("branch boom")
 
@@ -139,7 +156,8 @@ def test_graph_exec_set_kernel_params_apply_to_later_launches_only(s, bufs, gate
     assert node.params["args"] == (a, N, 1.0) and tuple(node.params["grid"]) == (1, 1, 1)
 
 
-def test_graph_exec_set_kernel_params_keeps_launch_shape_unless_given(s):
+def test_graph_exec_set_kernel_params_keeps_launch_shape_unless_given(s, dev):
+    cpu_only(dev, PY_KERNELS)
     seen = []
 
     @srt.kernel
@@ -235,7 +253,8 @@ def test_graph_exec_disabled_node_acts_as_empty(s, bufs):
     assert (_read(a) == 6.0).all()
 
 
-def test_graph_exec_disabled_node_keeps_ordering_through_it(s):
+def test_graph_exec_disabled_node_keeps_ordering_through_it(s, dev):
+    cpu_only(dev, PY_KERNELS)
     # first -> disabled -> last: last must still wait for first
     last_started = threading.Event()
     log = []
@@ -510,7 +529,8 @@ def test_graph_exec_launches_from_two_threads_never_overlap(s, s2, dev):
     assert calls[0] == 100 and peak[0] == 1
 
 
-def test_graph_exec_two_execs_of_one_graph_may_overlap(s, s2):
+def test_graph_exec_two_execs_of_one_graph_may_overlap(s, s2, dev):
+    cpu_only(dev, HOST_CONCURRENCY)
     # the rule is per exec: two execs of the same graph are independent
     met = threading.Barrier(2, timeout=30)
     g = srt.Graph()
@@ -528,7 +548,8 @@ def _meet(mine, other, log, tag):
     log.append((tag, other.wait(timeout=10)))
 
 
-def test_graph_exec_independent_branches_run_concurrently(s):
+def test_graph_exec_independent_branches_run_concurrently(s, dev):
+    cpu_only(dev, HOST_CONCURRENCY)
     # each branch signals the other and waits for the other's signal: they only both succeed
     # when they run at the same time
     ea, eb = threading.Event(), threading.Event()
@@ -543,7 +564,8 @@ def test_graph_exec_independent_branches_run_concurrently(s):
     assert sorted(log[:2]) == [("a", True), ("b", True)] and log[2] == "join"
 
 
-def test_graph_exec_captured_fork_runs_branches_concurrently(s, s2):
+def test_graph_exec_captured_fork_runs_branches_concurrently(s, s2, dev):
+    cpu_only(dev, HOST_CONCURRENCY)
     ea, eb = threading.Event(), threading.Event()
     log = []
     s.begin_capture()
@@ -561,7 +583,8 @@ def test_graph_exec_captured_fork_runs_branches_concurrently(s, s2):
     assert log.count("join") == 3 and all(x[1] for x in log if x != "join")
 
 
-def test_graph_exec_join_waits_for_every_branch(s):
+def test_graph_exec_join_waits_for_every_branch(s, dev):
+    cpu_only(dev, PY_KERNELS)
     # join depends on a and b; b holds for a window unless join has (wrongly) started
     join_started = threading.Event()
     log = []

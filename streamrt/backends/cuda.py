@@ -164,6 +164,9 @@ class CudaQueue(Queue):
         self.pos = 0
         self._done = 0
         self._markers: deque[tuple[int, Any]] = deque()
+        # graphs launched and maybe still running, with their newest position: kept alive until
+        # the stream passes it (their host nodes and host buffers must outlive an exec update)
+        self._graphs: dict[Any, int] = {}
         self._errors: list[tuple[int, BaseException, str]] = []
         self._legacy = legacy
         self._closed = False
@@ -199,6 +202,8 @@ class CudaQueue(Queue):
         self._done = max(self._done, p)
         while self._markers and self._markers[0][0] <= self._done:
             rt.cudaEventDestroy(self._markers.popleft()[1])
+        if self._graphs:
+            self._graphs = {g: q for g, q in self._graphs.items() if q > self._done}
 
     def _event_at(self, pos: int) -> Any | None:
         """The marker event of the first marked position >= ``pos`` (None: the tail)."""
@@ -320,7 +325,11 @@ class CudaQueue(Queue):
 
     def op_graph(self, graph: Any) -> tuple[Callable[..., Any], tuple]:
         """Launching a :class:`~.cuda_graph.NativeGraph` (``cudaGraphLaunch``)."""
-        return graph.launch, (self,)
+        return self._graph, (graph,)
+
+    def _graph(self, graph: Any) -> None:
+        graph.launch(self)
+        self._graphs[graph] = self.pos
 
     def op_stamp(self) -> tuple[Callable[..., Any], tuple, Any]:
         _activate(self.dev.index)
