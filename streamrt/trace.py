@@ -78,7 +78,7 @@ class Tracer:
 
     def _resolve(self) -> None:
         """Place the completed stamped operations on the device's clock (in enqueue order)."""
-        from .errors import NotReadyError
+        from .errors import NotReadyError, StreamRTError
 
         left = []
         for op in self._pending:
@@ -89,6 +89,8 @@ class Tracer:
             except NotReadyError:
                 left.append(op)  # still running: placed by a later write
                 continue
+            except StreamRTError:  # a failed stream (or device reset): the host's times, then
+                ms0, ms1 = (op.t0 - t) * 1e3, (op.t1 - t) * 1e3
             self._slice(op, self._us(t + ms0 / 1e3), self._us(t + ms1 / 1e3))
         self._pending = left
 
