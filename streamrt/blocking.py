@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from . import instrument
-from .backends import get_backend
+from .backends import get_backend, loaded_backends
 from .device import Device, current_device, devices
 from .errors import InvalidAddressError
 from .graph.capture import check_unsafe
@@ -63,7 +63,9 @@ def free_host(ptr: int) -> None:
     """Free pinned host memory (``cudaFreeHost``)."""
     check_unsafe("srt.free_host")
     ptr = check_ptr(ptr)
-    get_backend(current_device().backend).free_host(ptr)
+    # any backend's: as cudaFreeHost, it need not be the current device's (another thread's)
+    owner = next((b for b in loaded_backends() if b.owns_host(ptr)), None)
+    (owner or get_backend(current_device().backend)).free_host(ptr)  # None: its error
 
 
 def memcpy(dst: Any, src: Any, nbytes: int) -> None:

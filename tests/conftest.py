@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 import time
+
+if os.environ.get("STREAMRT_CUDA_FAKE") == "1":  # before any device: cuda runs on tests/cuda_fake
+    from tests.cuda_fake import install as _install_fake_cuda
+
+    _install_fake_cuda()
 
 import numpy as np
 import pytest
@@ -176,6 +182,19 @@ def add_one_kernel(ctx, ptr, n):
             signature="ptr, ptr, i32")
 def copy_kernel(ctx, dst, src, n):
     ctx.array(dst, (n,), np.float32)[:] = ctx.array(src, (n,), np.float32, readonly=True)
+
+
+@pytest.fixture(autouse=True)
+def _no_fake_cuda_fault():
+    """With the fake CUDA runtime on, a failure inside its worker threads fails the test."""
+    if os.environ.get("STREAMRT_CUDA_FAKE") != "1":
+        yield
+        return
+    from tests.cuda_fake import state
+
+    before = len(state.faults)
+    yield
+    assert len(state.faults) == before, "fake CUDA runtime fault:\n" + "\n".join(state.faults[before:])
 
 
 @pytest.fixture(autouse=True)

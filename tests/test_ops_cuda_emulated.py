@@ -28,7 +28,7 @@ from .cuda_emu import emu
 def _skip_reason() -> str | None:
     if os.environ.get("STREAMRT_CUDA_EMU") != "1":
         return ("the CUDA emulator tests are opt-in: set STREAMRT_CUDA_EMU=1 to run them "
-                "(they need g++ with C++20 <barrier>)")
+                "(they need g++ with C++20 and <ucontext.h>)")
     return emu.unavailable()
 
 

@@ -9,6 +9,11 @@ BACKENDS = ("cpu", "cuda")
 _loaded: dict[str, Backend] = {}
 
 
+def loaded_backends() -> list[Backend]:
+    """The backends already in use in this process."""
+    return list(_loaded.values())
+
+
 def get_backend(name: str) -> Backend:
     """The backend object called ``name``; raises if it cannot be used here."""
     backend = _loaded.get(name)

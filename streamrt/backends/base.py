@@ -188,3 +188,7 @@ class Backend(ABC):
     @abstractmethod
     def free_host(self, ptr: int) -> None:
         """Release pinned host memory."""
+
+    @abstractmethod
+    def owns_host(self, ptr: int) -> bool:
+        """True when ``ptr`` is the start of live pinned memory of this backend."""

@@ -538,6 +538,10 @@ class CpuBackend(Backend):
         except MemoryError as exc:
             raise OutOfMemoryError(f"pinned host memory: host refused {nbytes} bytes") from exc
 
+    def owns_host(self, ptr: int) -> bool:
+        alloc = SPACE.get(ptr)
+        return alloc is not None and alloc.device == HOST_DEVICE
+
     def free_host(self, ptr: int) -> None:
         alloc = SPACE.get(ptr)
         if alloc is None or alloc.device != HOST_DEVICE:

@@ -59,6 +59,15 @@ def _activate(index: int) -> None:
         _tls.device = index
 
 
+_SIZE_MAX = (1 << 64) - 1  # size_t / cuuint64_t: larger Python ints raise OverflowError
+
+
+def _too_big(nbytes: int, what: str) -> None:
+    """No allocation of more than SIZE_MAX bytes can succeed: OutOfMemoryError, as on cpu."""
+    if nbytes > _SIZE_MAX:
+        raise OutOfMemoryError(f"{what} of {nbytes} bytes: more than any device can hold")
+
+
 def _host_ptr(buf: Any) -> int:
     """Address of a host ``uint8`` view (the frontend validated it)."""
     return int(buf.ctypes.data) if isinstance(buf, np.ndarray) else int(buf)
@@ -108,10 +117,34 @@ def _block(query: Callable[[], Any], wait: Callable[[], Any]) -> None:
 
 
 _ONE_SHOT_END = 1 << 40  # job ids below: one host function; above: a graph's host node
+_driver = threading.local()  # ``on`` while a thread runs the trampoline (the driver's thread)
+_deferred: deque[tuple[Callable[..., Any], tuple]] = deque()
+
+
+def release(fn: Callable[..., Any], *args: Any) -> None:
+    """Run a CUDA release call now or, on the driver's thread, at the next enqueue or wait: a
+    finalizer the garbage collector runs in the trampoline must not call CUDA there."""
+    if getattr(_driver, "on", False):
+        _deferred.append((fn, args))
+    else:
+        fn(*args)
+
+
+def _run_deferred() -> None:
+    while _deferred:
+        try:
+            fn, args = _deferred.popleft()
+        except IndexError:  # another thread took the last one
+            return
+        try:
+            fn(*args)
+        except Exception:  # noqa: S110 - a release of a handle already gone (device reset)
+            pass
 
 
 def _trampoline(user_data: int | None) -> None:
     # On the driver's thread: never call CUDA here; run the callable on a Python thread.
+    _driver.on = True
     key = user_data or 0
     job = _jobs.pop(key, None) if key < _ONE_SHOT_END else _jobs.get(key)
     if job is None:
@@ -146,7 +179,7 @@ class _Stamp:
 
     def __del__(self) -> None:
         try:  # a pending event is released by CUDA once it completes
-            rt.cudaEventDestroy(self.event)
+            release(rt.cudaEventDestroy, self.event)
         except Exception:  # noqa: S110 - at interpreter exit the bindings may be gone
             pass
 
@@ -184,9 +217,12 @@ class CudaQueue(Queue):
         """Completed operations: the stream's tail once idle, else the newest completed mark."""
         if self._done >= self.pos:
             return self._done
+        tail = self.pos  # before the query: work enqueued meanwhile is not proven by it
+        if not self._closed:
+            _activate(self.dev.index)  # the legacy stream is the current device's
         err = _NOT_READY if self._closed else rt.cudaStreamQuery(self.stream)[0]
         if err == _SUCCESS:
-            self._advance(self.pos)
+            self._advance(tail)
         elif err != _NOT_READY:
             check((err,))
         else:
@@ -222,13 +258,16 @@ class CudaQueue(Queue):
     def wait_done(self, pos: int) -> None:
         if self._done >= pos:
             return
+        if _deferred:
+            _run_deferred()
         ev = self._event_at(pos) if pos < self.pos or self._closed else None
         if ev is None:
             if self._closed:
                 return  # nothing was pending when it closed
-            stream = self.stream
+            stream, tail = self.stream, self.pos  # work enqueued during the wait is not covered
+            _activate(self.dev.index)  # the legacy stream is the current device's
             _block(lambda: rt.cudaStreamQuery(stream), lambda: rt.cudaStreamSynchronize(stream))
-            self._advance(self.pos)
+            self._advance(tail)
         else:
             _block(lambda: rt.cudaEventQuery(ev), lambda: rt.cudaEventSynchronize(ev))
             self._advance(pos)
@@ -237,6 +276,8 @@ class CudaQueue(Queue):
         self.wait_done(self.pos)  # enqueue calls ran at once: the queue counts them
 
     def submit(self, fn: Callable[..., Any], args: tuple) -> None:
+        if _deferred:
+            _run_deferred()
         self.pos += 1
         fn(*args)
 
@@ -248,6 +289,9 @@ class CudaQueue(Queue):
         return taken
 
     def close(self) -> None:
+        if getattr(_driver, "on", False):  # the stream's finalizer, run in the trampoline
+            _deferred.append((self.close, ()))
+            return
         if self._legacy or self._closed:
             return
         if self.pos > self._done:
@@ -337,6 +381,7 @@ class CudaQueue(Queue):
         return self._stamp, (st,), st
 
     def _stamp(self, st: _Stamp) -> None:
+        _activate(self.dev.index)
         check(rt.cudaEventRecord(st.event, self.stream))
 
     def elapsed_ms(self, start: Any, end: Any) -> float:
@@ -369,8 +414,10 @@ class CudaDevice(DeviceImpl):
         self._reserved: SortedDict = SortedDict()  # base -> size of graph memory's address ranges
         self._functions: dict[Any, tuple] = {}
         self._lock = threading.Lock()
+        _opened[index] = self
 
     def malloc(self, nbytes: int) -> int:
+        _too_big(nbytes, f"cuda:{self.index}: cudaMalloc")
         _activate(self.index)
         try:
             ptr = int(check(rt.cudaMalloc(max(nbytes, 1))))
@@ -419,10 +466,16 @@ class CudaDevice(DeviceImpl):
         return CudaQueue(self, name, priority, non_blocking, legacy)
 
     def endpoint(self, ptr: int, nbytes: int) -> int:
+        # unified addressing: a copy may read or write another GPU's memory (a peer copy)
         room = _room(self._ranges, ptr) or _room(_pinned(), ptr)
+        for other in () if room is not None else _opened.values():
+            room = _room(other._ranges, ptr)
+            if room is not None:
+                break
         if room is None or nbytes > room:
             raise InvalidAddressError(
-                f"{hex(ptr)}+{nbytes} is not inside a live allocation of cuda:{self.index}")
+                f"{hex(ptr)}+{nbytes} is not inside a live allocation of cuda:{self.index}, "
+                "another GPU or pinned host memory")
         return ptr
 
     # -- kernels -----------------------------------------------------------------------------
@@ -477,9 +530,9 @@ class CudaDevice(DeviceImpl):
         return ptr
 
     def graph_release(self, ptr: int, nbytes: int) -> None:
-        """``cuMemAddressFree``."""
+        """``cuMemAddressFree`` (from a finalizer: deferred when on the driver's thread)."""
         self._reserved.pop(ptr, None)
-        check(drv.cuMemAddressFree(ptr, nbytes))
+        release(lambda: check(drv.cuMemAddressFree(ptr, nbytes)))
 
     def graph_map(self, ranges: list[tuple[int, int, int]], nbytes: int) -> Any:
         """``cuMemCreate`` one physical allocation, ``cuMemMap`` each range at its offset and make
@@ -521,7 +574,7 @@ class CudaDevice(DeviceImpl):
         props.allocType = rt.cudaMemAllocationType.cudaMemAllocationTypePinned
         props.location.type = rt.cudaMemLocationType.cudaMemLocationTypeDevice
         props.location.id = self.index
-        props.maxSize = max_size
+        props.maxSize = min(max_size, _SIZE_MAX)  # above: no limit beyond the device's
         return check(rt.cudaMemPoolCreate(props))
 
     def pool_get(self, pool: Any, attr: int) -> int:
@@ -530,11 +583,12 @@ class CudaDevice(DeviceImpl):
 
     def pool_set(self, pool: Any, attr: int, value: int) -> None:
         """``cudaMemPoolSetAttribute``: flags as int, sizes as ``cuuint64_t``."""
-        v: Any = int(value) if attr <= 3 else drv.cuuint64_t(int(value))
+        v: Any = int(value) if attr <= 3 else drv.cuuint64_t(min(int(value), _SIZE_MAX))
         check(rt.cudaMemPoolSetAttribute(pool, rt.cudaMemPoolAttr(attr), v))
 
     def pool_malloc(self, pool: Any, nbytes: int, q: CudaQueue) -> int:
         """``cudaMallocFromPoolAsync`` on the queue's stream."""
+        _too_big(nbytes, f"cuda:{self.index}: cudaMallocFromPoolAsync")
         _activate(self.index)
         ptr = int(check(rt.cudaMallocFromPoolAsync(max(nbytes, 1), pool, q.stream)))
         self._ranges[ptr] = nbytes
@@ -548,11 +602,14 @@ class CudaDevice(DeviceImpl):
 
     def pool_trim(self, pool: Any, keep: int) -> None:
         """``cudaMemPoolTrimTo``."""
-        check(rt.cudaMemPoolTrimTo(pool, keep))
+        check(rt.cudaMemPoolTrimTo(pool, min(keep, _SIZE_MAX)))
 
     def pool_destroy(self, pool: Any) -> None:
         """``cudaMemPoolDestroy``: CUDA releases the memory once its allocations are freed."""
         check(rt.cudaMemPoolDestroy(pool))
+
+
+_opened: dict[int, CudaDevice] = {}  # every opened device, for peer copies
 
 
 def _room(ranges: SortedDict, ptr: int) -> int | None:
@@ -597,12 +654,16 @@ class CudaBackend(Backend):
         return CudaDevice(index)
 
     def malloc_host(self, nbytes: int) -> int:
+        _too_big(nbytes, "cudaMallocHost")
         try:
             ptr = int(check(rt.cudaMallocHost(max(nbytes, 1))))
         except OutOfMemoryError as exc:
             raise OutOfMemoryError(f"cudaMallocHost of {nbytes} bytes failed") from exc
         self._host[ptr] = nbytes
         return ptr
+
+    def owns_host(self, ptr: int) -> bool:
+        return ptr in self._host
 
     def free_host(self, ptr: int) -> None:
         if ptr not in self._host:

@@ -24,13 +24,28 @@ if TYPE_CHECKING:
 _ids = itertools.count(cuda._ONE_SHOT_END)  # graph host-node jobs: run at every launch
 
 
+class _Launches:
+    """Where a graph's host-node failures go: the queue and position of its latest launch. Kept
+    apart from :class:`NativeGraph` so that the jobs (module-wide, in ``cuda._jobs``) do not keep
+    the graph alive: a graph with a host node was otherwise never released."""
+
+    __slots__ = ("queue", "pos")
+
+    def __init__(self) -> None:
+        self.queue: Any = None
+        self.pos = 0
+
+    def error(self, exc: BaseException, label: str) -> None:
+        if self.queue is not None:
+            self.queue._errors.append((self.pos, exc, label))
+
+
 class NativeGraph:
     """One instantiated CUDA graph (``cudaGraphExec_t``) of a frontend exec on one device."""
 
     def __init__(self, dev: Any, flat: list[tuple[Node | None, list[int]]]) -> None:
         self.dev = dev
-        self.queue: Any = None  # the queue of the launch in flight (host-node errors go there)
-        self.pos = 0
+        self._launches = _Launches()
         self._keep: list[Any] = []  # parameter buffers and host views the nodes point at
         self._jobs: list[int] = []
         _activate(dev.index)
@@ -86,7 +101,7 @@ class NativeGraph:
             job = next(_ids)
             fn, args = p["fn"], tuple(p["args"])
             label = f"host node {getattr(fn, '__qualname__', repr(fn))!r}"
-            cuda._jobs[job] = (fn, args, lambda exc, label=label: self._error(exc, label))
+            cuda._jobs[job] = (fn, args, lambda exc, label=label, to=self._launches: to.error(exc, label))
             self._jobs.append(job)
             hp = rt.cudaHostNodeParams()
             hp.fn = _host_fn
@@ -99,10 +114,6 @@ class NativeGraph:
             made = check(rt.cudaGraphAddEmptyNode(graph, rdeps, len(deps)))
         return int(made)
 
-    def _error(self, exc: BaseException, label: str) -> None:
-        if self.queue is not None:
-            self.queue._errors.append((self.pos, exc, label))
-
     def _release_jobs(self) -> None:
         for job in self._jobs:
             cuda._jobs.pop(job, None)
@@ -110,7 +121,7 @@ class NativeGraph:
     # -- launch --------------------------------------------------------------------------------
     def launch(self, q: Any) -> None:
         """``cudaGraphLaunch`` on the queue's stream (one queue operation)."""
-        self.queue, self.pos = q, q.pos
+        self._launches.queue, self._launches.pos = q, q.pos
         if self._jobs:
             cuda._ensure_worker()
             cuda._count_outstanding(len(self._jobs))
@@ -129,7 +140,8 @@ class NativeGraph:
 
 
 def _destroy(exec_: Any, jobs: list[int]) -> None:
-    # an exec still in flight is freed by CUDA once it completes (cudaGraphExecDestroy)
-    rt.cudaGraphExecDestroy(exec_)
+    # Runs once no queue holds the graph any more (a queue keeps the graphs it launched until it
+    # has passed them), so no launch of it is in flight and its host-node jobs can go.
+    cuda.release(rt.cudaGraphExecDestroy, exec_)
     for job in jobs:
         cuda._jobs.pop(job, None)

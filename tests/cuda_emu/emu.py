@@ -2,25 +2,30 @@
 
 g++ (C++20) compiles each kernel's ``cuda_source`` after ``shim.h``, which supplies the CUDA
 built-ins the kernels use: 1-D ``threadIdx``/``blockIdx``/``blockDim``/``gridDim``, ``__shared__``,
-``__syncthreads`` (a ``std::barrier``), full-warp ``__shfl_xor_sync``/``__shfl_up_sync``,
-``__fmul_rn``/``__dmul_rn`` and the float16 conversions (``_Float16``, round to nearest even).
-A launch runs each CUDA thread of a block as one ``std::thread``. The shared objects are cached
-in ``$STREAMRT_CACHE_DIR/emu`` (default ``~/.cache/streamrt/emu``), named by a hash of the C++
-source and the compiler command, so a changed kernel is rebuilt and an unchanged one is not.
+``__syncthreads``, ``__shfl_xor_sync``/``__shfl_up_sync``, ``__fmul_rn``/``__dmul_rn``,
+``clock64`` and the float16 conversions (``_Float16``, round to nearest even). A launch runs the
+CUDA threads of a block as fibers (``ucontext``) on the calling thread. The shared objects are
+cached in ``$STREAMRT_CACHE_DIR/emu`` (default ``~/.cache/streamrt/emu``), named by a hash of the
+C++ source and the compiler command, so a changed kernel is rebuilt and an unchanged one is not.
 
 What it does not emulate, so what it cannot find:
 
-- no real memory model: no weak ordering, caches or coalescing. A missing barrier may or may not
-  show (the threads are OS threads), and accesses are not bounds checked: a stray one reads or
-  corrupts this process's memory, or crashes it;
+- no real memory model: no weak ordering, caches or coalescing, and accesses are not bounds
+  checked: a stray one reads or corrupts this process's memory, or crashes it;
+- scheduling: the threads of a block are fibers on one OS thread, each running until it waits at
+  a barrier (``__syncthreads``, a shuffle) or returns, in thread order. So a missing barrier shows
+  (thread 0 runs ahead of every other), but only in that one interleaving; a kernel whose threads
+  wait for each other without a barrier (a spin on another thread's flag) hangs;
 - blocks run one after another: races or ordering between blocks never show;
 - the grid is capped for speed: x and z to ``GRID_CAP`` blocks (y, the split-K index, is never
   capped). The kernels cover their work with grid-stride loops over x and z, so fewer blocks must
   give the same result, but a bug needing many blocks is missed unless ``cap=None``;
 - floating point: fp contraction is off (NVRTC fuses ``a*b+c`` into FMAs by default) and
   ``expf``/``exp``/``sqrtf`` come from the host's libm, so the last bits may differ from a GPU's;
-- warps: the shuffle mask is ignored (all 32 lanes must take part); blocks must be 1-D multiples
-  of 32 threads;
+- warps: the shuffle mask is ignored (every lane of a warp must take part); blocks must be 1-D
+  (any size: the last warp may be partial). A block whose threads deadlock (a barrier in
+  divergent code) raises RuntimeError;
+- ``clock64()`` counts nanoseconds and sleeps a little at each call (spin loops stay cheap);
 - nothing about speed, occupancy, registers or launch limits: only results.
 """
 
@@ -50,11 +55,34 @@ PTX = {
     'asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(p->bits));': "f = srt_emu_h2f(p->bits);",
     'asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));': "h = srt_emu_f2h(v);",
 }
-LAUNCH = ('extern "C" void srt_emu_launch(void** p, unsigned gx, unsigned gy, unsigned gz, '
-          'unsigned bx) {{ srt_emu_run(&{name}, p, gx, gy, gz, bx); }}\n')
+LAUNCH = ('extern "C" int srt_emu_launch(void** p, unsigned gx, unsigned gy, unsigned gz, '
+          'unsigned bx) {{ return srt_emu_run(&{name}, p, gx, gy, gz, bx); }}\n'
+          'extern "C" unsigned srt_emu_param_sizes(unsigned long long* out, unsigned max) '
+          '{{ return srt_emu_sizes(&{name}, out, max); }}\n')
 
-_libs: dict[str, ctypes.CDLL] = {}  # by C++ source
-_launching = threading.Lock()  # a launch sets its library's globals (blockIdx, ...): one at a time
+_libs: dict[str, Library] = {}  # by C++ source
+_build_lock = threading.Lock()  # guards _libs
+
+
+class Library:
+    """One kernel built by g++: its launcher and the sizes of its C parameters."""
+
+    def __init__(self, lib: ctypes.CDLL, name: str) -> None:
+        self.lib = lib
+        self.name = name
+        sizes = (ctypes.c_ulonglong * 64)()
+        n = lib.srt_emu_param_sizes(sizes, 64)
+        if n > 64:
+            raise NotImplementedError(f"{name}: {n} parameters (the emulator takes 64)")
+        self.param_sizes = tuple(sizes[:n])
+
+    def launch(self, params: Any, gx: int, gy: int, gz: int, bx: int) -> None:
+        """Run a (gx, gy, gz) grid of 1-D blocks of bx threads; ``params`` is a ``void**``.
+        Launches on different OS threads run at once (each has its own coordinates and
+        ``__shared__`` arrays)."""
+        if self.lib.srt_emu_launch(params, gx, gy, gz, bx):
+            raise RuntimeError(f"{self.name}: the threads of a block deadlocked (a barrier that "
+                               "some threads never reach)")
 
 
 def cache_dir() -> Path:
@@ -64,7 +92,7 @@ def cache_dir() -> Path:
 
 
 def unavailable() -> str | None:
-    """None when g++ compiles the shim here (C++20 ``<barrier>``, ``_Float16``), else why not."""
+    """None when g++ compiles the shim here (C++20, ``<ucontext.h>``, ``_Float16``), else why not."""
     if shutil.which("g++") is None:
         return "g++ is not on PATH"
     try:
@@ -73,34 +101,48 @@ def unavailable() -> str | None:
     except (OSError, subprocess.SubprocessError) as exc:
         return f"g++ did not run: {exc}"
     if r.returncode:
-        return f"g++ cannot compile the C++20 shim (<barrier>, _Float16): {r.stderr.strip()[-600:]}"
+        return f"g++ cannot compile the C++20 shim (ucontext, _Float16): {r.stderr.strip()[-600:]}"
     return None
 
 
-def cpp_source(kernel: Kernel) -> str:
-    """The C++ translation unit of ``kernel``: shim, its CUDA source, and an extern "C" launcher."""
-    src = kernel.cuda_source
+def cpp_source_of(source: str, name: str) -> str:
+    """The C++ translation unit of kernel ``name`` in CUDA C ``source``: shim, the source, and
+    ``extern "C"`` launcher and parameter-size functions."""
+    src = source
     for ptx, host in PTX.items():
         src = src.replace(ptx, host)
     if "asm(" in src:
-        raise NotImplementedError(f"{kernel.name}: inline PTX the emulator does not know ({__file__})")
-    return SHIM + src + LAUNCH.format(name=kernel.name)
+        raise NotImplementedError(f"{name}: inline PTX the emulator does not know ({__file__})")
+    return SHIM + src + LAUNCH.format(name=name)
 
 
-def build(kernel: Kernel) -> ctypes.CDLL:
-    """The loaded library of ``kernel``'s current source, compiled unless cached."""
-    src = cpp_source(kernel)
+def cpp_source(kernel: Kernel) -> str:
+    """The C++ translation unit of ``kernel``."""
+    return cpp_source_of(kernel.cuda_source, kernel.name)
+
+
+def build_source(source: str, name: str) -> Library:
+    """The loaded library of kernel ``name`` of ``source``, compiled unless cached."""
+    src = cpp_source_of(source, name)
     lib = _libs.get(src)
     if lib is None:
         key = hashlib.sha256("\0".join([*CXX, src]).encode()).hexdigest()[:16]
-        so = cache_dir() / f"{kernel.name}-{key}.so"
+        so = cache_dir() / f"{name}-{key}.so"
         if not so.exists():
             _compile(src, so)
-        lib = ctypes.CDLL(str(so))
-        lib.srt_emu_launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 4
-        lib.srt_emu_launch.restype = None
-        _libs[src] = lib
+        cdll = ctypes.CDLL(str(so))
+        cdll.srt_emu_launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 4
+        cdll.srt_emu_launch.restype = ctypes.c_int
+        cdll.srt_emu_param_sizes.argtypes = [ctypes.c_void_p, ctypes.c_uint]
+        cdll.srt_emu_param_sizes.restype = ctypes.c_uint
+        with _build_lock:
+            lib = _libs.setdefault(src, Library(cdll, name))
     return lib
+
+
+def build(kernel: Kernel) -> Library:
+    """The loaded library of ``kernel``'s current source, compiled unless cached."""
+    return build_source(kernel.cuda_source, kernel.name)
 
 
 def _compile(src: str, so: Path) -> None:
@@ -128,15 +170,12 @@ def build_all(kernels: Iterable[Kernel], jobs: int | None = None) -> None:
 def launch(kernel: Kernel, args: Any, grid: Any, block: Any, cap: int | None = GRID_CAP) -> None:
     """Run one launch of ``kernel``; pointer arguments are host addresses."""
     g, b = dim3(grid), dim3(block, "block")
-    if b.y != 1 or b.z != 1 or b.x % 32:
-        raise NotImplementedError(f"{kernel.name}: block {tuple(b)}; the emulator runs 1-D blocks "
-                                  "of whole warps")
+    if b.y != 1 or b.z != 1:
+        raise NotImplementedError(f"{kernel.name}: block {tuple(b)}; the emulator runs 1-D blocks")
     vals = [t(v) for t, v in zip(parse_signature(kernel.signature), args, strict=True)]
     params = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
     gx, gz = (g.x, g.z) if cap is None else (min(g.x, cap), min(g.z, cap))
-    lib = build(kernel)
-    with _launching:
-        lib.srt_emu_launch(params, gx, g.y, gz, b.x)
+    build(kernel).launch(params, gx, g.y, gz, b.x)
 
 
 def host_address(ptr: int) -> int:

@@ -1,44 +1,63 @@
-// CPU stand-ins for the CUDA built-ins that the streamrt operator kernels use (a test aid; see
-// emu.py for what is and is not modelled). Every CUDA thread of a block is one std::thread;
-// blocks run one after another, so a __shared__ array can be a static variable.
-#include <barrier>
+// CPU stand-ins for the CUDA built-ins that the streamrt kernels use (a test aid; see emu.py for
+// what is and is not modelled). The CUDA threads of a block are fibers (ucontext) on the calling
+// OS thread: one runs until it reaches a barrier (__syncthreads, or a warp shuffle) or returns,
+// then the next; a barrier opens once every live thread of its block (warp) waits at it. Blocks
+// run one after another. Launch coordinates and __shared__ arrays are thread-local to the OS
+// thread, so launches on different OS threads (streams) never share them.
+#undef _FORTIFY_SOURCE  // its longjmp check refuses a jump between a fiber's stack and another
+#include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <math.h>
 #include <memory>
 #include <thread>
 #include <type_traits>
+#include <setjmp.h>
+#include <ucontext.h>
 #include <utility>
 #include <vector>
 
 struct srt_dim3 { unsigned x, y, z; };
-static thread_local srt_dim3 threadIdx;
-static srt_dim3 blockIdx, blockDim, gridDim;
+static thread_local srt_dim3 threadIdx, blockIdx, blockDim, gridDim;
 
 #define __global__
 #define __device__
 #define __forceinline__ inline
-#define __shared__ static
+#define __shared__ static thread_local
 
-static std::barrier<>* srt_emu_block;  // the running block's __syncthreads
-struct srt_emu_warp {                    // one warp's shuffle exchange
-  std::barrier<> bar{32};
-  unsigned char lane[32][8];
+enum srt_emu_wait { SRT_RUN = 0, SRT_BLOCK = 1, SRT_WARP = 2, SRT_DONE = 3 };
+struct srt_emu_fiber {
+  ucontext_t ctx;  // the start of the thread (setcontext once)
+  jmp_buf env;     // where it waits (_setjmp/_longjmp after that: no signal-mask system calls)
+  unsigned t = 0;
+  int state = SRT_RUN;
+  bool started = false;
 };
-static srt_emu_warp* srt_emu_warps;
+struct srt_emu_warp { unsigned char lane[32][8]; };
+static thread_local jmp_buf srt_emu_sched;
+static thread_local srt_emu_fiber* srt_emu_cur;
+static thread_local srt_emu_warp* srt_emu_warps;
 
-inline void __syncthreads() { srt_emu_block->arrive_and_wait(); }
+// Park the running CUDA thread at a barrier of the given kind; returns once the barrier opened.
+inline void srt_emu_wait_at(int kind) {
+  srt_emu_cur->state = kind;
+  if (!_setjmp(srt_emu_cur->env)) _longjmp(srt_emu_sched, 1);
+}
 
-// Every lane publishes its value, then reads lane src's (full warps only: the mask is ignored).
+inline void __syncthreads() { srt_emu_wait_at(SRT_BLOCK); }
+
+// Every lane publishes its value, then reads lane src's (the mask is ignored: every lane of the
+// warp must take part; a lane past the end of a partial warp reads stale bytes, as undefined).
 template <typename T> inline T srt_emu_shfl(T v, int src) {
   static_assert(sizeof(T) <= 8, "shuffle of a type wider than 8 bytes");
   srt_emu_warp& w = srt_emu_warps[threadIdx.x >> 5];
   std::memcpy(w.lane[threadIdx.x & 31], &v, sizeof(T));
-  w.bar.arrive_and_wait();
+  srt_emu_wait_at(SRT_WARP);
   T r;
   std::memcpy(&r, w.lane[src], sizeof(T));
-  w.bar.arrive_and_wait();  // nobody overwrites a lane before everyone has read
+  srt_emu_wait_at(SRT_WARP);  // nobody overwrites a lane before everyone has read
   return r;
 }
 template <typename T> inline T __shfl_xor_sync(unsigned, T v, int o) {
@@ -47,6 +66,14 @@ template <typename T> inline T __shfl_xor_sync(unsigned, T v, int o) {
 template <typename T> inline T __shfl_up_sync(unsigned, T v, int o) {
   const int l = threadIdx.x & 31;
   return srt_emu_shfl(v, l >= o ? l - o : l);
+}
+
+// A nanosecond counter. Kernels call it in spin loops (a gate waiting for a host flag): each call
+// sleeps a moment, so a spinning kernel does not starve the host of its few cores.
+inline long long clock64() {
+  std::this_thread::sleep_for(std::chrono::microseconds(20));
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
@@ -63,33 +90,94 @@ inline unsigned short srt_emu_f2h(float f) {
 }
 
 // Run kernel k over a (gx, gy, gz) grid of bx-thread blocks; params[i] points at argument i.
+// Returns 0, or 1 when the threads of a block deadlocked (some wait at a barrier others never
+// reach, e.g. __syncthreads in divergent code).
 template <typename... P, std::size_t... I>
 static void srt_emu_call(void (*k)(P...), void** params, std::index_sequence<I...>) {
   k(*static_cast<std::remove_cvref_t<P>*>(params[I])...);
 }
+static thread_local void (*srt_emu_body)();  // runs the kernel for srt_emu_cur
+static void srt_emu_entry() {
+  srt_emu_body();
+  srt_emu_cur->state = SRT_DONE;
+  _longjmp(srt_emu_sched, 1);  // never returns: back to the scheduler
+}
 template <typename... P>
-static void srt_emu_run(void (*k)(P...), void** params, unsigned gx, unsigned gy, unsigned gz,
-                        unsigned bx) {
-  blockDim = {bx, 1, 1};
+static int srt_emu_run(void (*k)(P...), void** params, unsigned gx, unsigned gy, unsigned gz,
+                       unsigned bx) {
+  static thread_local void (*kern)(P...);
+  static thread_local void** args;
+  kern = k;
+  args = params;
+  srt_emu_body = [] { srt_emu_call(kern, args, std::index_sequence_for<P...>{}); };
+  constexpr std::size_t STACK = 128 << 10;  // per CUDA thread
+  std::vector<srt_emu_fiber> fibers(bx);
+  std::unique_ptr<char[]> stacks(new char[STACK * bx]);
+  std::vector<srt_emu_warp> warps((bx + 31) / 32);
   gridDim = {gx, gy, gz};
+  blockDim = {bx, 1, 1};
+  srt_emu_warps = warps.data();
   for (unsigned z = 0; z < gz; ++z)
     for (unsigned y = 0; y < gy; ++y)
       for (unsigned x = 0; x < gx; ++x) {
         blockIdx = {x, y, z};
-        std::barrier<> block(bx);
-        std::unique_ptr<srt_emu_warp[]> warps(new srt_emu_warp[bx / 32]);
-        srt_emu_block = &block;
-        srt_emu_warps = warps.get();
-        std::vector<std::thread> threads;
-        threads.reserve(bx);
-        for (unsigned t = 0; t < bx; ++t)
-          threads.emplace_back([=, &block, &warps] {
-            threadIdx = {t, 0, 0};
-            srt_emu_call(k, params, std::index_sequence_for<P...>{});
-            // a thread that returned no longer holds up the others' barriers (as on a GPU)
-            block.arrive_and_drop();
-            warps[t >> 5].bar.arrive_and_drop();
-          });
-        for (auto& t : threads) t.join();
+        for (unsigned t = 0; t < bx; ++t) {
+          srt_emu_fiber& f = fibers[t];
+          f.t = t;
+          f.state = SRT_RUN;
+          f.started = false;
+          getcontext(&f.ctx);
+          f.ctx.uc_stack.ss_sp = stacks.get() + STACK * t;
+          f.ctx.uc_stack.ss_size = STACK;
+          f.ctx.uc_link = nullptr;
+          makecontext(&f.ctx, srt_emu_entry, 0);
+        }
+        for (unsigned live = bx; live;) {
+          bool ran = false;
+          for (auto& f : fibers)
+            if (f.state == SRT_RUN) {
+              srt_emu_cur = &f;
+              threadIdx = {f.t, 0, 0};
+              if (!_setjmp(srt_emu_sched)) {
+                if (f.started) _longjmp(f.env, 1);
+                f.started = true;
+                setcontext(&f.ctx);
+              }
+              ran = true;
+            }
+          live = 0;
+          unsigned at_block = 0;
+          for (auto& f : fibers) {
+            live += f.state != SRT_DONE;
+            at_block += f.state == SRT_BLOCK;
+          }
+          bool opened = false;
+          for (unsigned w = 0; w * 32 < bx; ++w) {  // a warp barrier opens when its live lanes wait
+            unsigned end = std::min(bx, w * 32 + 32), waiting = 0, alive = 0;
+            for (unsigned t = w * 32; t < end; ++t) {
+              alive += fibers[t].state != SRT_DONE;
+              waiting += fibers[t].state == SRT_WARP;
+            }
+            if (waiting && waiting == alive) {
+              for (unsigned t = w * 32; t < end; ++t) fibers[t].state = SRT_RUN;
+              opened = true;
+            }
+          }
+          if (!opened && live && at_block == live) {  // every live thread at __syncthreads
+            for (auto& f : fibers)
+              if (f.state == SRT_BLOCK) f.state = SRT_RUN;
+            opened = true;
+          }
+          if (live && !ran && !opened) return 1;
+        }
       }
+  return 0;
+}
+
+// The size of each parameter of kernel k, into out (at most max); returns how many it has.
+template <typename... P>
+static unsigned srt_emu_sizes(void (*)(P...), unsigned long long* out, unsigned max) {
+  const unsigned long long s[] = {sizeof(std::remove_cvref_t<P>)..., 0};
+  for (unsigned i = 0; i < sizeof...(P) && i < max; ++i) out[i] = s[i];
+  return sizeof...(P);
 }

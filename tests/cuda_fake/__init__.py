@@ -1,0 +1,101 @@
+"""A fake CUDA runtime and driver, so that streamrt's cuda backend runs where no GPU is (a test aid).
+
+``install()`` replaces the *functions* of ``cuda.bindings.runtime`` and ``cuda.bindings.driver``
+that streamrt uses with fakes; the real types, enums and structs stay. Opt in with
+``STREAMRT_CUDA_FAKE=1`` (``tests/conftest.py`` installs it before any device is made), then the
+cuda tests run against it::
+
+    STREAMRT_CUDA_FAKE=1 python -m pytest -m cuda
+
+Every fake first calls the real function with the same arguments, which without a driver only
+converts and type-checks them exactly as on a GPU (a wrong argument type fails as it would
+there), then answers as the real binding does: ``(err, values...)`` with real result enums and
+handle types. The devices say what they are: ``srt.Device("cuda:0")._impl.model`` (the backend's
+device, named from ``cudaDeviceProp.name``) is "streamrt fake GPU". There are
+``STREAMRT_CUDA_FAKE_DEVICES`` of them (default 2), sm_90, each with ``STREAMRT_CUDA_FAKE_MEMORY``
+bytes (default 1 GiB; counted, not reserved up front).
+
+What it models (each module's docstring says how):
+
+- devices and the per-thread current device; device and pinned memory as real host memory;
+  ``cudaMemcpyAsync``'s pageable-memory rules (staged source, waiting destination);
+- streams as worker threads running their operations in order; the legacy default stream's
+  implicit ordering with blocking streams; events (completion, timing, errors); host functions
+  called on the worker thread, where any CUDA call fails with ``cudaErrorNotPermitted``
+  (recorded in ``state.refused``); ``cudaFree``/``cudaFreeHost`` synchronizing;
+- kernels: real NVRTC compilation (``compile_cubin`` is wrapped to remember each CUBIN's source),
+  run on the CPU by ``tests/cuda_emu`` (g++ and a shim of the CUDA built-ins), parameters copied
+  at launch and checked against the kernel's C parameter list;
+- stream-ordered pools (reuse rules, release threshold, trim, watermarks, limits), CUDA graphs
+  (kernel, memcpy, memset, host and empty nodes; exec independent of its graph; a launch is one
+  stream operation), and the VMM calls (``cuMem*``) with real shared mappings;
+- the CUDA errors of invalid handles, frees, ranges and launch shapes.
+
+What it cannot find, so what a real GPU run must still check:
+
+- real driver behaviour: the error codes and synchronisation chosen here follow the CUDA
+  documentation, but where it is silent the fake made a choice (see each module); no sticky
+  errors and no device-side faults: a stray kernel access reads or corrupts this process's
+  memory, or crashes it (freed device and pinned memory is made inaccessible, so a use after
+  free crashes loudly); kernel pointer arguments are not checked to be device memory, nor peer
+  access (``cudaDeviceEnablePeerAccess``) for a kernel reading another GPU's memory;
+- NVRTC CUBIN loading: the fake never loads a CUBIN, it only looks up the source it came from,
+  so a CUBIN the driver would refuse (wrong architecture, missing symbol mangling) is not caught;
+  ``cuModuleLoadData`` of a CUBIN not compiled through ``compile_cubin`` is a FakeUnsupported;
+- the GIL and threading of the real driver: the driver calls host functions on its own thread
+  and its blocking calls may hold the GIL; here every blocking wait releases the GIL, so a
+  deadlock that needs a GIL-holding blocking call never shows;
+- concurrency inside the GPU: a kernel's blocks run one after another and its threads in one
+  interleaving (``tests/cuda_emu``); a graph's nodes run one at a time (independent branches
+  never overlap; the order among ready nodes is the reverse of insertion, so a missing edge
+  shows); pools hand out whole blocks (no suballocation, so no placement bugs show);
+- performance, occupancy, launch limits beyond the documented maxima, 2-D/3-D blocks and dynamic
+  shared memory (FakeUnsupported errors);
+- stream capture (``cudaStreamBeginCapture``) and the per-thread default stream are not faked.
+"""
+
+from __future__ import annotations
+
+import os
+
+from . import binding, state
+
+__all__ = ["install", "installed", "uninstall", "state"]
+
+_installed = False
+
+
+def install() -> None:
+    """Replace the CUDA runtime and driver functions with the fakes (idempotent)."""
+    global _installed
+    if _installed:
+        return
+    from cuda.bindings import runtime as rt
+
+    err = rt.cudaGetDeviceCount()[0]
+    if err != rt.cudaError_t.cudaErrorInsufficientDriver:
+        raise binding.RealDriverPresent(
+            f"cudaGetDeviceCount answered {err!r}: a real driver is here, and the fake (which calls "
+            "the real functions to check their arguments) must not run beside it")
+    from . import devices, events, graphs, kernels, memory, pools, streams, vmm  # noqa: F401 (register)
+
+    streams.reset_devices()
+    kernels.wrap_compile_cubin()
+    binding.patch()
+    _installed = True
+
+
+def installed() -> bool:
+    return _installed
+
+
+def uninstall() -> None:
+    """Put the real functions back (fake state stays: streamrt may still hold fake handles)."""
+    global _installed
+    binding.unpatch()
+    _installed = False
+
+
+def enabled_by_env() -> bool:
+    """``STREAMRT_CUDA_FAKE=1``."""
+    return os.environ.get("STREAMRT_CUDA_FAKE") == "1"

@@ -1,0 +1,235 @@
+"""CUDA graphs: nodes with dependencies, instantiated as a private copy, launched as one operation.
+
+A node's parameters are copied when it is added (kernel parameters too, as the driver does).
+``cudaGraphInstantiate`` copies the graph, so destroying the graph leaves the exec intact, and
+an exec destroyed while a launch is in flight still completes that launch. A launch runs the
+nodes on the stream's worker thread in a topological order that, among nodes whose
+dependencies are met, takes the one added *last*: a dependency the caller forgot shows as work
+run out of order, not hidden by insertion order. Host nodes run as host functions (no CUDA calls
+from them). Memcpy nodes may use pageable host memory (allowed in ordinary graphs; CUDA forbids
+it only in conditional-node bodies) and read or write it when the node runs, not when added.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+from cuda.bindings import driver as drv
+from cuda.bindings import runtime as rt
+
+from . import kernels, memory, state, streams
+from .binding import driver, runtime
+from .state import DRV_SUCCESS, LOCK, SUCCESS, E, R
+
+
+class Node:
+    def __init__(self, graph: Graph, kind: str, run: Any, deps: list[int]) -> None:
+        self.handle = state.new_handle()
+        self.graph = graph
+        self.kind = kind
+        self.run = run  # callable run on the worker thread (None: empty node)
+        self.deps = deps
+
+
+class Graph:
+    def __init__(self) -> None:
+        self.handle = state.new_handle()
+        self.nodes: dict[int, Node] = {}  # insertion order
+
+    def order(self) -> list[Node]:
+        """Topological order, last-added first among the ready nodes."""
+        waiting = {h: set(n.deps) for h, n in self.nodes.items()}
+        done: list[Node] = []
+        finished: set[int] = set()
+        while waiting:
+            ready = [h for h, deps in waiting.items() if deps <= finished]
+            h = ready[-1]  # last added (dict order is insertion order)
+            del waiting[h]
+            finished.add(h)
+            done.append(self.nodes[h])
+        return done
+
+
+class Exec:
+    def __init__(self, graph: Graph, device: int) -> None:
+        self.handle = state.new_handle()
+        self.device = device
+        self.steps = [(n.kind, n.run) for n in graph.order()]
+
+    def run(self) -> None:
+        for kind, fn in self.steps:
+            if fn is None:
+                continue
+            if kind == "host":
+                with state.host_function_scope():
+                    fn()
+            else:
+                fn()
+
+
+GRAPHS: dict[int, Graph] = {}
+NODES: dict[int, Node] = {}
+EXECS: dict[int, Exec] = {}
+
+
+def _add(graph: Any, deps: Any, n: int, kind: str, run: Any, bad: Any) -> tuple:
+    """Add a node to ``graph`` after ``deps``; the ``bad`` result for an invalid call."""
+    with LOCK:
+        g = GRAPHS.get(state.as_int(graph))
+        dep_handles = [state.as_int(d) for d in (deps or [])][: int(n)]
+        if g is None or len(dep_handles) != int(n) or len(set(dep_handles)) != len(dep_handles):
+            return None, bad
+        if any(h not in g.nodes for h in dep_handles):
+            return None, bad
+        node = Node(g, kind, run, dep_handles)
+        g.nodes[node.handle] = node
+        NODES[node.handle] = node
+    return node, None
+
+
+@runtime("cudaGraphCreate")
+def cudaGraphCreate(flags: int) -> tuple:
+    if int(flags) != 0:
+        return (E.cudaErrorInvalidValue, None)
+    with LOCK:
+        g = Graph()
+        GRAPHS[g.handle] = g
+    return (SUCCESS, rt.cudaGraph_t(g.handle))
+
+
+@runtime("cudaGraphDestroy")
+def cudaGraphDestroy(graph: Any) -> tuple:
+    with LOCK:
+        g = GRAPHS.pop(state.as_int(graph), None)
+        if g is None:
+            return (E.cudaErrorInvalidValue,)
+        for h in g.nodes:
+            NODES.pop(h, None)
+    return (SUCCESS,)
+
+
+@driver("cuGraphAddKernelNode", 1)
+def cuGraphAddKernelNode(graph: Any, deps: Any, n: int, kp: Any) -> tuple:
+    if kp is None:
+        return (R.CUDA_ERROR_INVALID_VALUE, None)
+    with LOCK:
+        fn = kernels.FUNCTIONS.get(state.as_int(kp.func))
+    if fn is None:
+        return (R.CUDA_ERROR_INVALID_VALUE, None)
+    grid = (int(kp.gridDimX), int(kp.gridDimY), int(kp.gridDimZ))
+    block = (int(kp.blockDimX), int(kp.blockDimY), int(kp.blockDimZ))
+    if kernels.check_dims(grid, block, int(kp.sharedMemBytes)) is not None:
+        return (R.CUDA_ERROR_INVALID_VALUE, None)
+    if state.as_int(kp.extra):
+        raise state.FakeUnsupported("kernel node with 'extra': not modelled")
+    params = kernels.Params(int(kp.kernelParams), fn.lib.param_sizes)  # copied now
+    node, bad = _add(graph, deps, n, "kernel", lambda: kernels.run(fn, params, grid, block[0]),
+                     (R.CUDA_ERROR_INVALID_VALUE, None))
+    return bad or (DRV_SUCCESS, drv.CUgraphNode(node.handle))
+
+
+@runtime("cudaGraphAddMemcpyNode1D")
+def cudaGraphAddMemcpyNode1D(graph: Any, deps: Any, n: int, dst: Any, src: Any, count: int,
+                             kind: Any) -> tuple:
+    d, s_, c = memory.address(dst), memory.address(src), int(count)
+    if int(kind) not in (0, 1, 2, 3, 4):
+        return (E.cudaErrorInvalidMemcpyDirection, None)
+    try:
+        memory.classify(d, c)
+        memory.classify(s_, c)
+    except memory.BadRange:
+        return (E.cudaErrorInvalidValue, None)
+    node, bad = _add(graph, deps, n, "memcpy", lambda: ctypes.memmove(d, s_, c),
+                     (E.cudaErrorInvalidValue, None))
+    return bad or (SUCCESS, rt.cudaGraphNode_t(node.handle))
+
+
+@runtime("cudaGraphAddMemsetNode")
+def cudaGraphAddMemsetNode(graph: Any, deps: Any, n: int, ms: Any) -> tuple:
+    if ms is None:
+        return (E.cudaErrorInvalidValue, None)
+    p, esize, width, height = int(ms.dst), int(ms.elementSize), int(ms.width), int(ms.height)
+    value, pitch = int(ms.value), int(ms.pitch)
+    if esize not in (1, 2, 4) or height < 1 or (height > 1 and pitch < width * esize):
+        return (E.cudaErrorInvalidValue, None)
+    span = (height - 1) * pitch + width * esize
+    try:
+        k, _ = memory.classify(p, span)
+    except memory.BadRange:
+        return (E.cudaErrorInvalidValue, None)
+    if k == "pageable":
+        return (E.cudaErrorInvalidValue, None)
+    elem = value.to_bytes(8, "little")[:esize]
+    row = elem * width
+
+    def fill() -> None:
+        for r in range(height):
+            ctypes.memmove(p + r * pitch, row, len(row))
+
+    node, bad = _add(graph, deps, n, "memset", fill, (E.cudaErrorInvalidValue, None))
+    return bad or (SUCCESS, rt.cudaGraphNode_t(node.handle))
+
+
+@runtime("cudaGraphAddHostNode")
+def cudaGraphAddHostNode(graph: Any, deps: Any, n: int, hp: Any) -> tuple:
+    if hp is None or not state.as_int(hp.fn):
+        return (E.cudaErrorInvalidValue, None)
+    fn, data = state.as_int(hp.fn), state.as_int(hp.userData)
+    node, bad = _add(graph, deps, n, "host",
+                     lambda: ctypes.CFUNCTYPE(None, ctypes.c_void_p)(fn)(data),
+                     (E.cudaErrorInvalidValue, None))
+    return bad or (SUCCESS, rt.cudaGraphNode_t(node.handle))
+
+
+@runtime("cudaGraphAddEmptyNode")
+def cudaGraphAddEmptyNode(graph: Any, deps: Any, n: int) -> tuple:
+    node, bad = _add(graph, deps, n, "empty", None, (E.cudaErrorInvalidValue, None))
+    return bad or (SUCCESS, rt.cudaGraphNode_t(node.handle))
+
+
+@runtime("cudaGraphInstantiate")
+def cudaGraphInstantiate(graph: Any, flags: int) -> tuple:
+    with LOCK:
+        g = GRAPHS.get(state.as_int(graph))
+        if g is None:
+            return (E.cudaErrorInvalidValue, None)
+        x = Exec(g, state.current_device())
+        EXECS[x.handle] = x
+    return (SUCCESS, rt.cudaGraphExec_t(x.handle))
+
+
+@runtime("cudaGraphLaunch")
+def cudaGraphLaunch(exec_: Any, stream: Any) -> tuple:
+    with LOCK:
+        x = EXECS.get(state.as_int(exec_))
+        s = streams.resolve(stream)
+        if x is None:
+            return (E.cudaErrorInvalidValue,)
+        if s is None:
+            return (E.cudaErrorInvalidResourceHandle,)
+        if s.device != x.device:
+            return (E.cudaErrorInvalidValue,)
+        s.enqueue(x.run, "graph launch")  # x.run keeps the steps alive past an exec destroy
+    return (SUCCESS,)
+
+
+@runtime("cudaGraphUpload")
+def cudaGraphUpload(exec_: Any, stream: Any) -> tuple:
+    with LOCK:
+        x = EXECS.get(state.as_int(exec_))
+        s = streams.resolve(stream)
+        if x is None:
+            return (E.cudaErrorInvalidValue,)
+        if s is None:
+            return (E.cudaErrorInvalidResourceHandle,)
+        s.enqueue(lambda: None, "graph upload")
+    return (SUCCESS,)
+
+
+@runtime("cudaGraphExecDestroy")
+def cudaGraphExecDestroy(exec_: Any) -> tuple:
+    with LOCK:
+        if EXECS.pop(state.as_int(exec_), None) is None:
+            return (E.cudaErrorInvalidValue,)
+    return (SUCCESS,)
