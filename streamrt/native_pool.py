@@ -47,6 +47,7 @@ class NativeMemPool(MemPool):
         self._handle = _handle if _handle is not None else self._impl.pool_create(self.max_size)
         self._is_default = _handle is not None
         self._destroyed = False
+        self._final: dict[MemPoolAttr, int] = {}  # the attributes when destroyed
         self._lock = threading.Lock()
         self._live: set[int] = set()
         self._counts = {"alloc_count": 0, "free_count": 0}
@@ -66,9 +67,11 @@ class NativeMemPool(MemPool):
 
     # -- attributes -----------------------------------------------------------------------
     def get_attr(self, attr: MemPoolAttr | int) -> int:
-        """``cudaMemPoolGetAttribute``: flags as 0/1, sizes in bytes."""
+        """``cudaMemPoolGetAttribute``: flags as 0/1, sizes in bytes (a destroyed pool: the values
+        it had when destroyed, as a destroyed cpu pool keeps its own)."""
         attr = _attr(attr)
-        self._check_alive()
+        if self._destroyed:
+            return self._final.get(attr, 0)
         return self._impl.pool_get(self._handle, int(attr))
 
     def _store_attr(self, attr: MemPoolAttr, value: int) -> None:
@@ -109,11 +112,9 @@ class NativeMemPool(MemPool):
         self._impl.pool_free(ptr, stream._q)
 
     def _free_now(self, ptr: int) -> None:
-        """``srt.free`` of pool memory: the device is already synchronized."""
+        """``srt.free`` of pool memory: the device is already synchronized; returns once freed."""
         self._forget(ptr)
-        legacy = self.device.default_stream
-        self._impl.pool_free(ptr, legacy._q)
-        legacy._q.wait_done(legacy._q.pos)
+        self._impl.pool_free_now(ptr)
 
     def _forget(self, ptr: int) -> None:
         with self._lock:
@@ -141,6 +142,7 @@ class NativeMemPool(MemPool):
         self._check_alive()
         if self._is_default:
             raise InvalidValueError("the default memory pool of a device cannot be destroyed")
+        self._final = {a: self.get_attr(a) for a in MemPoolAttr}
         self._destroyed = True
         if self.device._pool is self:
             self.device._pool = None
@@ -152,6 +154,7 @@ class NativeMemPool(MemPool):
             for ptr in self._live:
                 _owners.pop(ptr, None)
             self._live.clear()
+            self._final = {}  # its memory went with the reset
             self._destroyed = True
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gc
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -36,6 +35,9 @@ def cuda1(cuda0):
     d.synchronize()
 
 
+WINDOW = 0.25  # seconds a correct runtime keeps something blocked; only a failing one is faster
+
+
 def test_legacy_stream_of_a_device_that_is_not_current(cuda0, cuda1, gate):
     # the legacy stream handle names the *current* device's legacy stream: querying or
     # synchronizing cuda:0's default stream while cuda:1 is current must still mean cuda:0's
@@ -43,30 +45,47 @@ def test_legacy_stream_of_a_device_that_is_not_current(cuda0, cuda1, gate):
     g = gate(leg0)
     p = srt.malloc(16, cuda1)  # makes cuda:1 the thread's current CUDA device
     assert not leg0.query()
-    threading.Timer(0.3, g.open).start()
-    t0 = time.monotonic()
-    leg0.synchronize()
-    assert time.monotonic() - t0 > 0.2
+    done = threading.Event()
+
+    def synchronize_with_cuda1_current():
+        q = srt.malloc(16, cuda1)
+        leg0.synchronize()
+        done.set()
+        srt.free(q)
+
+    t = threading.Thread(target=synchronize_with_cuda1_current)
+    t.start()
+    assert not done.wait(timeout=WINDOW)  # held by cuda:0's gate
+    g.open()
+    t.join(timeout=30)
+    assert done.is_set()
     srt.free(p)
 
 
-def test_synchronize_does_not_cover_work_enqueued_during_it(cuda0, gate):
+def test_synchronize_does_not_cover_work_enqueued_during_it(cuda0, gate, monkeypatch):
+    # work enqueued (by another thread) while a synchronize waits is not proven by it
+    from streamrt.backends import cuda
+
     s = srt.Stream(cuda0, non_blocking=True)
-    first = gate(s)
+    p = srt.malloc(16, cuda0)
     later = []
+    real = cuda.rt.cudaStreamSynchronize
 
-    def enqueue_then_open():
-        time.sleep(0.2)
-        later.append(gate(s))  # enqueued by another thread while the main one synchronizes
-        time.sleep(0.2)
-        first.open()
+    def synchronize_then_enqueue(stream):
+        res = real(stream)
+        if not later:
+            later.append(gate(s))  # as if another thread enqueued just before the wait returned
+        return res
 
-    threading.Thread(target=enqueue_then_open).start()
-    s.synchronize()
-    assert not s.query() and not s.record().query()  # the second gate is still closed
+    monkeypatch.setattr(cuda.rt, "cudaStreamSynchronize", synchronize_then_enqueue)
+    s.memset(p, 0, 16)
+    s.synchronize()  # no host function pending: the blocking cudaStreamSynchronize
+    monkeypatch.undo()
+    assert later and not s.query() and not s.record().query()  # the gate is still closed
     later[0].open()
     s.synchronize()
     assert s.query()
+    srt.free(p)
 
 
 @pytest.mark.parametrize("what", ["malloc", "pool", "host"])
@@ -122,3 +141,31 @@ def test_graph_with_host_node_is_released_and_completes_in_flight(cuda0, gate):
     gc.collect()
     assert ran == ["in flight", 0, 1, 2]
     assert len(cuda._jobs) == before  # no host-node job (nor its graph exec) kept alive
+
+
+def test_device_reset_frees_pool_memory(cuda0):
+    s = srt.Stream(cuda0, non_blocking=True)
+    free_before, _ = cuda0.memory_info()
+    pool = srt.MemPool(cuda0)
+    ptrs = [s.malloc(4 << 20, pool) for _ in range(4)] + [s.malloc(4 << 20)]  # and the default's
+    s.synchronize()
+    assert cuda0.memory_info()[0] <= free_before - 20 * (1 << 20)
+    cuda0.reset()  # live pool allocations and the created pool go with the reset
+    assert cuda0.memory_info()[0] >= free_before
+    assert ptrs and pool.reserved_mem_current == 0
+
+
+def test_destroyed_pool_keeps_its_attributes_readable(cuda0):
+    pool = srt.MemPool(cuda0, release_threshold=1 << 20)
+    pool.destroy()
+    assert pool.release_threshold == 1 << 20 and pool.stats()["used_mem_current"] == 0
+    with pytest.raises(srt.InvalidHandleError):
+        pool.release_threshold = 0
+
+
+def test_pool_out_of_memory_says_how_much(cuda0):
+    s = srt.Stream(cuda0, non_blocking=True)
+    pool = srt.MemPool(cuda0, max_size=4 << 20)
+    with pytest.raises(srt.OutOfMemoryError, match=r"of 8388608 bytes failed: the pool reserves"):
+        s.malloc(8 << 20, pool)
+    pool.destroy()

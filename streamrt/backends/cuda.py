@@ -412,6 +412,8 @@ class CudaDevice(DeviceImpl):
         self._allocs: dict[int, int] = {}
         self._ranges: SortedDict = SortedDict()  # base -> size of every live allocation, pools too
         self._reserved: SortedDict = SortedDict()  # base -> size of graph memory's address ranges
+        self._pooled: set[int] = set()  # live pool allocations, and created pools: a reset frees them
+        self._pools: dict[int, Any] = {}
         self._functions: dict[Any, tuple] = {}
         self._lock = threading.Lock()
         _opened[index] = self
@@ -458,6 +460,19 @@ class CudaDevice(DeviceImpl):
         return room is not None and nbytes <= room
 
     def free_all(self) -> None:
+        """Device reset: pool allocations freed, created pools destroyed, the default pool
+        trimmed, then every ``cudaMalloc`` freed (the frontend synchronized the device)."""
+        _activate(self.index)
+        legacy = rt.cudaStream_t(rt.cudaStreamLegacy)
+        for ptr in list(self._pooled):
+            check(rt.cudaFreeAsync(ptr, legacy))
+            self._ranges.pop(ptr, None)
+        self._pooled.clear()
+        check(rt.cudaStreamSynchronize(legacy))
+        for pool in list(self._pools.values()):
+            check(rt.cudaMemPoolDestroy(pool))
+        self._pools.clear()
+        check(rt.cudaMemPoolTrimTo(self.pool_default(), 0))
         for ptr in list(self._allocs):
             self.free(ptr)
 
@@ -575,7 +590,9 @@ class CudaDevice(DeviceImpl):
         props.location.type = rt.cudaMemLocationType.cudaMemLocationTypeDevice
         props.location.id = self.index
         props.maxSize = min(max_size, _SIZE_MAX)  # above: no limit beyond the device's
-        return check(rt.cudaMemPoolCreate(props))
+        pool = check(rt.cudaMemPoolCreate(props))
+        self._pools[int(pool)] = pool
+        return pool
 
     def pool_get(self, pool: Any, attr: int) -> int:
         """``cudaMemPoolGetAttribute`` as an int."""
@@ -590,8 +607,16 @@ class CudaDevice(DeviceImpl):
         """``cudaMallocFromPoolAsync`` on the queue's stream."""
         _too_big(nbytes, f"cuda:{self.index}: cudaMallocFromPoolAsync")
         _activate(self.index)
-        ptr = int(check(rt.cudaMallocFromPoolAsync(max(nbytes, 1), pool, q.stream)))
+        try:
+            ptr = int(check(rt.cudaMallocFromPoolAsync(max(nbytes, 1), pool, q.stream)))
+        except OutOfMemoryError as exc:
+            free, total = self.memory_info()
+            raise OutOfMemoryError(
+                f"cuda:{self.index}: cudaMallocFromPoolAsync of {nbytes} bytes failed: the pool "
+                f"reserves {self.pool_get(pool, 5)} bytes ({self.pool_get(pool, 7)} in use); "
+                f"{free} of {total} bytes of the device free") from exc
         self._ranges[ptr] = nbytes
+        self._pooled.add(ptr)
         return ptr
 
     def pool_free(self, ptr: int, q: CudaQueue) -> None:
@@ -599,6 +624,16 @@ class CudaDevice(DeviceImpl):
         _activate(self.index)
         check(rt.cudaFreeAsync(ptr, q.stream))
         self._ranges.pop(ptr, None)
+        self._pooled.discard(ptr)
+
+    def pool_free_now(self, ptr: int) -> None:
+        """``cudaFreeAsync`` on the legacy stream, then its synchronize (``srt.free``)."""
+        _activate(self.index)
+        legacy = rt.cudaStream_t(rt.cudaStreamLegacy)
+        check(rt.cudaFreeAsync(ptr, legacy))
+        self._ranges.pop(ptr, None)
+        self._pooled.discard(ptr)
+        check(rt.cudaStreamSynchronize(legacy))
 
     def pool_trim(self, pool: Any, keep: int) -> None:
         """``cudaMemPoolTrimTo``."""
@@ -607,6 +642,7 @@ class CudaDevice(DeviceImpl):
     def pool_destroy(self, pool: Any) -> None:
         """``cudaMemPoolDestroy``: CUDA releases the memory once its allocations are freed."""
         check(rt.cudaMemPoolDestroy(pool))
+        self._pools.pop(int(pool), None)
 
 
 _opened: dict[int, CudaDevice] = {}  # every opened device, for peer copies
