@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-emu bench clean
+.PHONY: demo test test-emu test-fake bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -25,10 +25,18 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed-test
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+	@# the cuda backend's code and the cuda tests again, on the fake CUDA runtime (tests/cuda_fake)
+	@why=$$($(BIN)/python -c "from tests.cuda_fake import unavailable; print(unavailable() or '')"); \
+	if [ -z "$$why" ]; then STREAMRT_CUDA_FAKE=1 $(BIN)/python -m pytest -q -p no:cacheprovider -m cuda; \
+	else echo "make: the cuda tests on the fake CUDA runtime are skipped: $$why"; fi
 
 # the operators' CUDA C built with g++ and run on the CPU (no GPU needed; a few minutes)
 test-emu: $(VENV)/.installed-test
 	STREAMRT_CUDA_EMU=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_ops_cuda_emulated.py
+
+# every test with the cuda backend on the fake CUDA runtime (no GPU needed; about 2 minutes)
+test-fake: $(VENV)/.installed-test
+	STREAMRT_CUDA_FAKE=1 $(BIN)/python -m pytest -q -p no:cacheprovider
 
 bench: $(VENV)/.installed
 	$(BIN)/streamrt bench

@@ -85,6 +85,21 @@ def install() -> None:
     _installed = True
 
 
+def unavailable() -> str | None:
+    """Why the fake cannot run here (None: it can): it needs cuda-bindings, no CUDA driver beside
+    it, and g++ for the kernel emulator."""
+    try:
+        from cuda.bindings import runtime as rt
+    except ImportError:
+        return "cuda-bindings is not installed"
+    err = rt.cudaGetDeviceCount()[0]
+    if err != rt.cudaError_t.cudaErrorInsufficientDriver:
+        return f"a CUDA driver is here (cudaGetDeviceCount: {err!r}): the cuda tests run on it instead"
+    from ..cuda_emu import emu
+
+    return emu.unavailable()
+
+
 def installed() -> bool:
     return _installed
 
