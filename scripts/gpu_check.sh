@@ -88,8 +88,12 @@ EOF
 T=$(( $(left) - 100 ))   # keep 100 s for the benchmarks: pytest gets its 240 s unless env.txt was slow
 (( T > 240 )) && T=240
 (( T < 30 )) && T=30
+# a hung test must not cost the whole run its report: stacks are dumped after 45 s, and with
+# pytest-timeout installed the test fails after 60 s and the others still run
+PER_TEST=(-o faulthandler_timeout=45)
+timeout 30 "$PY" -m pytest --help 2>/dev/null | grep -q -- "--timeout=" && PER_TEST+=(--timeout 60)
 note "pytest -m cuda (timeout ${T}s) -> $OUT/pytest.log"
-timeout -k 10 "$T" "$PY" -m pytest -q -m cuda -p no:cacheprovider -rs \
+timeout -k 10 "$T" "$PY" -m pytest -q -m cuda -p no:cacheprovider -rs "${PER_TEST[@]}" \
     --junitxml="$OUT/pytest-junit.xml" tests >"$OUT/pytest.log" 2>&1
 PYTEST_RC=$?
 [[ $PYTEST_RC == 124 || $PYTEST_RC == 137 ]] && echo "gpu_check: pytest killed after ${T}s" >>"$OUT/pytest.log"
