@@ -127,19 +127,14 @@ def run_stamped(op: OpInfo, q: Any, fn: Callable[..., Any], args: tuple) -> None
     enqueue call, and timing stamps recorded on the stream around it time the work itself."""
     f0, a0, start = q.op_stamp()
     f1, a1, end = q.op_stamp()
-    op.thread = threading.current_thread().name
-    op.t0 = time.perf_counter()
-    try:
-        for lst in listeners:
-            lst.op_start(op)
+
+    def stamped() -> None:
         f0(*a0)
         fn(*args)
         f1(*a1)
         op.stamps = (q, start, end)  # both recorded (a failed enqueue keeps its host times)
-    finally:
-        op.t1 = time.perf_counter()
-        for lst in listeners:
-            lst.op_end(op)
+
+    run(op, stamped, ())
 
 
 def run(op: OpInfo, fn: Callable[..., Any], args: tuple) -> None:

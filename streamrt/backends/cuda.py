@@ -196,6 +196,7 @@ class CudaQueue(Queue):
         self.dev = dev
         self.pos = 0
         self._done = 0
+        self._enqueuing = 0  # submits between counting an operation and handing it to CUDA
         self._markers: deque[tuple[int, Any]] = deque()
         # graphs launched and maybe still running, with their newest position: kept alive until
         # the stream passes it (their host nodes and host buffers must outlive an exec update)
@@ -217,7 +218,7 @@ class CudaQueue(Queue):
         """Completed operations: the stream's tail once idle, else the newest completed mark."""
         if self._done >= self.pos:
             return self._done
-        tail = self.pos  # before the query: work enqueued meanwhile is not proven by it
+        tail = self.pos - self._enqueuing  # before the query: later work is not proven by it
         if not self._closed:
             _activate(self.dev.index)  # the legacy stream is the current device's
         err = _NOT_READY if self._closed else rt.cudaStreamQuery(self.stream)[0]
@@ -264,7 +265,7 @@ class CudaQueue(Queue):
         if ev is None:
             if self._closed:
                 return  # nothing was pending when it closed
-            stream, tail = self.stream, self.pos  # work enqueued during the wait is not covered
+            stream, tail = self.stream, self.pos - self._enqueuing  # later work is not covered
             _activate(self.dev.index)  # the legacy stream is the current device's
             _block(lambda: rt.cudaStreamQuery(stream), lambda: rt.cudaStreamSynchronize(stream))
             self._advance(tail)
@@ -278,8 +279,12 @@ class CudaQueue(Queue):
     def submit(self, fn: Callable[..., Any], args: tuple) -> None:
         if _deferred:
             _run_deferred()
+        self._enqueuing += 1  # counted in ``pos`` before CUDA has it: no query may prove it yet
         self.pos += 1
-        fn(*args)
+        try:
+            fn(*args)
+        finally:
+            self._enqueuing -= 1
 
     def take_errors(self, upto: int | None = None) -> list[tuple[int, BaseException, str]]:
         if not self._errors:
