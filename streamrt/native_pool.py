@@ -70,8 +70,10 @@ class NativeMemPool(MemPool):
         """``cudaMemPoolGetAttribute``: flags as 0/1, sizes in bytes (a destroyed pool: the values
         it had when destroyed, as a destroyed cpu pool keeps its own)."""
         attr = _attr(attr)
-        if self._destroyed:
-            return self._final.get(attr, 0)
+        if self._destroyed:  # CUDA releases a destroyed pool with its last allocation
+            gone = not self._live and attr in (MemPoolAttr.RESERVED_MEM_CURRENT,
+                                               MemPoolAttr.USED_MEM_CURRENT)
+            return 0 if gone else self._final.get(attr, 0)
         return self._impl.pool_get(self._handle, int(attr))
 
     def _store_attr(self, attr: MemPoolAttr, value: int) -> None:

@@ -11,7 +11,15 @@ import pytest
 import streamrt as srt
 from streamrt import MemPoolAttr
 
+from .conftest import cpu_only
+
 BLOCK = 2 << 20
+
+
+@pytest.fixture
+def dev(any_dev):
+    """Each backend's device 0: bad input is refused the same way by every backend's pools."""
+    return any_dev
 
 
 def stream(dev) -> srt.Stream:
@@ -62,9 +70,12 @@ def test_pool_malloc_bad_size(setup, size, error):
 def test_pool_malloc_absurd_size_is_oom(setup, size):
     pool, s, _, _ = setup
     before = pool.stats()
-    with unchanged(pool, ignore=("oom_count",)), pytest.raises(srt.OutOfMemoryError):
+    # a cudaMemPool has no OOM counter, and its driver may release cached memory to retry
+    native = before["oom_count"] is None
+    ignore = ("oom_count", "reserved_mem_current") if native else ("oom_count",)
+    with unchanged(pool, ignore=ignore), pytest.raises(srt.OutOfMemoryError):
         s.malloc(size, pool)
-    assert pool.stats()["oom_count"] == before["oom_count"] + 1
+    assert native or pool.stats()["oom_count"] == before["oom_count"] + 1
 
 
 def test_pool_malloc_bad_pool_argument(setup):
@@ -255,6 +266,7 @@ def test_pool_default_pool_cannot_be_destroyed(dev):
 
 
 def test_pool_copies_and_memsets_stay_inside_one_live_block(dev):
+    cpu_only(dev, "it relies on the cpu pool's block layout (a cudaMemPool places blocks its own way)")
     pool = srt.MemPool(dev, release_threshold=1 << 30)
     s = stream(dev)
     b = s.malloc(512, pool)  # small requests fill a granule from its top down:
