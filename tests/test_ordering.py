@@ -10,13 +10,14 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import streamrt as srt
 from streamrt.backends import cpu
 
-from .conftest import add_one_kernel, copy_kernel, fill_kernel
+from .conftest import BACKENDS, add_one_kernel, backend_device, copy_kernel, fill_kernel
 
 KINDS = ("non_blocking", "blocking", "legacy")
 
@@ -71,11 +72,13 @@ def expected_predecessors(kinds: list[str], ops: list[tuple]) -> dict[int, set[i
     return preds
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(programs)
-def test_ordering_random_programs_respect_happens_before(program):
+@given(program=programs)
+def test_ordering_random_programs_respect_happens_before(backend, program):
+    # on cuda: real streams and events, the stream positions marked by CUDA events
     kinds, ops = program
-    dev = srt.Device("cpu:0")
+    dev = backend_device(backend)
     streams = [dev.default_stream if k == "legacy" else
                srt.Stream(dev, non_blocking=(k == "non_blocking")) for k in kinds]
     events = [srt.Event(dev) for _ in range(3)]
@@ -109,6 +112,12 @@ def test_ordering_model_is_not_vacuous():
     kinds = ["legacy", "blocking"]
     ops = [(0, "host", 0), (1, "host", 0)]
     assert expected_predecessors(kinds, ops) == {0: set(), 1: {0}}
+
+
+@pytest.fixture
+def dev(any_dev):
+    """Each backend's device 0."""
+    return any_dev
 
 
 def test_ordering_producer_consumer_chain_with_delays(dev):

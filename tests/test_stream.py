@@ -10,7 +10,13 @@ import pytest
 import streamrt as srt
 from streamrt.stream import set_launch_blocking
 
-from .conftest import add_one_kernel, copy_kernel, fill_kernel
+from .conftest import PY_KERNELS, add_one_kernel, copy_kernel, cpu_only, fill_kernel
+
+
+@pytest.fixture
+def dev(any_dev):
+    """Each backend's device 0: streams are a contract of every backend."""
+    return any_dev
 
 
 @pytest.fixture
@@ -46,6 +52,7 @@ def test_stream_runs_in_order(s, delay):
 
 
 def test_stream_kernel_context(s):
+    cpu_only(s.device, PY_KERNELS)
     seen = {}
 
     @srt.kernel
@@ -80,6 +87,7 @@ def test_stream_launch_needs_a_kernel(s):
 
 
 def test_stream_kernel_array_is_bounds_checked(s):
+    cpu_only(s.device, PY_KERNELS)
     # a kernel view is checked against its allocation when the kernel runs (pool blocks are
     # checked by the sanitizer, which knows their stream-ordered lifetimes)
     p = srt.malloc(100)  # rounded to 512 bytes
@@ -98,6 +106,7 @@ def test_stream_kernel_array_is_bounds_checked(s):
 
 
 def test_stream_kernel_array_readonly_and_interior_pointer(s):
+    cpu_only(s.device, PY_KERNELS)
     p = s.malloc(64)
     srt.write(p, np.arange(16, dtype=np.float32))
 
@@ -118,6 +127,7 @@ def test_stream_kernel_array_readonly_and_interior_pointer(s):
 
 
 def test_stream_kernel_array_bad_pointer_types(s):
+    cpu_only(s.device, PY_KERNELS)
     errors = []
 
     @srt.kernel
@@ -134,6 +144,7 @@ def test_stream_kernel_array_bad_pointer_types(s):
 
 
 def test_stream_failures_are_reported_once_and_runtime_stays_usable(s):
+    cpu_only(s.device, PY_KERNELS)
     @srt.kernel
     def boom(ctx):
         raise RuntimeError("kaboom")
@@ -168,6 +179,7 @@ def test_stream_host_func_failure_reported_by_event_and_device(dev):
 
 
 def test_stream_failure_seen_through_wait(dev):
+    cpu_only(dev, PY_KERNELS)
     a, b = srt.Stream(dev, non_blocking=True), srt.Stream(dev, non_blocking=True)
 
     @srt.kernel
@@ -182,8 +194,10 @@ def test_stream_failure_seen_through_wait(dev):
 
 def test_stream_memcpy_every_direction(dev):
     s = srt.Stream(dev, non_blocking=True)
-    d0 = srt.Device("cpu:0")
-    d1 = srt.Device("cpu:1")
+    if srt.device_count(dev.backend) < 2:
+        pytest.skip(f"needs two {dev.backend} devices")
+    d0 = srt.Device(f"{dev.backend}:0")
+    d1 = srt.Device(f"{dev.backend}:1")
     src = np.arange(64, dtype=np.uint8)
     a = srt.malloc(64, device=d0)
     b = srt.malloc(64, device=d1)
