@@ -2,9 +2,25 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Any
+
+SMOKE_ENV = "STREAMRT_BENCH_SMOKE"
+SMOKE_HELP = (f"{SMOKE_ENV}=1: a smoke run (every count cut to a few, one repetition, on top of "
+              "--quick) that only checks the script runs end to end, e.g. on tests/cuda_fake; its "
+              "figures mean nothing")
+
+
+def smoke() -> bool:
+    """``STREAMRT_BENCH_SMOKE=1``: cut every count to a few (a run that checks the script works)."""
+    return os.environ.get(SMOKE_ENV) == "1"
+
+
+def smoke_size(n: int, few: int) -> int:
+    """``n``, or at most ``few`` in a smoke run."""
+    return min(n, few) if smoke() else n
 
 
 def best_us(fn: Callable[[int], Any], n: int, repeat: int,

@@ -125,7 +125,9 @@ class RawTiny:
             for _ in range(3):
                 self.ptrs.append(int(check(driver.cuMemAlloc(N_ELEMS * 4))))
             for p, bits in zip(self.ptrs, (0x3F800000, 0x3F800000, 0)):  # 1.0f, 1.0f, 0.0f
-                check(driver.cuMemsetD32(p, bits, N_ELEMS))
+                # on our stream: cuMemsetD32 would run on the legacy stream, which a
+                # non-blocking stream is not ordered with (its synchronize would not wait for it)
+                check(driver.cuMemsetD32Async(p, bits, N_ELEMS, self.stream))
             check(driver.cuStreamSynchronize(self.stream))
         except BaseException:
             self.close()

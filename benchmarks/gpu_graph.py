@@ -11,6 +11,8 @@ repetitions after a warm-up. Peers:
 * streamrt eager: the same 1000 kernels launched one by one with ``s.launch`` (reported).
 
 Needs a cuda device: without one, ``run`` returns ``{"rows": [], "skipped": reason}``.
+``STREAMRT_BENCH_SMOKE=1``: a smoke run (a 10-node chain, one replay, one repetition) that only
+checks that the script works, e.g. on ``tests/cuda_fake``; its figures mean nothing.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
-from _common import best_us
+from _common import SMOKE_HELP, best_us, smoke
 from _gpu import N_ELEMS, RawTiny, attempt, check, errors, gpu_skip_reason, quietly, report, row, tiny_add
 
 import streamrt as srt
@@ -155,6 +157,8 @@ def run(nodes: int = 1000, launches: int = 20, repeat: int = 5, quick: bool = Fa
         return {"rows": [], "skipped": reason}
     if quick:
         launches, repeat = 5, 3
+    if smoke():
+        nodes, launches, repeat = min(nodes, 10), 1, 1
     ours, setup_err = attempt(_Ours)
     replay_us = eager_us = None
     replay_err = eager_err = setup_err
@@ -179,7 +183,7 @@ def run(nodes: int = 1000, launches: int = 20, repeat: int = 5, quick: bool = Fa
 
 def main() -> None:
     """Command line: a readable report, or the result as JSON with ``--json``."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=SMOKE_HELP)
     ap.add_argument("--nodes", type=int, default=1000)
     ap.add_argument("--quick", action="store_true", help="fewer replays and repetitions")
     ap.add_argument("--json", action="store_true")

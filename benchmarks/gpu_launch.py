@@ -12,6 +12,8 @@ several repetitions after a warm-up. Peers:
 * CuPy ``RawKernel`` of the same source, and PyTorch ``torch.add(a, b, out=c)`` (reported).
 
 Needs a cuda device: without one, ``run`` returns ``{"rows": [], "skipped": reason}``.
+``STREAMRT_BENCH_SMOKE=1``: a smoke run (a few launches, one repetition) that only checks that the
+script works, e.g. on ``tests/cuda_fake``; its figures mean nothing.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import argparse
 from typing import Any
 
 import numpy as np
-from _common import best_us
+from _common import SMOKE_HELP, best_us, smoke, smoke_size
 from _gpu import (
     N_ELEMS,
     SRC,
@@ -39,6 +41,7 @@ from _gpu import (
 import streamrt as srt
 
 TARGET_RAW = 1.5
+WARMUP = 1000  # launches before timing (a smoke run: a few)
 
 
 def _ours(n: int, repeat: int) -> float:
@@ -59,7 +62,7 @@ def _ours(n: int, repeat: int) -> float:
                 launch(tiny_add, pa, pb, pc, N_ELEMS, grid=1, block=N_ELEMS)
             s.synchronize()
 
-        loop(1000)  # warm-up: module load, argument packing caches
+        loop(smoke_size(WARMUP, 5))  # warm-up: module load, argument packing caches
         us = best_us(loop, n, repeat)
         got = srt.read(pc, (N_ELEMS,), np.float32)
         if not np.allclose(got, 2.0):
@@ -87,8 +90,8 @@ def _raw(n: int, repeat: int) -> dict[str, float]:
                     check((err,))
             raw.synchronize()
 
-        loop(1000, raw.params)
-        loop(1000, raw.packed)
+        loop(smoke_size(WARMUP, 5), raw.params)
+        loop(smoke_size(WARMUP, 5), raw.packed)
         res = {"tuple": best_us(lambda k: loop(k, raw.params), n, repeat),
                "packed": best_us(lambda k: loop(k, raw.packed), n, repeat)}
         got = raw.result()
@@ -112,7 +115,7 @@ def _cupy(cp: Any, n: int, repeat: int) -> float:
                 kern((1,), (N_ELEMS,), args)
         st.synchronize()
 
-    loop(1000)
+    loop(smoke_size(WARMUP, 5))
     us = best_us(loop, n, repeat)
     if not bool(cp.allclose(c, 2.0)):
         raise AssertionError("cupy RawKernel computed a wrong result")
@@ -132,7 +135,7 @@ def _torch(torch: Any, n: int, repeat: int) -> float:
                 add(a, b, out=c)
         st.synchronize()
 
-    loop(1000)
+    loop(smoke_size(WARMUP, 5))
     us = best_us(loop, n, repeat)
     if not bool(torch.allclose(c, torch.full_like(c, 2.0))):
         raise AssertionError("torch.add computed a wrong result")
@@ -145,7 +148,9 @@ def run(n: int = 20000, repeat: int = 5, quick: bool = False) -> dict:
     if reason is not None:
         return {"rows": [], "skipped": reason}
     if quick:
-        n, repeat = 3000, 3
+        n, repeat = min(n, 3000), 3
+    if smoke():
+        n, repeat = min(n, 20), 1
     ours, ours_err = attempt(lambda: _ours(n, repeat))
     raw, raw_err = attempt(lambda: _raw(n, repeat))
     raw = raw or {}
@@ -175,7 +180,7 @@ def run(n: int = 20000, repeat: int = 5, quick: bool = False) -> dict:
 
 def main() -> None:
     """Command line: a readable report, or the result as JSON with ``--json``."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=SMOKE_HELP)
     ap.add_argument("-n", type=int, default=20000, help="launches per timed repetition")
     ap.add_argument("--quick", action="store_true", help="fewer launches and repetitions")
     ap.add_argument("--json", action="store_true")

@@ -9,6 +9,8 @@ the same N calls on its own non-blocking stream, then synchronizes it. The resul
 is checked against numpy. The issue gives no target: every row is reported (target "info").
 
 Needs a cuda device: without one, ``run`` returns ``{"rows": [], "skipped": reason}``.
+``STREAMRT_BENCH_SMOKE=1``: a smoke run (two calls, one repetition) that only checks that the
+script works, e.g. on ``tests/cuda_fake``; its figures mean nothing.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import argparse
 from typing import Any
 
 import numpy as np
-from _common import best_us
+from _common import SMOKE_HELP, best_us, smoke
 from _gpu import attempt, errors, gpu_skip_reason, optional, quietly, report, row
 
 import streamrt as srt
@@ -109,7 +111,9 @@ def run(n: int = 2000, repeat: int = 5, quick: bool = False) -> dict:
     if reason is not None:
         return {"rows": [], "skipped": reason}
     if quick:
-        n, repeat = 300, 3
+        n, repeat = min(n, 300), 3
+    if smoke():
+        n, repeat = min(n, 2), 1
     cp = optional("cupy")
     res: dict = {"n": n, "repeat": repeat, "cases": {}, "notes": []}
     if cp is None:
@@ -117,7 +121,7 @@ def run(n: int = 2000, repeat: int = 5, quick: bool = False) -> dict:
     rows = []
     for name in ("reduce_sum", "add"):
         for label, shape in SHAPES.items():
-            k = n if label == "tiny" else max(n // 10, 20)  # a large call runs ~10x longer
+            k = n if label == "tiny" else max(n // 10, min(n, 20))  # a large call runs ~10x longer
             ours, ours_err = attempt(lambda name=name, shape=shape, k=k: _ours(name, shape, k, repeat))
             ours_us = ours["us"] if ours else None
             peer, peer_err = (None, "not installed or sees no GPU") if cp is None else attempt(
@@ -134,7 +138,7 @@ def run(n: int = 2000, repeat: int = 5, quick: bool = False) -> dict:
 
 def main() -> None:
     """Command line: a readable report, or the result as JSON with ``--json``."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=SMOKE_HELP)
     ap.add_argument("-n", type=int, default=2000, help="calls per timed repetition (tiny shape)")
     ap.add_argument("--quick", action="store_true", help="fewer calls and repetitions")
     ap.add_argument("--json", action="store_true")

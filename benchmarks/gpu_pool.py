@@ -13,6 +13,8 @@ the memory back to the device when the release threshold is 0, CUDA's default). 
 
 The issue asks for the figures and ratios only, so every row is reported (target "info").
 Needs a cuda device: without one, ``run`` returns ``{"rows": [], "skipped": reason}``.
+``STREAMRT_BENCH_SMOKE=1``: a smoke run (a few pairs, one repetition) that only checks that the
+script works, e.g. on ``tests/cuda_fake``; its figures mean nothing.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from _common import best_us
+from _common import SMOKE_HELP, best_us, smoke, smoke_size
 from _gpu import attempt, check, errors, gpu_skip_reason, optional, quietly, raw_context, report, row
 
 import streamrt as srt
@@ -38,7 +40,7 @@ def _fmt_size(n: int) -> str:
 
 
 def _time(loop: Callable[[int], None], n: int, repeat: int) -> float:
-    loop(1000)  # warm-up: the pool reserves its memory, free lists reach steady state
+    loop(smoke_size(1000, 5))  # warm-up: the pool reserves its memory, free lists reach steady state
     return best_us(loop, n, repeat)
 
 
@@ -119,7 +121,9 @@ def run(n: int = 20000, repeat: int = 5, sizes: tuple[int, ...] = SIZES, quick: 
     if reason is not None:
         return {"rows": [], "skipped": reason}
     if quick:
-        n, repeat = 3000, 3
+        n, repeat = min(n, 3000), 3
+    if smoke():
+        n, repeat = min(n, 20), 1
     res: dict = {"n": n, "repeat": repeat, "notes": [], "sizes": {}}
     ours, ours_err = attempt(lambda: _ours(sizes, n, repeat))
     peers: dict[str, tuple[str, dict | None, str | None]] = {}
@@ -152,7 +156,7 @@ def run(n: int = 20000, repeat: int = 5, sizes: tuple[int, ...] = SIZES, quick: 
 
 def main() -> None:
     """Command line: a readable report, or the result as JSON with ``--json``."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=SMOKE_HELP)
     ap.add_argument("-n", type=int, default=20000, help="pairs per timed repetition")
     ap.add_argument("--sizes", type=int, nargs="+", default=list(SIZES), help="bytes")
     ap.add_argument("--quick", action="store_true", help="fewer pairs and repetitions")

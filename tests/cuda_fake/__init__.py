@@ -29,6 +29,18 @@ What it models (each module's docstring says how):
 - stream-ordered pools (reuse rules, release threshold, trim, watermarks, limits), CUDA graphs
   (kernel, memcpy, memset, host and empty nodes; exec independent of its graph; a launch is one
   stream operation), and the VMM calls (``cuMem*``) with real shared mappings;
+- stream capture (``capture.py``): ``cudaStreamBeginCapture`` in the three modes records kernel
+  launches, copies, memsets, host functions and graph launches as graph nodes, event record/wait
+  as forks and joins, and ``cudaStreamEndCapture`` gives a graph that instantiates and launches
+  as any other; the capture errors (legacy-stream implicit dependency, isolation, merge,
+  unmatched, unjoined, wrong thread, captured events, unsafe calls, synchronize/query of a
+  capturing stream) invalidate it as CUDA documents;
+- the driver calls of raw cuda-bindings programs (the peers of ``benchmarks/gpu_*.py``): primary
+  contexts (``contexts.py``: ``cuCtxSetCurrent`` sets the thread's current device, shared with
+  ``cudaSetDevice``), ``cuStream*`` (``driver_streams.py``: a ``CUstream`` and a ``cudaStream_t``
+  of one handle are one stream), ``cuMemAlloc``/``cuMemFree``/``cuMemsetD32[Async]``/
+  ``cuMemcpyDtoH``/``cuMemcpyHtoD`` (``driver_memory.py``: the synchronous ones on the legacy
+  stream);
 - the CUDA errors of invalid handles, frees, ranges and launch shapes.
 
 What it cannot find, so what a real GPU run must still check:
@@ -51,7 +63,13 @@ What it cannot find, so what a real GPU run must still check:
   shows); pools hand out whole blocks (no suballocation, so no placement bugs show);
 - performance, occupancy, launch limits beyond the documented maxima, 2-D/3-D blocks and dynamic
   shared memory (FakeUnsupported errors);
-- stream capture (``cudaStreamBeginCapture``) and the per-thread default stream are not faked.
+- in a capture: stream-ordered allocation (memory nodes), ``cudaGraphUpload`` and external
+  event waits are FakeUnsupported; ``cudaStreamGetCaptureInfo``/``cudaStreamUpdateCaptureDependencies``
+  and ``cudaThreadExchangeStreamCaptureMode`` are not faked; where CUDA's documentation does not
+  say which error a capture misuse gives (a second begin, an end without a capture: here
+  cudaErrorIllegalState) or whether it invalidates the capture, the fake chose (``capture.py``);
+- driver contexts other than the primary ones (``cuCtxCreate``, push/pop, a thread with no
+  current context), and the per-thread default stream, are not faked.
 """
 
 from __future__ import annotations
@@ -77,7 +95,20 @@ def install() -> None:
         raise binding.RealDriverPresent(
             f"cudaGetDeviceCount answered {err!r}: a real driver is here, and the fake (which calls "
             "the real functions to check their arguments) must not run beside it")
-    from . import devices, events, graphs, kernels, memory, pools, streams, vmm  # noqa: F401 (register)
+    from . import (  # noqa: F401 (register the fakes)
+        capture,
+        contexts,
+        devices,
+        driver_memory,
+        driver_streams,
+        events,
+        graphs,
+        kernels,
+        memory,
+        pools,
+        streams,
+        vmm,
+    )
 
     streams.reset_devices()
     kernels.wrap_compile_cubin()

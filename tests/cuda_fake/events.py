@@ -14,7 +14,7 @@ from typing import Any
 
 from cuda.bindings import runtime as rt
 
-from . import state, streams
+from . import capture, state, streams
 from .binding import runtime
 from .state import LOCK, SUCCESS, E
 
@@ -25,6 +25,7 @@ class FakeEvent:
         self.device = device
         self.timing = not (flags & rt.cudaEventDisableTiming)
         self.rec: tuple[streams.FakeStream, int, list] | None = None  # (stream, seq, [stamp])
+        self.captured: tuple | None = None  # last recorded in a capture: (capture, its nodes)
 
     def complete(self) -> bool:
         return self.rec is None or self.rec[0].done >= self.rec[1]
@@ -60,6 +61,9 @@ def cudaEventRecord(event: Any, stream: Any = 0) -> tuple:
         s = streams.resolve(stream)
         if ev is None or s is None or ev.device != s.device:
             return (E.cudaErrorInvalidResourceHandle,)
+        res = capture.record_event(ev, s)
+        if res is not None:
+            return (res,)
         stamp: list = [None]
 
         def mark() -> None:
@@ -76,6 +80,8 @@ def cudaEventQuery(event: Any) -> tuple:
         ev = EVENTS.get(state.as_int(event))
         if ev is None:
             return (E.cudaErrorInvalidResourceHandle,)
+        if ev.captured is not None:
+            return (E.cudaErrorCapturedEvent,)
         return (SUCCESS,) if ev.complete() else (E.cudaErrorNotReady,)
 
 
@@ -85,6 +91,8 @@ def cudaEventSynchronize(event: Any) -> tuple:
         ev = EVENTS.get(state.as_int(event))
         if ev is None:
             return (E.cudaErrorInvalidResourceHandle,)
+        if ev.captured is not None:
+            return (E.cudaErrorCapturedEvent,)
         rec = ev.rec
     if rec is not None:
         streams.wait_done(rec[0], rec[1])
@@ -109,6 +117,8 @@ def cudaEventElapsedTime(start: Any, end: Any) -> tuple:
         a, b = EVENTS.get(state.as_int(start)), EVENTS.get(state.as_int(end))
         if a is None or b is None or not (a.timing and b.timing) or a.device != b.device:
             return (E.cudaErrorInvalidResourceHandle, None)
+        if a.captured is not None or b.captured is not None:
+            return (E.cudaErrorCapturedEvent, None)
         if a.rec is None or b.rec is None:
             return (E.cudaErrorInvalidResourceHandle, None)
         if not (a.complete() and b.complete()):

@@ -18,7 +18,7 @@ from typing import Any
 from cuda.bindings import driver as drv
 from cuda.bindings import runtime as rt
 
-from . import kernels, memory, state, streams
+from . import capture, kernels, memory, state, streams
 from .binding import driver, runtime
 from .state import DRV_SUCCESS, LOCK, SUCCESS, E, R
 
@@ -210,6 +210,9 @@ def cudaGraphLaunch(exec_: Any, stream: Any) -> tuple:
             return (E.cudaErrorInvalidResourceHandle,)
         if s.device != x.device:
             return (E.cudaErrorInvalidValue,)
+        res = capture.intercept(s, "graph", x.run)  # a child graph node
+        if res is not None:
+            return (res,)
         s.enqueue(x.run, "graph launch")  # x.run keeps the steps alive past an exec destroy
     return (SUCCESS,)
 
@@ -223,6 +226,7 @@ def cudaGraphUpload(exec_: Any, stream: Any) -> tuple:
             return (E.cudaErrorInvalidValue,)
         if s is None:
             return (E.cudaErrorInvalidResourceHandle,)
+        capture.unsupported(s, "cudaGraphUpload")
         s.enqueue(lambda: None, "graph upload")
     return (SUCCESS,)
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from cuda.bindings import driver as drv
 
-from . import state, streams
+from . import capture, state, streams
 from .binding import driver
 from .state import DRV_SUCCESS, LOCK, FakeMisuse, FakeUnsupported, R
 
@@ -195,5 +195,8 @@ def cuLaunchKernel(f: Any, gx: int, gy: int, gz: int, bx: int, by: int, bz: int,
     with LOCK:
         if streams.resolve(stream) is not s:
             return (R.CUDA_ERROR_INVALID_HANDLE,)
+        res = capture.intercept(s, "kernel", lambda: run(fn, params, grid, block[0]))
+        if res is not None:
+            return (R(int(res)),)
         s.enqueue(lambda: run(fn, params, grid, block[0]), f"kernel {fn.name}")
     return (DRV_SUCCESS,)

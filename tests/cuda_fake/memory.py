@@ -26,7 +26,7 @@ from typing import Any
 
 from sortedcontainers import SortedDict
 
-from . import state, streams
+from . import capture, state, streams
 from .binding import runtime
 from .state import LOCK, SUCCESS, E
 
@@ -167,6 +167,9 @@ def address(x: Any) -> int:
 @runtime("cudaMalloc")
 def cudaMalloc(size: int) -> tuple:
     size = int(size)
+    unsafe = capture.unsafe_call()
+    if unsafe is not None:
+        return (unsafe, None)
     if size == 0:
         return (SUCCESS, 0)
     with LOCK:
@@ -184,6 +187,9 @@ def cudaMalloc(size: int) -> tuple:
 @runtime("cudaFree")
 def cudaFree(ptr: Any) -> tuple:
     p = address(ptr)
+    unsafe = capture.unsafe_call()
+    if unsafe is not None:
+        return (unsafe,)
     if p == 0:
         return (SUCCESS,)  # cudaFree(NULL): nothing (initialises the context)
     with LOCK:
@@ -261,6 +267,10 @@ def cudaMemcpyAsync(dst: Any, src: Any, count: int, kind: Any, stream: Any) -> t
             skind, _ = classify(s_, n)
         except BadRange:
             return (E.cudaErrorInvalidValue,)
+        # captured: a memcpy node, reading and writing when it runs (pageable memory too)
+        res = capture.intercept(s, "memcpy", lambda: _memmove(d, s_, n))
+        if res is not None:
+            return (res,)
         if skind == "pageable" and dkind == "device":
             staged = ctypes.create_string_buffer(ctypes.string_at(s_, n), n)  # taken now
             s.enqueue(lambda: _memmove(d, ctypes.addressof(staged), n), "memcpy from pageable")
@@ -287,5 +297,8 @@ def cudaMemsetAsync(ptr: Any, value: int, count: int, stream: Any) -> tuple:
             return (E.cudaErrorInvalidValue,)
         if k == "pageable":
             return (E.cudaErrorInvalidValue,)
+        res = capture.intercept(s, "memset", lambda: ctypes.memset(p, v, n))
+        if res is not None:
+            return (res,)
         s.enqueue(lambda: ctypes.memset(p, v, n), "memset")
     return (SUCCESS,)

@@ -27,7 +27,7 @@ from typing import Any
 from cuda.bindings import driver as drv
 from cuda.bindings import runtime as rt
 
-from . import memory, state, streams
+from . import capture, memory, state, streams
 from .binding import runtime
 from .state import GRANULARITY, LOCK, SUCCESS, E
 
@@ -227,6 +227,7 @@ def cudaMallocFromPoolAsync(size: int, pool: Any, stream: Any) -> tuple:
         s = streams.resolve(stream)
         if s is None:
             return (E.cudaErrorInvalidResourceHandle, None)
+        capture.unsupported(s, "cudaMallocFromPoolAsync")  # a memory alloc node: not modelled
         if p is None or n == 0:
             return (E.cudaErrorInvalidValue, None)
         need = memory.rounded(n)
@@ -253,6 +254,7 @@ def cudaFreeAsync(ptr: Any, stream: Any) -> tuple:
         s = streams.resolve(stream)
         if s is None:
             return (E.cudaErrorInvalidResourceHandle,)
+        capture.unsupported(s, "cudaFreeAsync")  # a memory free node: not modelled
         hit = OWNER.pop(addr, None)
         if hit is None:
             return (E.cudaErrorInvalidValue,)

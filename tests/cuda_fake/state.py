@@ -91,3 +91,9 @@ class FakeMisuse(AssertionError):
 def as_int(x: Any) -> int:
     """A handle or pointer argument (int, cuda-bindings handle type, None) as an int."""
     return 0 if x is None else int(x)
+
+
+def to_driver(err: Any) -> Any:
+    """The ``CUresult`` of a runtime ``cudaError_t`` (the codes the fake uses have one number in
+    both APIs: 1 invalid value, 2 out of memory, 400 invalid handle, 600 not ready, 9xx capture)."""
+    return R(int(err))

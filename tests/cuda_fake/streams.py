@@ -53,6 +53,8 @@ class FakeStream:
         # (event waits and legacy ordering); the pools' follow-event-dependencies reuse reads it
         self.follows: dict[FakeStream, int] = {}
         self.host_seen = 0  # the newest operation a host synchronize waited for
+        self.capture: Any = None  # the capture.Capture this stream is in (None: not capturing)
+        self.frontier: list[int] = []  # while capturing: the graph nodes its next node follows
 
     def __repr__(self) -> str:
         kind = "legacy" if self.legacy else ("blocking" if self.blocking else "non-blocking")
@@ -62,6 +64,8 @@ class FakeStream:
 
     # -- enqueue (caller holds LOCK) --------------------------------------------------------------
     def enqueue(self, fn: Callable[[], Any], label: str, deps: Iterable = ()) -> int:
+        if self.capture is not None:  # every capturable call records a node instead (capture.py)
+            raise state.FakeUnsupported(f"{label} on a capturing stream: not modelled by the fake")
         deps = [(s, q) for s, q in deps if s.done < q]
         dev = DEVICES[self.device]
         if self.legacy:
@@ -234,6 +238,9 @@ def cudaStreamQuery(stream: Any) -> tuple:
         s = resolve(stream)
         if s is None:
             return (E.cudaErrorInvalidResourceHandle,)
+        busy = capture.busy(s)
+        if busy is not None:
+            return (busy,)
         return (SUCCESS,) if s.idle() else (E.cudaErrorNotReady,)
 
 
@@ -243,6 +250,9 @@ def cudaStreamSynchronize(stream: Any) -> tuple:
         s = resolve(stream)
         if s is None:
             return (E.cudaErrorInvalidResourceHandle,)
+        busy = capture.busy(s)
+        if busy is not None:
+            return (busy,)
         seq = s.enqueued
     wait_done(s, seq)
     s.saw(seq)
@@ -263,6 +273,9 @@ def cudaStreamWaitEvent(stream: Any, event: Any, flags: int = 0) -> tuple:
             return (E.cudaErrorInvalidResourceHandle,)
         if int(flags) & ~1:
             return (E.cudaErrorInvalidValue,)
+        res = capture.wait_event(s, ev)
+        if res is not None:
+            return (res,)
         deps = [] if ev.rec is None else [ev.rec[:2]]  # the record current now; later ones don't count
         s.enqueue(lambda: None, "wait event", deps)
     return (SUCCESS,)
@@ -278,11 +291,21 @@ def cudaLaunchHostFunc(stream: Any, fn: Any, user_data: Any) -> tuple:
         if not addr:
             return (E.cudaErrorInvalidValue,)
         data = state.as_int(user_data)
+        res = capture.intercept(s, "host", lambda: call_host_function(addr, data))
+        if res is not None:
+            return (res,)
         s.enqueue(lambda: call_host_function(addr, data), "host function")
     return (SUCCESS,)
 
 
 @runtime("cudaDeviceSynchronize")
 def cudaDeviceSynchronize() -> tuple:
+    with LOCK:
+        busy = capture.device_busy(state.current_device())
+    if busy is not None:
+        return (busy,)
     synchronize_device(state.current_device())
     return (SUCCESS,)
+
+
+from . import capture  # noqa: E402 (capture.py builds on this module's streams)
