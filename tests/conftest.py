@@ -30,12 +30,31 @@ def dev():
     d.synchronize()
 
 
+def set_delays(us: int) -> tuple[int, int]:
+    """Delay injection of the cpu backend and, when installed, the fake CUDA runtime's streams;
+    returns the previous values (for :func:`restore_delays`)."""
+    prev_fake = 0
+    if os.environ.get("STREAMRT_CUDA_FAKE") == "1":
+        from tests.cuda_fake import state
+
+        prev_fake = state.set_delay_us(us)
+    return cpu.set_delay_us(us), prev_fake
+
+
+def restore_delays(prev: tuple[int, int]) -> None:
+    cpu.set_delay_us(prev[0])
+    if os.environ.get("STREAMRT_CUDA_FAKE") == "1":
+        from tests.cuda_fake import state
+
+        state.set_delay_us(prev[1])
+
+
 @pytest.fixture
 def delay():
     """Delay injection on (random 0-200 us before each worker op): missing waits show up."""
-    prev = cpu.set_delay_us(200)
+    prev = set_delays(200)
     yield 200
-    cpu.set_delay_us(prev)
+    restore_delays(prev)
 
 
 # -- backends: contract tests run on each (cuda ones skip, saying why, where no GPU is usable) --

@@ -32,6 +32,18 @@ def device_count() -> int:
     return max(int(os.environ.get("STREAMRT_CUDA_FAKE_DEVICES", "2")), 0)
 
 
+# delay injection, as the cpu backend's: each stream operation starts 0-delay_us µs late, so a
+# program that is only correct by luck (a missing wait) fails reliably on the fake too
+delay_us = int(os.environ.get("STREAMRT_CUDA_FAKE_DELAY_US", "0") or 0)
+
+
+def set_delay_us(us: int) -> int:
+    """Set the injected delay (µs); returns the previous value."""
+    global delay_us
+    prev, delay_us = delay_us, max(int(us), 0)
+    return prev
+
+
 _handles = itertools.count(0x1000)
 
 

@@ -14,7 +14,9 @@ A worker thread starts with its stream and ends once a destroyed stream has drai
 from __future__ import annotations
 
 import ctypes
+import random
 import threading
+import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -117,6 +119,8 @@ class FakeStream:
                     if all(s.done >= q for s, q in op.deps):
                         break
                     CHANGED.wait()
+            if state.delay_us:
+                time.sleep(random.uniform(0, state.delay_us) / 1e6)
             try:
                 op.fn()
             except BaseException as exc:  # a fault of the fake itself: keep going, report it
