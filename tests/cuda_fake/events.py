@@ -74,25 +74,29 @@ def cudaEventRecord(event: Any, stream: Any = 0) -> tuple:
     return (SUCCESS,)
 
 
+def _usable(event: Any) -> tuple[Any, Any]:
+    """The event, or the error of querying or synchronizing it (call holding LOCK)."""
+    ev = EVENTS.get(state.as_int(event))
+    if ev is None:
+        return None, E.cudaErrorInvalidResourceHandle
+    return ev, (E.cudaErrorCapturedEvent if ev.captured is not None else None)
+
+
 @runtime("cudaEventQuery")
 def cudaEventQuery(event: Any) -> tuple:
     with LOCK:
-        ev = EVENTS.get(state.as_int(event))
-        if ev is None:
-            return (E.cudaErrorInvalidResourceHandle,)
-        if ev.captured is not None:
-            return (E.cudaErrorCapturedEvent,)
+        ev, err = _usable(event)
+        if err is not None:
+            return (err,)
         return (SUCCESS,) if ev.complete() else (E.cudaErrorNotReady,)
 
 
 @runtime("cudaEventSynchronize")
 def cudaEventSynchronize(event: Any) -> tuple:
     with LOCK:
-        ev = EVENTS.get(state.as_int(event))
-        if ev is None:
-            return (E.cudaErrorInvalidResourceHandle,)
-        if ev.captured is not None:
-            return (E.cudaErrorCapturedEvent,)
+        ev, err = _usable(event)
+        if err is not None:
+            return (err,)
         rec = ev.rec
     if rec is not None:
         streams.wait_done(rec[0], rec[1])

@@ -199,15 +199,23 @@ def cudaGraphInstantiate(graph: Any, flags: int) -> tuple:
     return (SUCCESS, rt.cudaGraphExec_t(x.handle))
 
 
+def _exec_and_stream(exec_: Any, stream: Any) -> tuple[Any, Any, Any]:
+    """The exec and stream named by the handles, or the error CUDA gives (call holding LOCK)."""
+    x = EXECS.get(state.as_int(exec_))
+    s = streams.resolve(stream)
+    if x is None:
+        return None, None, E.cudaErrorInvalidValue
+    if s is None:
+        return None, None, E.cudaErrorInvalidResourceHandle
+    return x, s, None
+
+
 @runtime("cudaGraphLaunch")
 def cudaGraphLaunch(exec_: Any, stream: Any) -> tuple:
     with LOCK:
-        x = EXECS.get(state.as_int(exec_))
-        s = streams.resolve(stream)
-        if x is None:
-            return (E.cudaErrorInvalidValue,)
-        if s is None:
-            return (E.cudaErrorInvalidResourceHandle,)
+        x, s, err = _exec_and_stream(exec_, stream)
+        if err is not None:
+            return (err,)
         if s.device != x.device:
             return (E.cudaErrorInvalidValue,)
         res = capture.intercept(s, "graph", x.run)  # a child graph node
@@ -220,12 +228,9 @@ def cudaGraphLaunch(exec_: Any, stream: Any) -> tuple:
 @runtime("cudaGraphUpload")
 def cudaGraphUpload(exec_: Any, stream: Any) -> tuple:
     with LOCK:
-        x = EXECS.get(state.as_int(exec_))
-        s = streams.resolve(stream)
-        if x is None:
-            return (E.cudaErrorInvalidValue,)
-        if s is None:
-            return (E.cudaErrorInvalidResourceHandle,)
+        _x, s, err = _exec_and_stream(exec_, stream)
+        if err is not None:
+            return (err,)
         capture.unsupported(s, "cudaGraphUpload")
         s.enqueue(lambda: None, "graph upload")
     return (SUCCESS,)

@@ -236,27 +236,29 @@ def cudaStreamDestroy(stream: Any) -> tuple:
     return (SUCCESS,)
 
 
+def _queryable(stream: Any) -> tuple[Any, Any]:
+    """The stream, or the error of querying or synchronizing it (call holding LOCK)."""
+    s = resolve(stream)
+    if s is None:
+        return None, E.cudaErrorInvalidResourceHandle
+    return s, capture.busy(s)
+
+
 @runtime("cudaStreamQuery")
 def cudaStreamQuery(stream: Any) -> tuple:
     with LOCK:
-        s = resolve(stream)
-        if s is None:
-            return (E.cudaErrorInvalidResourceHandle,)
-        busy = capture.busy(s)
-        if busy is not None:
-            return (busy,)
+        s, err = _queryable(stream)
+        if err is not None:
+            return (err,)
         return (SUCCESS,) if s.idle() else (E.cudaErrorNotReady,)
 
 
 @runtime("cudaStreamSynchronize")
 def cudaStreamSynchronize(stream: Any) -> tuple:
     with LOCK:
-        s = resolve(stream)
-        if s is None:
-            return (E.cudaErrorInvalidResourceHandle,)
-        busy = capture.busy(s)
-        if busy is not None:
-            return (busy,)
+        s, err = _queryable(stream)
+        if err is not None:
+            return (err,)
         seq = s.enqueued
     wait_done(s, seq)
     s.saw(seq)
