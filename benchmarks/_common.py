@@ -23,6 +23,15 @@ def smoke_size(n: int, few: int) -> int:
     return min(n, few) if smoke() else n
 
 
+def fmt_size(n: int) -> str:
+    """``512 B``, ``64 KiB``, ``1 MiB``."""
+    if n >= 1 << 20 and n % (1 << 20) == 0:
+        return f"{n >> 20} MiB"
+    if n >= 1 << 10 and n % (1 << 10) == 0:
+        return f"{n >> 10} KiB"
+    return f"{n} B"
+
+
 def best_us(fn: Callable[[int], Any], n: int, repeat: int,
             between: Callable[[], Any] | None = None) -> float:
     """Microseconds per item of the fastest of ``repeat`` calls ``fn(n)`` (``between`` runs

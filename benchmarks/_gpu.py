@@ -7,6 +7,7 @@ that a figure for streamrt can be set against the cheapest call a Python program
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import functools
 import importlib
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from _common import SMOKE_HELP
 
 import streamrt as srt
 from streamrt.backends.nvrtc import compile_cubin
@@ -227,6 +229,21 @@ def quietly(fn: Callable[..., Any], *args: Any) -> None:
 def fmt(v: float | None) -> str:
     """A figure of a report line (``n/a`` for a measurement that did not run)."""
     return "    n/a" if v is None else f"{v:7.3f}"
+
+
+def parser(doc: str, quick: str) -> argparse.ArgumentParser:
+    """The command line every GPU benchmark shares (``--quick``, ``--json``, the smoke knob)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0], epilog=SMOKE_HELP)
+    ap.add_argument("--quick", action="store_true", help=quick)
+    ap.add_argument("--json", action="store_true", help="print the result as one JSON line")
+    return ap
+
+
+def finish(res: dict, rows: list[dict]) -> dict:
+    """Attach the rows and the overall verdict to a benchmark result."""
+    res["rows"] = rows
+    res["pass"] = all(r["pass"] for r in rows)
+    return res
 
 
 def report(r: dict, as_json: bool, title: str, unit: str) -> None:

@@ -17,11 +17,21 @@ checks that the script works, e.g. on ``tests/cuda_fake``; its figures mean noth
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
-from _common import SMOKE_HELP, best_us, smoke
-from _gpu import N_ELEMS, RawTiny, attempt, check, errors, gpu_skip_reason, quietly, report, row, tiny_add
+from _common import best_us, smoke
+from _gpu import (
+    N_ELEMS,
+    RawTiny,
+    attempt,
+    check,
+    errors,
+    gpu_skip_reason,
+    parser,
+    quietly,
+    report,
+    row,
+    tiny_add,
+)
 
 import streamrt as srt
 
@@ -183,16 +193,15 @@ def run(nodes: int = 1000, launches: int = 20, repeat: int = 5, quick: bool = Fa
 
 def main() -> None:
     """Command line: a readable report, or the result as JSON with ``--json``."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=SMOKE_HELP)
+    ap = parser(__doc__, "fewer replays and repetitions")
     ap.add_argument("--nodes", type=int, default=1000)
-    ap.add_argument("--quick", action="store_true", help="fewer replays and repetitions")
-    ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     r = run(args.nodes, quick=args.quick)
     title = "" if "skipped" in r else (
         f"graph replay of a {r['nodes']}-node chain of a tiny CUDA kernel, {r['launches']} replays, "
         f"best of {r['repeat']}")
     report(r, args.json, title, "us/node")
+
 
 if __name__ == "__main__":
     main()

@@ -18,11 +18,10 @@ script works, e.g. on ``tests/cuda_fake``; its figures mean nothing.
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 import numpy as np
-from _common import SMOKE_HELP, best_us, smoke, smoke_size
+from _common import best_us, smoke, smoke_size
 from _gpu import (
     N_ELEMS,
     SRC,
@@ -30,8 +29,10 @@ from _gpu import (
     attempt,
     check,
     errors,
+    finish,
     gpu_skip_reason,
     optional,
+    parser,
     quietly,
     report,
     row,
@@ -173,22 +174,19 @@ def run(n: int = 20000, repeat: int = 5, quick: bool = False) -> dict:
         res[f"{name}_us"] = peer
         rows.append(row(claim, ours, peer, "us/launch",
                         error=errors(("streamrt", ours_err), (name, peer_err))))
-    res["rows"] = rows
-    res["pass"] = all(r["pass"] for r in rows)
-    return res
+    return finish(res, rows)
 
 
 def main() -> None:
     """Command line: a readable report, or the result as JSON with ``--json``."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=SMOKE_HELP)
+    ap = parser(__doc__, "fewer launches and repetitions")
     ap.add_argument("-n", type=int, default=20000, help="launches per timed repetition")
-    ap.add_argument("--quick", action="store_true", help="fewer launches and repetitions")
-    ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     r = run(args.n, quick=args.quick)
     title = "" if "skipped" in r else (
         f"eager launch of a tiny CUDA kernel, {r['n']} launches, best of {r['repeat']}")
     report(r, args.json, title, "us")
+
 
 if __name__ == "__main__":
     main()

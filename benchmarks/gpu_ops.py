@@ -15,12 +15,11 @@ script works, e.g. on ``tests/cuda_fake``; its figures mean nothing.
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 import numpy as np
-from _common import SMOKE_HELP, best_us, smoke
-from _gpu import attempt, errors, gpu_skip_reason, optional, quietly, report, row
+from _common import best_us, smoke
+from _gpu import attempt, errors, finish, gpu_skip_reason, optional, parser, quietly, report, row
 
 import streamrt as srt
 from streamrt import ops
@@ -131,22 +130,19 @@ def run(n: int = 2000, repeat: int = 5, quick: bool = False) -> dict:
                 "cache_hits": ours["cache_hits"] if ours else None}
             rows.append(row(f"ops.run {name} {label} {shape} (cache hit) vs CuPy", ours_us, peer,
                             "us/call", error=errors(("streamrt", ours_err), ("cupy", peer_err))))
-    res["rows"] = rows
-    res["pass"] = all(r["pass"] for r in rows)
-    return res
+    return finish(res, rows)
 
 
 def main() -> None:
     """Command line: a readable report, or the result as JSON with ``--json``."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=SMOKE_HELP)
+    ap = parser(__doc__, "fewer calls and repetitions")
     ap.add_argument("-n", type=int, default=2000, help="calls per timed repetition (tiny shape)")
-    ap.add_argument("--quick", action="store_true", help="fewer calls and repetitions")
-    ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     r = run(args.n, quick=args.quick)
     title = "" if "skipped" in r else (
         f"ops.run (executor-cache hit) on CUDA tensors vs CuPy, best of {r['repeat']}")
     report(r, args.json, title, "us")
+
 
 if __name__ == "__main__":
     main()

@@ -19,24 +19,27 @@ script works, e.g. on ``tests/cuda_fake``; its figures mean nothing.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 from typing import Any
 
-from _common import SMOKE_HELP, best_us, smoke, smoke_size
-from _gpu import attempt, check, errors, gpu_skip_reason, optional, quietly, raw_context, report, row
+from _common import best_us, fmt_size, smoke, smoke_size
+from _gpu import (
+    attempt,
+    check,
+    errors,
+    finish,
+    gpu_skip_reason,
+    optional,
+    parser,
+    quietly,
+    raw_context,
+    report,
+    row,
+)
 
 import streamrt as srt
 
 SIZES = (512, 64 << 10, 1 << 20)
-
-
-def _fmt_size(n: int) -> str:
-    if n >= 1 << 20 and n % (1 << 20) == 0:
-        return f"{n >> 20} MiB"
-    if n >= 1 << 10 and n % (1 << 10) == 0:
-        return f"{n >> 10} KiB"
-    return f"{n} B"
 
 
 def _time(loop: Callable[[int], None], n: int, repeat: int) -> float:
@@ -147,25 +150,22 @@ def run(n: int = 20000, repeat: int = 5, sizes: tuple[int, ...] = SIZES, quick: 
         for key, (label, got, err) in peers.items():
             p, p_err = _split(got.get(size) if got else None)
             res["sizes"][size][f"{key}_us"] = p
-            rows.append(row(f"stream-ordered malloc+free pair, {_fmt_size(size)}: streamrt vs {label}",
+            rows.append(row(f"stream-ordered malloc+free pair, {fmt_size(size)}: streamrt vs {label}",
                             o, p, "us/pair", error=errors(("streamrt", o_err), (key, p_err or err))))
-    res["rows"] = rows
-    res["pass"] = all(r["pass"] for r in rows)
-    return res
+    return finish(res, rows)
 
 
 def main() -> None:
     """Command line: a readable report, or the result as JSON with ``--json``."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=SMOKE_HELP)
+    ap = parser(__doc__, "fewer pairs and repetitions")
     ap.add_argument("-n", type=int, default=20000, help="pairs per timed repetition")
     ap.add_argument("--sizes", type=int, nargs="+", default=list(SIZES), help="bytes")
-    ap.add_argument("--quick", action="store_true", help="fewer pairs and repetitions")
-    ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     r = run(args.n, sizes=tuple(args.sizes), quick=args.quick)
     title = "" if "skipped" in r else (
         f"stream-ordered malloc + free pair on a CUDA stream, {r['n']} pairs, best of {r['repeat']}")
     report(r, args.json, title, "us")
+
 
 if __name__ == "__main__":
     main()

@@ -20,21 +20,13 @@ import json
 import math
 
 import numpy as np
-from _common import best_us
+from _common import best_us, fmt_size
 
 import streamrt as srt
 
 SIZES = (512, 64 << 10, 1 << 20)
 TARGET = 10.0
 NEVER_RELEASE = 1 << 50  # release threshold: steady state never returns memory to the device
-
-
-def _fmt_size(n: int) -> str:
-    if n >= 1 << 20 and n % (1 << 20) == 0:
-        return f"{n >> 20} MiB"
-    if n >= 1 << 10 and n % (1 << 10) == 0:
-        return f"{n >> 10} KiB"
-    return f"{n} B"
 
 
 def run(n: int = 50000, repeat: int = 7, sizes: tuple[int, ...] = SIZES,
@@ -97,7 +89,7 @@ def run(n: int = 50000, repeat: int = 7, sizes: tuple[int, ...] = SIZES,
     }
     res["pass"] = worst <= TARGET and all(r["steady_state"] for r in rows)
     res["rows"] = [
-        {"claim": f"pool malloc+free pair, {_fmt_size(r['size'])} vs np.empty",
+        {"claim": f"pool malloc+free pair, {fmt_size(r['size'])} vs np.empty",
          "ours": r["ours_us"], "peer": r["np_empty_us"], "unit": "us", "ratio": r["ratio"],
          "target": f"<= {TARGET:g}x", "pass": r["ratio"] <= TARGET and r["steady_state"]}
         for r in rows
@@ -120,7 +112,7 @@ def main() -> None:
     for row in r["sizes"]:
         note = "" if row["steady_state"] else "   (NOT steady: the pool grew or released)"
         print(
-            f"  {_fmt_size(row['size']):>8}   pool {row['ours_us']:6.2f} us/pair   "
+            f"  {fmt_size(row['size']):>8}   pool {row['ours_us']:6.2f} us/pair   "
             f"np.empty {row['np_empty_us']:5.2f} us   ratio {row['ratio']:6.2f}x{note}"
         )
     print(f"  worst ratio {r['worst_ratio']:.2f}x (target <= {TARGET:g}x, pass criterion)   "
