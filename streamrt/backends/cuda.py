@@ -403,8 +403,9 @@ class CudaDevice(DeviceImpl):
 
     native_pools = True
 
-    def __init__(self, index: int) -> None:
+    def __init__(self, index: int, pinned: SortedDict) -> None:
         self.index = index
+        self._pinned = pinned  # the backend's pinned host allocations (copy endpoints too)
         _activate(index)
         check(rt.cudaFree(0))  # initialise the primary context on this thread
         prop = check(rt.cudaGetDeviceProperties(index))
@@ -487,7 +488,7 @@ class CudaDevice(DeviceImpl):
 
     def endpoint(self, ptr: int, nbytes: int) -> int:
         # unified addressing: a copy may read or write another GPU's memory (a peer copy)
-        room = _room(self._ranges, ptr) or _room(_pinned(), ptr)
+        room = _room(self._ranges, ptr) or _room(self._pinned, ptr)
         for other in () if room is not None else _opened.values():
             room = _room(other._ranges, ptr)
             if room is not None:
@@ -663,12 +664,6 @@ def _room(ranges: SortedDict, ptr: int) -> int | None:
     return end - ptr if ptr < end else None
 
 
-def _pinned() -> SortedDict:
-    from . import get_backend
-
-    return get_backend("cuda")._host  # type: ignore[attr-defined]
-
-
 class CudaBackend(Backend):
     """Every GPU the CUDA runtime sees."""
 
@@ -692,7 +687,7 @@ class CudaBackend(Backend):
         return self._count
 
     def open_device(self, index: int) -> CudaDevice:
-        return CudaDevice(index)
+        return CudaDevice(index, self._host)
 
     def malloc_host(self, nbytes: int) -> int:
         _too_big(nbytes, "cudaMallocHost")
