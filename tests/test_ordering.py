@@ -38,14 +38,22 @@ def delayed(us: int):
         restore_delays(prev)
 
 
-programs = st.tuples(
-    st.lists(st.sampled_from(KINDS), min_size=2, max_size=3),
-    st.lists(
-        st.tuples(st.integers(0, 2), st.sampled_from(("host", "host", "record", "wait")),
-                  st.integers(0, 2)),
-        min_size=1, max_size=30,
-    ),
-)
+OPS = ("host", "host", "record", "wait")
+
+
+@st.composite
+def programs(draw) -> tuple[list[str], list[tuple[int, str, int]]]:
+    """Stream kinds and ops ``(stream, what, event)``: random ops, mixed with hand-offs (a host
+    function, a record, a wait on another stream, a host function there) so that most programs
+    hold cross-stream orderings a missing wait would break."""
+    kinds = draw(st.lists(st.sampled_from(KINDS), min_size=2, max_size=3))
+    n = len(kinds)
+    op = st.tuples(st.integers(0, n - 1), st.sampled_from(OPS), st.integers(0, 2))
+    handoff = st.tuples(st.integers(0, n - 1), st.integers(1, n - 1), st.integers(0, 2)).map(
+        lambda t: [(t[0], "host", 0), (t[0], "record", t[2]), ((t[0] + t[1]) % n, "wait", t[2]),
+                   ((t[0] + t[1]) % n, "host", 0)])
+    parts = draw(st.lists(st.one_of(op.map(lambda o: [o]), handoff), min_size=1, max_size=12))
+    return kinds, [o for part in parts for o in part][:30]
 
 
 def expected_predecessors(kinds: list[str], ops: list[tuple]) -> dict[int, set[int]]:
@@ -79,20 +87,13 @@ def expected_predecessors(kinds: list[str], ops: list[tuple]) -> dict[int, set[i
     return preds
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(program=programs)
-def test_ordering_random_programs_respect_happens_before(backend, program):
-    # on cuda: real streams and events, the stream positions marked by CUDA events
-    kinds, ops = program
-    dev = backend_device(backend)
+def run_program(dev, kinds: list[str], ops: list[tuple], delay_us: int) -> list[int]:
+    """Run one program with delay injection; returns the order its host functions ran in."""
     streams = [dev.default_stream if k == "legacy" else
                srt.Stream(dev, non_blocking=(k == "non_blocking")) for k in kinds]
     events = [srt.Event(dev) for _ in range(3)]
     log: list[int] = []
-    # enqueueing through cuda-bindings is slower than a cpu launch: a longer delay on the fake
-    # runtime keeps operations of different streams overlapping (no effect on a real GPU)
-    with delayed(50 if backend == "cpu" else 1000):
+    with delayed(delay_us):
         for i, (si, what, arg) in enumerate(ops):
             s = streams[si % len(streams)]
             if what == "host":
@@ -102,15 +103,28 @@ def test_ordering_random_programs_respect_happens_before(backend, program):
             else:
                 s.wait(events[arg])
         dev.synchronize()
+    for s in streams:
+        if not s._legacy:
+            s.destroy()
+    return log
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(program=programs())
+def test_ordering_random_programs_respect_happens_before(backend, program):
+    # on cuda: real streams and events, the stream positions marked by CUDA events
+    kinds, ops = program
+    dev = backend_device(backend)
     preds = expected_predecessors(kinds, ops)
+    # enqueueing through cuda-bindings is slower than a cpu launch: a longer delay on the fake
+    # runtime keeps operations of different streams overlapping (no effect on a real GPU)
+    log = run_program(dev, kinds, ops, 50 if backend == "cpu" else 1000)
     assert sorted(log) == sorted(preds)  # every host function ran exactly once
     at = {op: k for k, op in enumerate(log)}
     for op, must in preds.items():
         for p in must:
             assert at[p] < at[op], f"op {p} must run before op {op}; log {log}"
-    for s in streams:
-        if not s._legacy:
-            s.destroy()
 
 
 def test_ordering_model_is_not_vacuous():
