@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-emu test-fake bench clean
+.PHONY: demo test test-emu test-fake test-bindings bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -38,8 +38,21 @@ test-emu: $(VENV)/.installed-test
 test-fake: $(VENV)/.installed-test
 	STREAMRT_CUDA_FAKE=1 $(BIN)/python -m pytest -q -p no:cacheprovider
 
+# the cuda tests on the fake runtime under the oldest cuda-bindings of each extra (cuda12, cuda),
+# each in its own venv: the backend's calls are checked against those versions' signatures
+BINDINGS ?= 12.9.10 13.0.0
+test-bindings:
+	@for v in $(BINDINGS); do \
+	  env=$(VENV)-cb$$v; \
+	  case $$v in 12.*) nvrtc="nvidia-cuda-nvrtc-cu12==12.9.*";; *) nvrtc="nvidia-cuda-nvrtc==$${v%.*}.*";; esac; \
+	  echo "make: cuda-bindings $$v in $$env"; \
+	  [ -x $$env/bin/python ] || $(PYTHON) -m venv $$env || python3 -m venv $$env || exit 1; \
+	  $$env/bin/pip install -q -e '.[test]' "cuda-bindings==$$v" "$$nvrtc" || exit 1; \
+	  STREAMRT_CUDA_FAKE=1 $$env/bin/python -m pytest -q -p no:cacheprovider -m cuda || exit 1; \
+	done
+
 bench: $(VENV)/.installed
 	$(BIN)/streamrt bench
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(VENV)-cb* build *.egg-info

@@ -159,3 +159,18 @@ def test_check_on_a_real_failing_call():
         with pytest.raises(errors.StreamRTError) as info:
             check(result)
         assert info.value.code == int(result[0])
+
+
+@pytest.mark.parametrize(("err", "driver", "says"), [
+    ("cudaErrorInsufficientDriver", 0, "an NVIDIA driver and a GPU are also needed"),
+    ("cudaErrorInsufficientDriver", 12080, "supports CUDA 12.8, older than the CUDA 13.0"),
+    ("cudaErrorNoDevice", 0, "cudaErrorNoDevice"),
+    ("cudaSuccess", 0, "found no GPU"),
+])
+def test_unavailable_says_what_is_missing(err, driver, says):
+    from streamrt.backends.cuda import why_unusable
+
+    why = why_unusable(getattr(E, err), driver, 13000)
+    assert says in why
+    if driver:  # a driver too old for these bindings: the bindings that fit it
+        assert "streamrt[cuda12]" in why

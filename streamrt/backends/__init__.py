@@ -36,8 +36,8 @@ def _load_cuda() -> Backend:
         import cuda.bindings.runtime  # noqa: F401
     except ImportError as exc:
         raise BackendUnavailableError(
-            "the cuda backend needs the 'cuda-bindings' package (pip install 'streamrt[cuda]'), "
-            f"an NVIDIA driver and a GPU: {exc}"
+            "the cuda backend needs the 'cuda-bindings' package (pip install 'streamrt[cuda]', or "
+            f"'streamrt[cuda12]' for a CUDA 12 driver), an NVIDIA driver and a GPU: {exc}"
         ) from exc
     from .cuda import CudaBackend
 

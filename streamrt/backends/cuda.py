@@ -73,6 +73,26 @@ def _host_ptr(buf: Any) -> int:
     return int(buf.ctypes.data) if isinstance(buf, np.ndarray) else int(buf)
 
 
+_OLD_DRIVER = rt.cudaError_t.cudaErrorInsufficientDriver
+
+
+def _cuda_version(v: int) -> str:
+    return f"{v // 1000}.{v % 1000 // 10}"
+
+
+def why_unusable(err: Any, driver: int, runtime: int) -> str:
+    """What is missing, in words, when ``cudaGetDeviceCount`` finds no usable GPU (``driver``:
+    the CUDA version the driver supports, 0 when there is none; ``runtime``: cuda-bindings')."""
+    if err == _SUCCESS:
+        return "the NVIDIA driver found no GPU"
+    name = rt.cudaGetErrorName(err)[1].decode()
+    if err == _OLD_DRIVER and driver:
+        return (f"{name}: the NVIDIA driver supports CUDA {_cuda_version(driver)}, older than the "
+                f"CUDA {_cuda_version(runtime)} of the installed cuda-bindings; update the driver "
+                "or install the bindings for it (pip install 'streamrt[cuda12]' for CUDA 12)")
+    return f"{name} (cuda-bindings is installed; an NVIDIA driver and a GPU are also needed)"
+
+
 # -- host functions ---------------------------------------------------------------------------
 _HOSTFN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 _jobs: dict[int, tuple] = {}
@@ -672,10 +692,10 @@ class CudaBackend(Backend):
     def __init__(self) -> None:
         err, count = rt.cudaGetDeviceCount()
         if err != _SUCCESS or count == 0:
-            reason = rt.cudaGetErrorName(err)[1].decode() if err != _SUCCESS else "no GPU found"
+            driver = rt.cudaDriverGetVersion()[1] if err == _OLD_DRIVER else 0
             raise BackendUnavailableError(
-                f"the cuda backend cannot be used here: {reason} (cuda-bindings is installed; "
-                "an NVIDIA driver and a GPU are also needed)")
+                "the cuda backend cannot be used here: "
+                + why_unusable(err, driver, rt.cudaRuntimeGetVersion()[1]))
         try:
             check(drv.cuInit(0))
         except Exception as exc:  # the driver library itself may be missing

@@ -3,7 +3,8 @@
 Each fake first calls the *real* function with the same arguments. Without a driver it does no
 work, but it converts and type-checks the arguments exactly as on a GPU: a runtime call then
 returns ``cudaErrorInsufficientDriver`` and a driver call raises ``DynamicLibNotFoundError``
-(both expected and dropped), while a wrong argument type raises TypeError/AttributeError, which
+(cuda-bindings 13.0: a RuntimeError that libcuda could not be loaded or a function was not
+found; all expected and dropped), while a wrong argument type raises TypeError/AttributeError, which
 propagates as it would on a GPU. Then, unless the calling thread is running a host function
 (CUDA calls are not permitted there: ``cudaErrorNotPermitted``, recorded in
 ``state.refused``), the fake does the work and returns what the real binding returns.
@@ -12,6 +13,7 @@ propagates as it would on a GPU. Then, unless the calling thread is running a ho
 from __future__ import annotations
 
 import functools
+import re
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -69,6 +71,7 @@ def _wrap_runtime(name: str, real: Callable[..., Any], fake: Callable[..., Any])
     return call
 
 
+_NO_LIBCUDA = re.compile(r'Failed to dlopen libcuda|Function "\w+" not found')
 _nested = threading.local()  # inside a real driver call on this thread
 
 
@@ -85,6 +88,9 @@ def _wrap_driver(name: str, real: Callable[..., Any], fake: Callable[..., Any], 
                 real(*args, **kwargs)  # argument conversion exactly as on a GPU
             except DynamicLibNotFoundError:
                 pass
+            except RuntimeError as exc:  # cuda-bindings 13.0 without libcuda
+                if not _NO_LIBCUDA.search(str(exc)):
+                    raise
             else:
                 raise RealDriverPresent(f"the real {name} answered: the fake refuses to run")
             finally:
