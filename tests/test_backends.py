@@ -33,6 +33,25 @@ def scale(ctx, x, n, factor):
     ctx.array(x, (n,), np.float32)[:] *= factor
 
 
+COORDS = r"""extern "C" __global__ void coords(int* out, int* lane) {
+  unsigned t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  unsigned b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  unsigned i = b * blockDim.x * blockDim.y * blockDim.z + t;
+  out[i] = threadIdx.x + 10 * threadIdx.y + 100 * threadIdx.z
+         + 1000 * blockIdx.x + 10000 * blockIdx.y + 100000 * blockIdx.z;
+  lane[i] = __shfl_xor_sync(0xffffffffu, (int)t, 1);  // a warp: 32 consecutive linear ids
+}"""
+
+
+@srt.kernel(cuda=COORDS, signature="ptr, ptr")
+def coords(ctx, out, lane):
+    g, b = ctx.grid, ctx.block
+    shape = (g.z, g.y, g.x, b.z, b.y, b.x)
+    kz, ky, kx, tz, ty, tx = np.indices(shape)
+    ctx.array(out, shape, np.int32)[...] = tx + 10 * ty + 100 * tz + 1000 * kx + 10000 * ky + 100000 * kz
+    ctx.array(lane, shape, np.int32)[...] = (tx + b.x * (ty + b.y * tz)) ^ 1
+
+
 @srt.kernel
 def python_only(ctx, x):
     pass
@@ -89,6 +108,21 @@ def test_backend_kernels_same_results(bdev):
     s.synchronize()
     assert np.array_equal(srt.read(p, (n,), np.float32), (np.arange(n, dtype=np.float32) + 1) * 0.5)
     srt.free(p)
+
+
+def test_backend_kernels_three_dimensional_grid_and_blocks(bdev):
+    grid, block = (2, 3, 2), (4, 3, 2)  # 24 threads: one partial warp
+    n = 12 * 24
+    out, lane = srt.malloc(4 * n, bdev), srt.malloc(4 * n, bdev)
+    s = srt.Stream(bdev, non_blocking=True)
+    s.launch(coords, out, lane, grid=grid, block=block)
+    s.synchronize()
+    kz, ky, kx, tz, ty, tx = np.indices((2, 3, 2, 2, 3, 4))
+    want = tx + 10 * ty + 100 * tz + 1000 * kx + 10000 * ky + 100000 * kz
+    assert np.array_equal(srt.read(out, (n,), np.int32), want.ravel())
+    assert np.array_equal(srt.read(lane, (n,), np.int32), np.tile(np.arange(24) ^ 1, 12))
+    for p in (out, lane):
+        srt.free(p)
 
 
 def test_backend_event_wait_orders_streams(bdev, gate):

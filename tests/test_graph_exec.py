@@ -147,7 +147,7 @@ def test_graph_exec_set_kernel_params_apply_to_later_launches_only(s, bufs, gate
     ge = g.instantiate()
     hold = gate(s)
     ge.launch(s)  # enqueued with the old params, held by the gate
-    ge.set_kernel_node_params(node, b, N, 7.0, grid=4, block=2)
+    ge.set_kernel_node_params(node, b, N, 7.0, grid=4, block=(2, 2))
     ge.launch(s)
     hold.open()
     s.synchronize()

@@ -1,7 +1,7 @@
 """Run the operator kernels' real CUDA C on the CPU: a test aid for machines without a GPU.
 
 g++ (C++20) compiles each kernel's ``cuda_source`` after ``shim.h``, which supplies the CUDA
-built-ins the kernels use: 1-D ``threadIdx``/``blockIdx``/``blockDim``/``gridDim``, ``__shared__``,
+built-ins the kernels use: ``threadIdx``/``blockIdx``/``blockDim``/``gridDim``, ``__shared__``,
 ``__syncthreads``, ``__shfl_xor_sync``/``__shfl_up_sync``, ``__fmul_rn``/``__dmul_rn``,
 ``clock64`` and the float16 conversions (``_Float16``, round to nearest even). A launch runs the
 CUDA threads of a block as fibers (``ucontext``) on the calling thread. The shared objects are
@@ -22,9 +22,9 @@ What it does not emulate, so what it cannot find:
   give the same result, but a bug needing many blocks is missed unless ``cap=None``;
 - floating point: fp contraction is off (NVRTC fuses ``a*b+c`` into FMAs by default) and
   ``expf``/``exp``/``sqrtf`` come from the host's libm, so the last bits may differ from a GPU's;
-- warps: the shuffle mask is ignored (every lane of a warp must take part); blocks must be 1-D
-  (any size: the last warp may be partial). A block whose threads deadlock (a barrier in
-  divergent code) raises RuntimeError;
+- warps: the shuffle mask is ignored (every lane of a warp must take part); a warp is 32
+  consecutive threads in CUDA's linear order (x fastest), the last one may be partial. A block
+  whose threads deadlock (a barrier in divergent code) raises RuntimeError;
 - ``clock64()`` counts nanoseconds and sleeps a little at each call (spin loops stay cheap);
 - nothing about speed, occupancy, registers or launch limits: only results.
 """
@@ -56,7 +56,8 @@ PTX = {
     'asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));': "h = srt_emu_f2h(v);",
 }
 LAUNCH = ('extern "C" int srt_emu_launch(void** p, unsigned gx, unsigned gy, unsigned gz, '
-          'unsigned bx) {{ return srt_emu_run(&{name}, p, gx, gy, gz, bx); }}\n'
+          'unsigned bx, unsigned by, unsigned bz) '
+          '{{ return srt_emu_run(&{name}, p, gx, gy, gz, bx, by, bz); }}\n'
           'extern "C" unsigned srt_emu_param_sizes(unsigned long long* out, unsigned max) '
           '{{ return srt_emu_sizes(&{name}, out, max); }}\n')
 
@@ -76,11 +77,12 @@ class Library:
             raise NotImplementedError(f"{name}: {n} parameters (the emulator takes 64)")
         self.param_sizes = tuple(sizes[:n])
 
-    def launch(self, params: Any, gx: int, gy: int, gz: int, bx: int) -> None:
-        """Run a (gx, gy, gz) grid of 1-D blocks of bx threads; ``params`` is a ``void**``.
+    def launch(self, params: Any, gx: int, gy: int, gz: int, bx: int, by: int = 1,
+               bz: int = 1) -> None:
+        """Run a (gx, gy, gz) grid of (bx, by, bz) blocks; ``params`` is a ``void**``.
         Launches on different OS threads run at once (each has its own coordinates and
         ``__shared__`` arrays)."""
-        if self.lib.srt_emu_launch(params, gx, gy, gz, bx):
+        if self.lib.srt_emu_launch(params, gx, gy, gz, bx, by, bz):
             raise RuntimeError(f"{self.name}: the threads of a block deadlocked (a barrier that "
                                "some threads never reach)")
 
@@ -131,7 +133,7 @@ def build_source(source: str, name: str) -> Library:
         if not so.exists():
             _compile(src, so)
         cdll = ctypes.CDLL(str(so))
-        cdll.srt_emu_launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 4
+        cdll.srt_emu_launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 6
         cdll.srt_emu_launch.restype = ctypes.c_int
         cdll.srt_emu_param_sizes.argtypes = [ctypes.c_void_p, ctypes.c_uint]
         cdll.srt_emu_param_sizes.restype = ctypes.c_uint
@@ -170,12 +172,10 @@ def build_all(kernels: Iterable[Kernel], jobs: int | None = None) -> None:
 def launch(kernel: Kernel, args: Any, grid: Any, block: Any, cap: int | None = GRID_CAP) -> None:
     """Run one launch of ``kernel``; pointer arguments are host addresses."""
     g, b = dim3(grid), dim3(block, "block")
-    if b.y != 1 or b.z != 1:
-        raise NotImplementedError(f"{kernel.name}: block {tuple(b)}; the emulator runs 1-D blocks")
     vals = [t(v) for t, v in zip(parse_signature(kernel.signature), args, strict=True)]
     params = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
     gx, gz = (g.x, g.z) if cap is None else (min(g.x, cap), min(g.z, cap))
-    build(kernel).launch(params, gx, g.y, gz, b.x)
+    build(kernel).launch(params, gx, g.y, gz, b.x, b.y, b.z)
 
 
 def host_address(ptr: int) -> int:

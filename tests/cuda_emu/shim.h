@@ -52,8 +52,8 @@ inline void __syncthreads() { srt_emu_wait_at(SRT_BLOCK); }
 // warp must take part; a lane past the end of a partial warp reads stale bytes, as undefined).
 template <typename T> inline T srt_emu_shfl(T v, int src) {
   static_assert(sizeof(T) <= 8, "shuffle of a type wider than 8 bytes");
-  srt_emu_warp& w = srt_emu_warps[threadIdx.x >> 5];
-  std::memcpy(w.lane[threadIdx.x & 31], &v, sizeof(T));
+  srt_emu_warp& w = srt_emu_warps[srt_emu_cur->t >> 5];  // warps: 32 consecutive linear ids
+  std::memcpy(w.lane[srt_emu_cur->t & 31], &v, sizeof(T));
   srt_emu_wait_at(SRT_WARP);
   T r;
   std::memcpy(&r, w.lane[src], sizeof(T));
@@ -61,10 +61,10 @@ template <typename T> inline T srt_emu_shfl(T v, int src) {
   return r;
 }
 template <typename T> inline T __shfl_xor_sync(unsigned, T v, int o) {
-  return srt_emu_shfl(v, (int)(threadIdx.x & 31) ^ o);
+  return srt_emu_shfl(v, (int)(srt_emu_cur->t & 31) ^ o);
 }
 template <typename T> inline T __shfl_up_sync(unsigned, T v, int o) {
-  const int l = threadIdx.x & 31;
+  const int l = srt_emu_cur->t & 31;
   return srt_emu_shfl(v, l >= o ? l - o : l);
 }
 
@@ -89,7 +89,7 @@ inline unsigned short srt_emu_f2h(float f) {
   return h;
 }
 
-// Run kernel k over a (gx, gy, gz) grid of bx-thread blocks; params[i] points at argument i.
+// Run kernel k over a (gx, gy, gz) grid of (bx, by, bz) blocks; params[i] points at argument i.
 // Returns 0, or 1 when the threads of a block deadlocked (some wait at a barrier others never
 // reach, e.g. __syncthreads in divergent code).
 template <typename... P, std::size_t... I>
@@ -104,24 +104,25 @@ static void srt_emu_entry() {
 }
 template <typename... P>
 static int srt_emu_run(void (*k)(P...), void** params, unsigned gx, unsigned gy, unsigned gz,
-                       unsigned bx) {
+                       unsigned bx, unsigned by, unsigned bz) {
   static thread_local void (*kern)(P...);
   static thread_local void** args;
   kern = k;
   args = params;
   srt_emu_body = [] { srt_emu_call(kern, args, std::index_sequence_for<P...>{}); };
   constexpr std::size_t STACK = 128 << 10;  // per CUDA thread
-  std::vector<srt_emu_fiber> fibers(bx);
-  std::unique_ptr<char[]> stacks(new char[STACK * bx]);
-  std::vector<srt_emu_warp> warps((bx + 31) / 32);
+  const unsigned n = bx * by * bz;  // threads of a block; t = x + bx * (y + by * z), as CUDA's
+  std::vector<srt_emu_fiber> fibers(n);
+  std::unique_ptr<char[]> stacks(new char[STACK * n]);
+  std::vector<srt_emu_warp> warps((n + 31) / 32);
   gridDim = {gx, gy, gz};
-  blockDim = {bx, 1, 1};
+  blockDim = {bx, by, bz};
   srt_emu_warps = warps.data();
   for (unsigned z = 0; z < gz; ++z)
     for (unsigned y = 0; y < gy; ++y)
       for (unsigned x = 0; x < gx; ++x) {
         blockIdx = {x, y, z};
-        for (unsigned t = 0; t < bx; ++t) {
+        for (unsigned t = 0; t < n; ++t) {
           srt_emu_fiber& f = fibers[t];
           f.t = t;
           f.state = SRT_RUN;
@@ -132,12 +133,12 @@ static int srt_emu_run(void (*k)(P...), void** params, unsigned gx, unsigned gy,
           f.ctx.uc_link = nullptr;
           makecontext(&f.ctx, srt_emu_entry, 0);
         }
-        for (unsigned live = bx; live;) {
+        for (unsigned live = n; live;) {
           bool ran = false;
           for (auto& f : fibers)
             if (f.state == SRT_RUN) {
               srt_emu_cur = &f;
-              threadIdx = {f.t, 0, 0};
+              threadIdx = {f.t % bx, f.t / bx % by, f.t / (bx * by)};
               if (!_setjmp(srt_emu_sched)) {
                 if (f.started) _longjmp(f.env, 1);
                 f.started = true;
@@ -152,8 +153,8 @@ static int srt_emu_run(void (*k)(P...), void** params, unsigned gx, unsigned gy,
             at_block += f.state == SRT_BLOCK;
           }
           bool opened = false;
-          for (unsigned w = 0; w * 32 < bx; ++w) {  // a warp barrier opens when its live lanes wait
-            unsigned end = std::min(bx, w * 32 + 32), waiting = 0, alive = 0;
+          for (unsigned w = 0; w * 32 < n; ++w) {  // a warp barrier opens when its live lanes wait
+            unsigned end = std::min(n, w * 32 + 32), waiting = 0, alive = 0;
             for (unsigned t = w * 32; t < end; ++t) {
               alive += fibers[t].state != SRT_DONE;
               waiting += fibers[t].state == SRT_WARP;

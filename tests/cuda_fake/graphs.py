@@ -124,7 +124,7 @@ def cuGraphAddKernelNode(graph: Any, deps: Any, n: int, kp: Any) -> tuple:
     if state.as_int(kp.extra):
         raise state.FakeUnsupported("kernel node with 'extra': not modelled")
     params = kernels.Params(int(kp.kernelParams), fn.lib.param_sizes)  # copied now
-    node, bad = _add(graph, deps, n, "kernel", lambda: kernels.run(fn, params, grid, block[0]),
+    node, bad = _add(graph, deps, n, "kernel", lambda: kernels.run(fn, params, grid, block),
                      (R.CUDA_ERROR_INVALID_VALUE, None))
     return bad or (DRV_SUCCESS, drv.CUgraphNode(node.handle))
 

@@ -157,21 +157,20 @@ def check_dims(grid: tuple[int, int, int], block: tuple[int, int, int], shmem: i
         return R.CUDA_ERROR_INVALID_VALUE
     if bx > 1024 or by > 1024 or bz > 64 or bx * by * bz > 1024:
         return R.CUDA_ERROR_INVALID_VALUE
-    if by != 1 or bz != 1:
-        raise FakeUnsupported(f"block {block}: the CPU emulator runs 1-D blocks only")
     if shmem:
         raise FakeUnsupported(f"{shmem} bytes of dynamic shared memory: the emulator has none")
     return None
 
 
-def run(f: Function, params: Params, grid: tuple[int, int, int], bx: int) -> None:
+def run(f: Function, params: Params, grid: tuple[int, int, int],
+        block: tuple[int, int, int]) -> None:
     """Run one launch now (on a stream worker thread)."""
     from tests.cuda_emu import emu
 
     gx, gy, gz = grid
     if f.capped:
         gx, gz = min(gx, emu.GRID_CAP), min(gz, emu.GRID_CAP)
-    f.lib.launch(params.array, gx, gy, gz, bx)
+    f.lib.launch(params.array, gx, gy, gz, *block)
 
 
 @driver("cuLaunchKernel")
@@ -195,8 +194,8 @@ def cuLaunchKernel(f: Any, gx: int, gy: int, gz: int, bx: int, by: int, bz: int,
     with LOCK:
         if streams.resolve(stream) is not s:
             return (R.CUDA_ERROR_INVALID_HANDLE,)
-        res = capture.intercept(s, "kernel", lambda: run(fn, params, grid, block[0]))
+        res = capture.intercept(s, "kernel", lambda: run(fn, params, grid, block))
         if res is not None:
             return (R(int(res)),)
-        s.enqueue(lambda: run(fn, params, grid, block[0]), f"kernel {fn.name}")
+        s.enqueue(lambda: run(fn, params, grid, block), f"kernel {fn.name}")
     return (DRV_SUCCESS,)
