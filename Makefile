@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-emu test-fake test-bindings bench clean
+.PHONY: demo test test-emu test-fake test-bindings gpu-check-fake bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -50,6 +50,12 @@ test-bindings:
 	  $$env/bin/pip install -q -e '.[test]' "cuda-bindings==$$v" "$$nvrtc" || exit 1; \
 	  STREAMRT_CUDA_FAKE=1 $$env/bin/python -m pytest -q -p no:cacheprovider -m cuda || exit 1; \
 	done
+
+# scripts/gpu_check.sh rehearsed on the fake CUDA runtime (smoke-sized benchmarks; results in
+# gpu-check-out/fake): the script's whole flow, before a GPU run spends its minutes on it
+gpu-check-fake: $(VENV)/.installed-test
+	PYTHON=$(CURDIR)/$(BIN)/python PYTHONPATH=$(CURDIR)/tests/cuda_fake/site STREAMRT_CUDA_FAKE=1 \
+	STREAMRT_BENCH_SMOKE=1 GPU_CHECK_QUICK=1 bash scripts/gpu_check.sh $(CURDIR)/gpu-check-out/fake
 
 bench: $(VENV)/.installed
 	$(BIN)/streamrt bench

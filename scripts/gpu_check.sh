@@ -208,8 +208,10 @@ with open(os.path.join(out, "summary.json"), "w") as f:
     json.dump(summary, f, indent=1)
 
 
-def fmt(v):
-    return "n/a" if v is None else f"{v:.3g}" if isinstance(v, float) else str(v)
+def fmt(v, unit=""):
+    if v is None:
+        return "n/a"
+    return (f"{v:.3g}" if isinstance(v, float) else str(v)) + unit
 
 
 lines = [f"GPU: {os.environ['GPU_LINE']}", "",
@@ -226,8 +228,9 @@ for name, e in benches.items():
     for r in e["rows"]:
         unit = r.get("unit", "")
         note = (r.get("error") or "")[:200].replace("|", "/")
-        lines.append(f"| {name} | {r.get('claim')} | {fmt(r.get('ours'))} {unit} | {fmt(r.get('peer'))} {unit} "
-                     f"| {fmt(r.get('ratio'))}x | {r.get('target')} | {'yes' if r.get('pass') else 'NO'} "
+        lines.append(f"| {name} | {r.get('claim')} | {fmt(r.get('ours'), ' ' + unit)} "
+                     f"| {fmt(r.get('peer'), ' ' + unit)} | {fmt(r.get('ratio'), 'x')} | {r.get('target')} "
+                     f"| {'yes' if r.get('pass') else 'NO'} "
                      f"| {note} |")
     for n in e.get("notes", []):
         lines.append(f"| {name} | note: {n} | | | | | | |")
