@@ -284,6 +284,31 @@ def test_cuda_kernel_without_cuda_body_is_a_clear_error():
     s.synchronize()
 
 
+@pytest.mark.cuda
+def test_cuda_kernel_from_ptx_when_nvrtc_does_not_know_the_gpu(monkeypatch):
+    # as for a GPU newer than NVRTC: PTX of an older architecture, compiled by the driver at load
+    reason = cuda_reason()
+    if reason is not None:
+        pytest.skip(f"no usable CUDA device here: {reason}")
+    from streamrt.backends import nvrtc
+
+    dev = srt.Device("cuda:0")
+    target = f"compute_{nvrtc.supported_archs()[0]}"
+    images: list[bytes] = []
+    compile_module = nvrtc.compile_module
+    monkeypatch.setattr(nvrtc, "compile_module",
+                        lambda *a: images.append(compile_module(*a)) or images[-1])
+    monkeypatch.setattr(dev._impl, "_target", target)
+    fresh = srt.kernel(cuda=ADD_ONE, signature="ptr, i32")(add_one.fn)  # not loaded on dev yet
+    p = _dev_f32(dev, np.arange(300))
+    s = srt.Stream(dev, non_blocking=True)
+    s.launch(fresh, p, 300, grid=2, block=256)
+    s.synchronize()
+    assert np.array_equal(srt.read(p, (300,), np.float32), np.arange(1, 301, dtype=np.float32))
+    assert len(images) == 1 and f".target sm_{target[8:]}".encode() in images[0]  # PTX was loaded
+    srt.free(p)
+
+
 def test_cuda_unavailable_is_reported_clearly():
     reason = cuda_reason()
     if reason is None:

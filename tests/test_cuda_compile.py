@@ -7,6 +7,7 @@ import ctypes
 import numpy as np
 import pytest
 
+import streamrt as srt
 from streamrt import errors
 from streamrt.backends import nvrtc as srt_nvrtc
 from streamrt.backends.cuda_errors import KernelCompileError
@@ -302,3 +303,31 @@ def test_concurrent_requests_compile_once(monkeypatch):
         t.join()
     assert len(calls) == 1
     assert len(results) == 8 and all(r is results[0] for r in results)
+
+
+# -- what a device gets: a CUBIN for an architecture NVRTC knows, else PTX --------------------------
+def test_target_is_a_cubin_for_a_known_architecture_else_ptx_for_the_newest_below():
+    archs = srt_nvrtc.supported_archs()
+    assert archs == tuple(sorted(archs)) and len(archs) > 1
+    newest, oldest = archs[-1], archs[0]
+    assert srt_nvrtc.target_for(newest // 10, newest % 10) == f"sm_{newest}"
+    # a GPU newer than this NVRTC: PTX of the newest it knows, compiled by the (newer) driver
+    assert srt_nvrtc.target_for(newest // 10 + 1, 0) == f"compute_{newest}"
+    gap = next((a + 1 for a in archs[:-1] if a + 1 not in archs), None)
+    if gap is not None:
+        below = max(a for a in archs if a < gap)
+        assert srt_nvrtc.target_for(gap // 10, gap % 10) == f"compute_{below}"
+    with pytest.raises(srt.NotSupportedError, match=f"cannot build kernels for sm_{oldest - 1}"):
+        srt_nvrtc.target_for((oldest - 1) // 10, (oldest - 1) % 10)
+
+
+def test_compile_module_gives_ptx_for_a_compute_target():
+    newest = srt_nvrtc.supported_archs()[-1]
+    ptx = srt_nvrtc.compile_module(SAXPY, "saxpy.cu", f"compute_{newest}")
+    assert ptx.endswith(b"\0") and b".entry saxpy" in ptx  # NUL-terminated, as cuModuleLoadData takes it
+    assert f".target sm_{newest}".encode() in ptx
+    assert srt_nvrtc.compile_module(SAXPY, "saxpy.cu", f"sm_{newest}").startswith(b"\x7fELF")
+    with pytest.raises(srt.InvalidValueError, match="compute_90"):
+        srt_nvrtc.compile_module(SAXPY, "saxpy.cu", "ptx_90")
+    with pytest.raises(srt.InvalidValueError, match="sm_90"):
+        srt_nvrtc.compile_cubin(SAXPY, "saxpy.cu", f"compute_{newest}")  # a CUBIN needs a real SM

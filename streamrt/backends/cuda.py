@@ -11,8 +11,9 @@ State and invariants:
 - Host functions: the driver calls a ctypes trampoline on its own thread, which hands the
   Python callable to a Python worker thread and blocks until it returns (stream order holds,
   and the callable may call CUDA, which the driver's thread must never do).
-- Kernels: compiled by NVRTC for the device's architecture once per process (and on disk),
-  loaded per device with ``cuModuleLoadData``, launched with ``cuLaunchKernel``.
+- Kernels: compiled by NVRTC for the device's architecture once per process (and on disk; PTX
+  for the newest architecture NVRTC knows when it does not know the GPU's), loaded per device
+  with ``cuModuleLoadData``, launched with ``cuLaunchKernel``.
 """
 
 from __future__ import annotations
@@ -435,6 +436,8 @@ class CudaDevice(DeviceImpl):
             name = bytes(name).split(b"\0", 1)[0].decode(errors="replace")
         self.model = str(name)
         self.arch = f"sm_{prop.major}{prop.minor}"
+        self._cc = (int(prop.major), int(prop.minor))
+        self._target: str | None = None  # what NVRTC builds for this GPU, chosen at the first kernel
         self._allocs: dict[int, int] = {}
         self._ranges: SortedDict = SortedDict()  # base -> size of every live allocation, pools too
         self._reserved: SortedDict = SortedDict()  # base -> size of graph memory's address ranges
@@ -529,13 +532,15 @@ class CudaDevice(DeviceImpl):
             raise NotSupportedError(
                 f"kernel {kernel.name!r} has no CUDA body: declare it with "
                 "@srt.kernel(cuda=SOURCE, signature='ptr, i32, ...') to launch it on cuda")
-        from .nvrtc import compile_cubin, parse_signature
+        from .nvrtc import compile_module, parse_signature, target_for
 
         types = parse_signature(kernel.signature)
-        cubin = compile_cubin(kernel.cuda_source, kernel.name, self.arch)
+        if self._target is None:
+            self._target = target_for(*self._cc)
+        image = compile_module(kernel.cuda_source, kernel.name, self._target)
         with self._lock:
             _activate(self.index)
-            module = check(drv.cuModuleLoadData(cubin))
+            module = check(drv.cuModuleLoadData(image))
             fn = check(drv.cuModuleGetFunction(module, kernel.name.encode()))
             hit = self._functions[kernel] = (fn, types)
         return hit

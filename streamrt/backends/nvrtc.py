@@ -1,4 +1,8 @@
-"""Compile CUDA C kernels to CUBIN with NVRTC (cached in memory and on disk) and pack launch arguments."""
+"""Compile CUDA C kernels with NVRTC (cached in memory and on disk) and pack launch arguments.
+
+A device gets a CUBIN for its own architecture when this NVRTC knows it, else PTX for the newest
+architecture NVRTC knows below it, which the driver compiles at load (as CuPy does).
+"""
 
 from __future__ import annotations
 
@@ -16,16 +20,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import InvalidTypeError, InvalidValueError
+from ..errors import InvalidTypeError, InvalidValueError, NotSupportedError
 from .cuda_errors import KernelCompileError, check
 
 __all__ = [
     "KernelCompileError",
     "cache_dir",
     "compile_cubin",
+    "compile_module",
     "nvrtc_available",
     "pack_args",
     "parse_signature",
+    "target_for",
 ]
 
 # Bump when the key recipe or the file layout changes, so old cache files are simply never hit.
@@ -38,6 +44,7 @@ _lock = threading.Lock()  # guards _memory_cache writes and _key_locks
 _key_locks: dict[str, threading.Lock] = {}  # one per key: concurrent requests compile once
 
 _ARCH_RE = re.compile(r"sm_\d+[a-z]?")  # a CUBIN needs a real SM target (sm_90, sm_90a, sm_100f)
+_TARGET_RE = re.compile(r"(sm|compute)_\d+[a-z]?")  # compute_XY: PTX
 
 
 def cache_dir() -> Path:
@@ -70,6 +77,31 @@ def _nvrtc_version() -> tuple[int, int]:
 
     major, minor = check(nvrtc.nvrtcVersion())
     return int(major), int(minor)
+
+
+@functools.lru_cache(maxsize=1)
+def supported_archs() -> tuple[int, ...]:
+    """The SM versions this NVRTC builds CUBINs for, e.g. (75, 80, 86, 89, 90, 100, 120)."""
+    from cuda.bindings import nvrtc
+
+    return tuple(sorted(int(a) for a in check(nvrtc.nvrtcGetSupportedArchs())))
+
+
+def target_for(major: int, minor: int) -> str:
+    """What to build for a device of compute capability ``major.minor``: ``sm_XY`` when NVRTC
+    knows that architecture, else ``compute_XY`` of the newest one it knows below it (PTX runs on
+    every later GPU; the driver, as new as the GPU, compiles it)."""
+    cc = 10 * int(major) + int(minor)
+    archs = supported_archs()
+    if cc in archs:
+        return f"sm_{cc}"
+    older = [a for a in archs if a < cc]
+    if not older:
+        v = ".".join(map(str, _nvrtc_version()))
+        raise NotSupportedError(
+            f"NVRTC {v} cannot build kernels for sm_{cc}: it knows sm_{archs[0]} to sm_{archs[-1]} "
+            "(an older cuda-bindings and NVRTC still target this GPU)")
+    return f"compute_{older[-1]}"
 
 
 def _cache_key(source: str, name: str, arch: str, options: tuple[str, ...]) -> str:
@@ -123,7 +155,8 @@ def _program_log(nvrtc: Any, prog: Any) -> str:
 
 
 def _compile(source: str, name: str, arch: str, options: tuple[str, ...]) -> bytes:
-    """Run NVRTC once; the program is destroyed whatever happens."""
+    """Run NVRTC once (a CUBIN for ``sm_*``, PTX for ``compute_*``); the program is destroyed
+    whatever happens."""
     from cuda.bindings import nvrtc
 
     opts = [f"--gpu-architecture={arch}".encode(), b"--std=c++17", *(o.encode() for o in options)]
@@ -138,6 +171,11 @@ def _compile(source: str, name: str, arch: str, options: tuple[str, ...]) -> byt
             )
             exc.code, exc.name = int(res), res.name
             raise exc
+        if arch.startswith("compute_"):  # NUL-terminated PTX text, as cuModuleLoadData takes it
+            size = check(nvrtc.nvrtcGetPTXSize(prog))
+            buf = bytearray(size)
+            check(nvrtc.nvrtcGetPTX(prog, buf))
+            return bytes(buf)
         size = check(nvrtc.nvrtcGetCUBINSize(prog))
         buf = bytearray(size)  # writable char* for NVRTC to fill
         check(nvrtc.nvrtcGetCUBIN(prog, buf))
@@ -152,6 +190,17 @@ def compile_cubin(source: str, name: str, arch: str, options: tuple[str, ...] = 
         raise InvalidTypeError("compile_cubin needs str source, name and arch")
     if not _ARCH_RE.fullmatch(arch):
         raise InvalidValueError(f"arch must look like 'sm_90' (a real SM target for a CUBIN), not {arch!r}")
+    return compile_module(source, name, arch, options)
+
+
+def compile_module(source: str, name: str, target: str, options: tuple[str, ...] = ()) -> bytes:
+    """The image of CUDA C ``source`` that ``cuModuleLoadData`` loads: a CUBIN for ``target``
+    "sm_90", PTX for "compute_90" (see :func:`target_for`)."""
+    if not isinstance(source, str) or not isinstance(name, str) or not isinstance(target, str):
+        raise InvalidTypeError("compile_module needs str source, name and target")
+    if not _TARGET_RE.fullmatch(target):
+        raise InvalidValueError(f"target must look like 'sm_90' or 'compute_90', not {target!r}")
+    arch = target
     options = tuple(options)
     if not all(isinstance(o, str) for o in options):
         raise InvalidTypeError(f"NVRTC options must be strings, got {options!r}")

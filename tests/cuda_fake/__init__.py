@@ -23,7 +23,7 @@ What it models (each module's docstring says how):
   implicit ordering with blocking streams; events (completion, timing, errors); host functions
   called on the worker thread, where any CUDA call fails with ``cudaErrorNotPermitted``
   (recorded in ``state.refused``); ``cudaFree``/``cudaFreeHost`` synchronizing;
-- kernels: real NVRTC compilation (``compile_cubin`` is wrapped to remember each CUBIN's source),
+- kernels: real NVRTC compilation (``compile_module`` is wrapped to remember each image's source),
   run on the CPU by ``tests/cuda_emu`` (g++ and a shim of the CUDA built-ins), parameters copied
   at launch and checked against the kernel's C parameter list;
 - stream-ordered pools (reuse rules, release threshold, trim, watermarks, limits), CUDA graphs
@@ -51,9 +51,10 @@ What it cannot find, so what a real GPU run must still check:
   memory, or crashes it (freed device and pinned memory is made inaccessible, so a use after
   free crashes loudly); kernel pointer arguments are not checked to be device memory, nor peer
   access (``cudaDeviceEnablePeerAccess``) for a kernel reading another GPU's memory;
-- NVRTC CUBIN loading: the fake never loads a CUBIN, it only looks up the source it came from,
-  so a CUBIN the driver would refuse (wrong architecture, missing symbol mangling) is not caught;
-  ``cuModuleLoadData`` of a CUBIN not compiled through ``compile_cubin`` is a FakeUnsupported;
+- NVRTC CUBIN loading: the fake never loads a CUBIN or PTX, it only looks up the source it came
+  from, so an image the driver would refuse (wrong architecture, missing symbol mangling) is not
+  caught; ``cuModuleLoadData`` of an image not compiled through ``compile_module`` is a
+  FakeUnsupported;
 - the GIL and threading of the real driver: the driver calls host functions on its own thread
   and its blocking calls may hold the GIL; here every blocking wait releases the GIL, so a
   deadlock that needs a GIL-holding blocking call never shows;
@@ -111,7 +112,7 @@ def install() -> None:
     )
 
     streams.reset_devices()
-    kernels.wrap_compile_cubin()
+    kernels.wrap_compile_module()
     binding.patch()
     _installed = True
 

@@ -1,7 +1,7 @@
-"""Kernels: CUBINs known by their CUDA C source, run on the CPU by ``tests/cuda_emu``.
+"""Kernels: CUBINs and PTX known by their CUDA C source, run on the CPU by ``tests/cuda_emu``.
 
-``install()`` wraps ``streamrt.backends.nvrtc.compile_cubin`` so that it still compiles with the
-real NVRTC and records ``cubin -> (source, name)``; ``cuModuleLoadData`` of such a CUBIN gives a
+``install()`` wraps ``streamrt.backends.nvrtc.compile_module`` so that it still compiles with the
+real NVRTC and records ``image -> (source, name)``; ``cuModuleLoadData`` of such an image gives a
 module whose functions g++ builds with the emulator's shim. A launch copies its parameters at the
 call (as the driver does), checked against the kernel's C parameter list, and runs in stream
 order on the stream's worker thread. The operators' kernels (``streamrt.ops.cuda.KERNELS``) loop
@@ -21,27 +21,28 @@ from . import capture, state, streams
 from .binding import driver
 from .state import DRV_SUCCESS, LOCK, FakeMisuse, FakeUnsupported, R
 
-CUBINS: dict[bytes, tuple[str, str]] = {}  # filled by the compile_cubin wrapper
+CUBINS: dict[bytes, tuple[str, str]] = {}  # images (CUBIN or PTX), by the compile_module wrapper
 _cubins_lock = threading.Lock()
 
 
-def wrap_compile_cubin() -> None:
-    """Make ``nvrtc.compile_cubin`` record what it compiled (it still compiles for real)."""
+def wrap_compile_module() -> None:
+    """Make ``nvrtc.compile_module`` (which ``compile_cubin`` calls too) record what it compiled,
+    CUBIN or PTX (it still compiles for real)."""
     from streamrt.backends import nvrtc
 
-    real = nvrtc.compile_cubin
+    real = nvrtc.compile_module
     if getattr(real, "__fake_recording__", False):
         return
 
-    def compile_cubin(source: str, name: str, arch: str, options: tuple[str, ...] = ()) -> bytes:
-        cubin = real(source, name, arch, options)
+    def compile_module(source: str, name: str, target: str, options: tuple[str, ...] = ()) -> bytes:
+        image = real(source, name, target, options)
         with _cubins_lock:
-            CUBINS[bytes(cubin)] = (source, name)
-        return cubin
+            CUBINS[bytes(image)] = (source, name)
+        return image
 
-    compile_cubin.__fake_recording__ = True  # type: ignore[attr-defined]
-    compile_cubin.__wrapped__ = real  # type: ignore[attr-defined]
-    nvrtc.compile_cubin = compile_cubin
+    compile_module.__fake_recording__ = True  # type: ignore[attr-defined]
+    compile_module.__wrapped__ = real  # type: ignore[attr-defined]
+    nvrtc.compile_module = compile_module
 
 
 class Module:
@@ -80,8 +81,8 @@ def cuModuleLoadData(image: Any) -> tuple:
     data = bytes(image) if isinstance(image, bytes | bytearray | memoryview) else None
     hit = CUBINS.get(data) if data is not None else None
     if hit is None:
-        raise FakeUnsupported("cuModuleLoadData: the fake runs only CUBINs compiled through "
-                              "streamrt.backends.nvrtc.compile_cubin after install()")
+        raise FakeUnsupported("cuModuleLoadData: the fake runs only images compiled through "
+                              "streamrt.backends.nvrtc.compile_module after install()")
     with LOCK:
         m = Module(hit[0], state.current_device())
         MODULES[m.handle] = m
