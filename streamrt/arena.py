@@ -72,7 +72,7 @@ class ArenaMixin:
         self._arena = base = impl.reserve(self._va)
         # a pool dropped without destroy() gives its memory back when it is collected (it
         # cannot be while it has live allocations: ``_owners`` refers to it)
-        self._finalizer = weakref.finalize(self, _release_arena, impl, base, self._mapped)
+        self._finalizer = weakref.finalize(self, impl.reclaim, _release_arena, impl, base, self._mapped)
         from .backends.cpu import SPACE
 
         arena = SPACE.get(base)

@@ -257,3 +257,44 @@ def out(buf):
 def read_f32(p, n=BUF_N):
     """A synchronous copy of ``n`` float32 at ``p``."""
     return srt.read(p, (n,), np.float32)
+
+
+class ReentryLock:
+    """Stands in for a lock that finalizers' releases take (:class:`streamrt.reclaim.Reclaim`):
+    taking it again on the thread that holds it, which would wait forever, is recorded in
+    ``reentered`` and raises instead."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._owner: int | None = None
+        self.reentered: list[str] = []
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if self._owner == threading.get_ident():
+            self.reentered.append(threading.current_thread().name)
+            raise RuntimeError("this thread already holds the lock: a real one would deadlock")
+        ok = self._lock.acquire(blocking, timeout)
+        if ok:
+            self._owner = threading.get_ident()
+        return ok
+
+    def release(self) -> None:
+        self._owner = None
+        self._lock.release()
+
+    def locked(self) -> bool:
+        return self._lock.locked()
+
+    __enter__ = acquire
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def reentry_lock(monkeypatch, guarded, reclaim=None) -> ReentryLock:
+    """Put a :class:`ReentryLock` in place of ``guarded._lock`` and of the lock of ``reclaim``
+    (default ``guarded.reclaim``), which finalizers' releases use."""
+    lock = ReentryLock()
+    monkeypatch.setattr(guarded, "_lock", lock)
+    monkeypatch.setattr(reclaim or guarded.reclaim, "lock", lock)
+    return lock

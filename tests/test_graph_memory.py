@@ -8,7 +8,7 @@ import pytest
 
 import streamrt as srt
 
-from .conftest import _grid_stride, add_one_kernel, copy_kernel, fill_kernel
+from .conftest import _grid_stride, add_one_kernel, copy_kernel, fill_kernel, reentry_lock
 from .conftest import read_f32 as _read
 
 N = 16
@@ -322,3 +322,27 @@ def test_graph_memory_device_info(dev):
     s.synchronize()
     dev.synchronize()
     assert dev.graph_mem_info()["reserved"] == base["reserved"]
+
+
+# -- finalizers: a graph allocation collected inside a locked section ------------------------------
+def test_graph_memory_allocation_collected_inside_a_locked_section_is_released_later(dev,
+                                                                                       monkeypatch):
+    # the garbage collector may run the allocation's finalizer on a thread that holds the lock its
+    # release takes (found by a hypothesis run that hung): the release waits for the lock instead
+    import gc
+
+    from streamrt.backends.cpu import SPACE
+
+    guarded = SPACE if dev.backend == "cpu" else dev._impl._reserved  # what the release updates
+    lock = reentry_lock(monkeypatch, guarded)
+    g = srt.Graph()
+    ptr = g.add_mem_alloc_node(4096).ptr
+    reserved = SPACE.get if dev.backend == "cpu" else guarded.__contains__
+    with lock:  # as when a collection starts inside a section that holds it
+        del g
+        gc.collect()  # the allocation's finalizer runs here
+        assert reserved(ptr)  # its release waits for the lock
+    assert lock.reentered == []
+    g2 = srt.Graph()
+    g2.add_mem_alloc_node(4096)  # the next update of the same table runs the waiting release
+    assert not reserved(ptr)

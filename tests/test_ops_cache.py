@@ -256,3 +256,33 @@ def test_cache_repr_and_len(s):
     assert len(c) == 1 and "entries=1" in repr(c)
     c.clear()
     assert len(c) == 0
+
+
+def test_cache_thread_store_retired_while_the_cache_is_locked(s, monkeypatch):
+    # a thread's store is retired by a finalizer, wherever the collector runs it: it must never
+    # wait for the cache's lock (held here by this thread, as by a collection inside stats())
+    from .conftest import reentry_lock
+
+    c = ops.ExecutorCache()
+    ready, leave = threading.Event(), threading.Event()
+
+    def worker():
+        ts = srt.Stream(non_blocking=True)
+        xo = (T(ts, rnd((4, 8))), T(ts, np.zeros((4, 8))))
+        ops.run(ops.softmax, *xo, stream=ts, cache=c)
+        ops.run(ops.softmax, *xo, stream=ts, cache=c)
+        ts.synchronize()
+        ts.destroy()
+        ready.set()
+        leave.wait()
+
+    lock = reentry_lock(monkeypatch, c, c._reclaim)
+    t = threading.Thread(target=worker)
+    t.start()
+    ready.wait()
+    with lock:
+        leave.set()
+        t.join(timeout=60)  # the store's finalizer runs as the thread ends
+        assert not t.is_alive(), "the store's finalizer waited for the cache's lock"
+    st = c.stats()  # the retired store's counts arrive once the lock is free
+    assert (st["hits"], st["misses"], st["entries"]) == (1, 1, 0)

@@ -346,3 +346,27 @@ def test_pool_released_granules_are_mapped_again_on_reuse(dev):
     s.free(c)
     s.synchronize()
     assert pool.reserved_mem_current == 0
+
+
+def test_pool_collected_inside_a_locked_section_gives_its_arena_back_later(dev, monkeypatch):
+    # the garbage collector may run a dropped pool's finalizer on a thread inside a section of the
+    # address space: the release of the arena waits for the lock instead of taking it again
+    import gc
+
+    from streamrt.backends.cpu import SPACE
+
+    from .conftest import reentry_lock
+
+    s = stream(dev)
+    pool = srt.MemPool(dev)
+    s.free(s.malloc(4096, pool))
+    s.synchronize()
+    arena = pool._arena
+    lock = reentry_lock(monkeypatch, SPACE)
+    with lock:
+        del pool
+        gc.collect()  # the pool's finalizer runs here
+        assert arena in dev._impl._arenas  # its release waits for the lock
+    assert lock.reentered == []
+    srt.free(srt.malloc(64, dev))  # the next update of the address space runs it
+    assert arena not in dev._impl._arenas

@@ -147,6 +147,11 @@ class DeviceImpl(ABC):
         raise NotSupportedError(f"{type(self).__name__} has no pool arenas")
 
 
+    def reclaim(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)``, a finalizer's release of this device's memory (a backend whose
+        releases take a lock defers them while it is held: :class:`streamrt.reclaim.Reclaim`)."""
+        fn(*args)
+
     # -- graph memory: addresses fixed when a MEM_ALLOC node is made, memory mapped per exec -----
     graph_granule = 512  # sizes and offsets of graph allocations are multiples of this
 

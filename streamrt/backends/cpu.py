@@ -33,6 +33,7 @@ import numpy as np
 from sortedcontainers import SortedDict
 
 from ..errors import InvalidAddressError, InvalidValueError, NotReadyError, OutOfMemoryError
+from ..reclaim import Reclaim
 from .base import Backend, DeviceImpl, Queue
 
 ALIGN = 512
@@ -110,6 +111,7 @@ class AddressSpace:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self.reclaim = Reclaim(self._lock)  # finalizers' releases (see Reclaim)
         self._allocs: SortedDict = SortedDict()
         self._next: dict[int, int] = {}
         self._views: dict[tuple, np.ndarray] = {}
@@ -127,6 +129,8 @@ class AddressSpace:
             self._next[device] = base + size + _GUARD
             alloc = Allocation(base, size, device, virtual=virtual, buf=buf)
             self._allocs[base] = alloc
+        if self.reclaim.later:
+            self.reclaim.drain()
         return alloc
 
     def reserve(self, device: int, nbytes: int) -> Allocation:
@@ -142,6 +146,8 @@ class AddressSpace:
                 self._views.clear()
                 self._last.clear()
                 self.generation += 1
+        if self.reclaim.later:
+            self.reclaim.drain()
 
     def map_reserved(self, ptr: int, buf: np.ndarray | None) -> None:
         """Back a virtual range with ``buf`` (or unmap it with None)."""
@@ -152,6 +158,8 @@ class AddressSpace:
             self._views.clear()
             self._last.clear()
             self.generation += 1
+        if self.reclaim.later:
+            self.reclaim.drain()
 
     def release(self, ptr: int) -> Allocation:
         with self._lock:
@@ -162,6 +170,8 @@ class AddressSpace:
             self._views.clear()
             self._last.clear()
             self.generation += 1
+        if self.reclaim.later:
+            self.reclaim.drain()
         return alloc
 
     def get(self, ptr: int) -> Allocation | None:
@@ -415,6 +425,7 @@ class CpuDevice(DeviceImpl):
         self._used = 0
         self._lock = threading.Lock()
         self._arenas: dict[int, mmap.mmap] = {}
+        self.reclaim = SPACE.reclaim  # every release takes the address space's lock
 
     def malloc(self, nbytes: int) -> int:
         size = _round_up(max(nbytes, 1))
@@ -519,6 +530,7 @@ class CpuDevice(DeviceImpl):
 
     def endpoint(self, ptr: int, nbytes: int) -> np.ndarray:
         return SPACE.span(ptr, nbytes)
+
 
 
 class CpuBackend(Backend):

@@ -37,6 +37,7 @@ from ..errors import (
     NotSupportedError,
     OutOfMemoryError,
 )
+from ..reclaim import Reclaim
 from .base import Backend, DeviceImpl, Queue
 
 try:  # imported only when the cuda backend is asked for (backends/__init__.py)
@@ -424,7 +425,7 @@ class CudaDevice(DeviceImpl):
 
     native_pools = True
 
-    def __init__(self, index: int, pinned: SortedDict) -> None:
+    def __init__(self, index: int, pinned: _Ranges) -> None:
         self.index = index
         self._pinned = pinned  # the backend's pinned host allocations (copy endpoints too)
         _activate(index)
@@ -439,8 +440,9 @@ class CudaDevice(DeviceImpl):
         self._cc = (int(prop.major), int(prop.minor))
         self._target: str | None = None  # what NVRTC builds for this GPU, chosen at the first kernel
         self._allocs: dict[int, int] = {}
-        self._ranges: SortedDict = SortedDict()  # base -> size of every live allocation, pools too
-        self._reserved: SortedDict = SortedDict()  # base -> size of graph memory's address ranges
+        self._ranges = _Ranges()  # every live allocation, pools too
+        self._reserved = _Ranges()  # graph memory's address ranges
+        self.reclaim = self._reserved.reclaim  # finalizers release graph address ranges
         self._pooled: set[int] = set()  # live pool allocations, and created pools: a reset frees them
         self._pools: dict[int, Any] = {}
         self._functions: dict[Any, tuple] = {}
@@ -457,7 +459,7 @@ class CudaDevice(DeviceImpl):
             raise OutOfMemoryError(f"cuda:{self.index}: cudaMalloc of {nbytes} bytes failed: "
                                    f"{free} of {total} bytes free") from exc
         self._allocs[ptr] = nbytes
-        self._ranges[ptr] = nbytes
+        self._ranges.add(ptr, nbytes)
         return ptr
 
     def free(self, ptr: int) -> None:
@@ -467,7 +469,7 @@ class CudaDevice(DeviceImpl):
         _activate(self.index)
         check(rt.cudaFree(ptr))
         del self._allocs[ptr]
-        self._ranges.pop(ptr, None)
+        self._ranges.drop(ptr)
 
     def used(self) -> int:
         free, total = self.memory_info()
@@ -482,10 +484,10 @@ class CudaDevice(DeviceImpl):
         return ptr in self._allocs
 
     def usable(self, ptr: int) -> int | None:
-        return _room(self._ranges, ptr)
+        return self._ranges.room(ptr)
 
     def contains(self, ptr: int, nbytes: int) -> bool:
-        room = _room(self._ranges, ptr) or _room(self._reserved, ptr)  # graph memory, mapped or not
+        room = self._ranges.room(ptr) or self._reserved.room(ptr)  # graph memory, mapped or not
         return room is not None and nbytes <= room
 
     def free_all(self) -> None:
@@ -495,7 +497,7 @@ class CudaDevice(DeviceImpl):
         legacy = rt.cudaStream_t(rt.cudaStreamLegacy)
         for ptr in list(self._pooled):
             check(rt.cudaFreeAsync(ptr, legacy))
-            self._ranges.pop(ptr, None)
+            self._ranges.drop(ptr)
         self._pooled.clear()
         check(rt.cudaStreamSynchronize(legacy))
         for pool in list(self._pools.values()):
@@ -511,9 +513,9 @@ class CudaDevice(DeviceImpl):
 
     def endpoint(self, ptr: int, nbytes: int) -> int:
         # unified addressing: a copy may read or write another GPU's memory (a peer copy)
-        room = _room(self._ranges, ptr) or _room(self._pinned, ptr)
+        room = self._ranges.room(ptr) or self._pinned.room(ptr)
         for other in () if room is not None else _opened.values():
-            room = _room(other._ranges, ptr)
+            room = other._ranges.room(ptr)
             if room is not None:
                 break
         if room is None or nbytes > room:
@@ -572,12 +574,12 @@ class CudaDevice(DeviceImpl):
         """``cuMemAddressReserve``: addresses only; an exec maps memory there."""
         _activate(self.index)
         ptr = int(check(drv.cuMemAddressReserve(nbytes, 0, 0, 0)))
-        self._reserved[ptr] = nbytes
+        self._reserved.add(ptr, nbytes)
         return ptr
 
     def graph_release(self, ptr: int, nbytes: int) -> None:
         """``cuMemAddressFree`` (from a finalizer: deferred when on the driver's thread)."""
-        self._reserved.pop(ptr, None)
+        self._reserved.drop(ptr)
         release(lambda: check(drv.cuMemAddressFree(ptr, nbytes)))
 
     def graph_map(self, ranges: list[tuple[int, int, int]], nbytes: int) -> Any:
@@ -595,7 +597,7 @@ class CudaDevice(DeviceImpl):
                 check(drv.cuMemMap(ptr, size, off, handle, 0))
                 mapped.append((ptr, off, size))
                 check(drv.cuMemSetAccess(ptr, size, [access], 1))
-                self._ranges[ptr] = size
+                self._ranges.add(ptr, size)
         except BaseException:
             self.graph_unmap(mapped, handle)
             raise
@@ -605,7 +607,7 @@ class CudaDevice(DeviceImpl):
         """``cuMemUnmap`` each range, then ``cuMemRelease`` the physical allocation."""
         _activate(self.index)
         for ptr, _off, size in ranges:
-            self._ranges.pop(ptr, None)
+            self._ranges.drop(ptr)
             check(drv.cuMemUnmap(ptr, size))
         check(drv.cuMemRelease(handle))
 
@@ -646,7 +648,7 @@ class CudaDevice(DeviceImpl):
                 f"cuda:{self.index}: cudaMallocFromPoolAsync of {nbytes} bytes failed: the pool "
                 f"reserves {self.pool_get(pool, 5)} bytes ({self.pool_get(pool, 7)} in use); "
                 f"{free} of {total} bytes of the device free") from exc
-        self._ranges[ptr] = nbytes
+        self._ranges.add(ptr, nbytes)
         self._pooled.add(ptr)
         return ptr
 
@@ -654,7 +656,7 @@ class CudaDevice(DeviceImpl):
         """``cudaFreeAsync`` on the queue's stream."""
         _activate(self.index)
         check(rt.cudaFreeAsync(ptr, q.stream))
-        self._ranges.pop(ptr, None)
+        self._ranges.drop(ptr)
         self._pooled.discard(ptr)
 
     def pool_free_now(self, ptr: int) -> None:
@@ -662,7 +664,7 @@ class CudaDevice(DeviceImpl):
         _activate(self.index)
         legacy = rt.cudaStream_t(rt.cudaStreamLegacy)
         check(rt.cudaFreeAsync(ptr, legacy))
-        self._ranges.pop(ptr, None)
+        self._ranges.drop(ptr)
         self._pooled.discard(ptr)
         check(rt.cudaStreamSynchronize(legacy))
 
@@ -679,14 +681,42 @@ class CudaDevice(DeviceImpl):
 _opened: dict[int, CudaDevice] = {}  # every opened device, for peer copies
 
 
-def _room(ranges: SortedDict, ptr: int) -> int | None:
-    """Bytes from ``ptr`` to the end of the allocation (``base -> size``) holding it, or None."""
-    i = ranges.bisect_right(ptr) - 1
-    if i < 0:
-        return None
-    base, size = ranges.peekitem(i)
-    end = base + max(size, 1)
-    return end - ptr if ptr < end else None
+class _Ranges:
+    """Live address ranges, ``base -> size``, safe from any thread: a SortedDict is pure Python,
+    so two threads updating it at once, or a finalizer that the garbage collector runs inside an
+    update, could corrupt it (finalizers' releases go through :attr:`reclaim`)."""
+
+    __slots__ = ("_lock", "_map", "reclaim")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._map: SortedDict = SortedDict()
+        self.reclaim = Reclaim(self._lock)
+
+    def add(self, ptr: int, nbytes: int) -> None:
+        with self._lock:
+            self._map[ptr] = nbytes
+        if self.reclaim.later:
+            self.reclaim.drain()
+
+    def drop(self, ptr: int) -> None:
+        with self._lock:
+            self._map.pop(ptr, None)
+        if self.reclaim.later:
+            self.reclaim.drain()
+
+    def __contains__(self, ptr: int) -> bool:
+        return ptr in self._map
+
+    def room(self, ptr: int) -> int | None:
+        """Bytes from ``ptr`` to the end of the range holding it, or None."""
+        with self._lock:
+            i = self._map.bisect_right(ptr) - 1
+            if i < 0:
+                return None
+            base, size = self._map.peekitem(i)
+        end = base + max(size, 1)
+        return end - ptr if ptr < end else None
 
 
 class CudaBackend(Backend):
@@ -706,7 +736,7 @@ class CudaBackend(Backend):
         except Exception as exc:  # the driver library itself may be missing
             raise BackendUnavailableError(f"the CUDA driver could not be loaded: {exc}") from exc
         self._count = int(count)
-        self._host: SortedDict = SortedDict()  # pinned host allocations: base -> size
+        self._host = _Ranges()  # pinned host allocations
 
     def device_count(self) -> int:
         return self._count
@@ -720,7 +750,7 @@ class CudaBackend(Backend):
             ptr = int(check(rt.cudaMallocHost(max(nbytes, 1))))
         except OutOfMemoryError as exc:
             raise OutOfMemoryError(f"cudaMallocHost of {nbytes} bytes failed") from exc
-        self._host[ptr] = nbytes
+        self._host.add(ptr, nbytes)
         return ptr
 
     def owns_host(self, ptr: int) -> bool:
@@ -730,4 +760,4 @@ class CudaBackend(Backend):
         if ptr not in self._host:
             raise InvalidAddressError(f"free_host of {hex(ptr)}: not a live pinned host allocation")
         check(rt.cudaFreeHost(ptr))
-        del self._host[ptr]
+        self._host.drop(ptr)

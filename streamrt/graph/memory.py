@@ -45,7 +45,7 @@ class GraphAlloc:
         self.live = False
         self.exec: Any = None  # the GraphExec mapping it, if any
         _allocs[self.ptr] = self
-        weakref.finalize(self, _release, impl, self.ptr, self.size)
+        weakref.finalize(self, impl.reclaim, _release, impl, self.ptr, self.size)
 
     def __repr__(self) -> str:
         return f"<GraphAlloc {hex(self.ptr)} {self.nbytes} B{' live' if self.live else ''}>"

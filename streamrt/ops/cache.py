@@ -25,6 +25,7 @@ from collections import OrderedDict
 from typing import Any
 
 from ..errors import InvalidTypeError, InvalidValueError
+from ..reclaim import Reclaim
 from .executor import Executor
 
 __all__ = ["ExecutorCache"]
@@ -46,7 +47,7 @@ def _retire(entries: OrderedDict, c: list, cache_ref: weakref.ref) -> None:
     entries.clear()
     cache = cache_ref()
     if cache is not None:
-        with cache._lock:
+        with cache._lock:  # free now: Reclaim runs this only then
             for i in range(3):
                 cache._dead[i] += c[i]
 
@@ -70,6 +71,7 @@ class ExecutorCache:
         self.max_bytes = _bound(max_bytes, "max_bytes", True)
         self._local = threading.local()
         self._lock = threading.Lock()
+        self._reclaim = Reclaim(self._lock)  # a dead thread's store, retired by a finalizer
         self._stores: weakref.WeakSet[_Store] = weakref.WeakSet()
         self._dead = [0, 0, 0]
 
@@ -84,9 +86,11 @@ class ExecutorCache:
         except AttributeError:
             st = _Store()
             self._local.store = st
-            weakref.finalize(st, _retire, st.entries, st.c, weakref.ref(self))
+            weakref.finalize(st, self._reclaim, _retire, st.entries, st.c, weakref.ref(self))
             with self._lock:
                 self._stores.add(st)
+            if self._reclaim.later:
+                self._reclaim.drain()
             return st
 
     def _get(self, key: Any) -> Executor | None:
@@ -131,6 +135,8 @@ class ExecutorCache:
             stores = [self._store()]
             dead = [0, 0, 0]
         else:
+            if self._reclaim.later:  # retired stores' counts first
+                self._reclaim.drain()
             with self._lock:
                 stores = list(self._stores)
                 dead = list(self._dead)
