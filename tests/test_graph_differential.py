@@ -7,7 +7,8 @@ conflicting access ordered (so both runs are race-free and deterministic), forks
 stream from the origin at its first use and joins it back at the end. The program then runs three
 times eagerly, and once under capture whose graph is launched three times (on rotating streams);
 buffers, host outputs and the host-function log must match byte for byte. Programs without pool
-allocations also check ``GraphExec.update`` with a variant of the same program.
+allocations also check ``GraphExec.update`` with a variant of the same program. It runs on every
+backend: on cuda the graph is a native ``cudaGraph_t``.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import streamrt as srt
-from streamrt.backends import cpu
 from streamrt.graph import capture
+
+from .conftest import BACKENDS, _grid_stride, backend_device, restore_delays, set_delays
 
 N = 32  # int32 elements per buffer
 NB = N * 4
@@ -38,14 +41,18 @@ def _jitter() -> None:
     time.sleep(random.random() * 1e-4)
 
 
-@srt.kernel
+# int32 arithmetic that wraps, as numpy's does (unsigned in C: signed overflow is undefined)
+@srt.kernel(cuda=_grid_stride("mix_kernel", "int* dst, const int* src, int n, int c",
+                              "dst[i] = (int)((unsigned)dst[i] * 3u + (unsigned)src[i] + (unsigned)c)"),
+            signature="ptr, ptr, i32, i32")
 def mix_kernel(ctx, dst, src, n, c):
     _jitter()
     d = ctx.array(dst, (n,), np.int32)
     d[:] = d * 3 + ctx.array(src, (n,), np.int32, readonly=True) + c  # wraps: exact in any order
 
 
-@srt.kernel
+@srt.kernel(cuda=_grid_stride("ifill_kernel", "int* dst, int n, int c", "dst[i] = c"),
+            signature="ptr, i32, i32")
 def ifill_kernel(ctx, dst, n, c):
     _jitter()
     ctx.array(dst, (n,), np.int32)[:] = c
@@ -257,8 +264,7 @@ class _Run:
                 [h.tobytes() for h in self.hout], sorted(self.log))
 
 
-def _check(prog: Program, seed: int) -> None:
-    dev = srt.Device("cpu:0")
+def _check(prog: Program, seed: int, dev: srt.Device) -> None:
     origin = srt.Stream(dev, non_blocking=True)
     streams = [origin] + [srt.Stream(dev, non_blocking=not b) for b in prog.blocking]
     bufs = [srt.malloc(NB, dev) for _ in range(prog.nbuf + 1)]  # + the sink
@@ -313,18 +319,23 @@ def _check(prog: Program, seed: int) -> None:
             s.destroy()
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @settings(max_examples=100, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(programs(), st.integers(0, 1000))
-def test_graph_differential_replay_matches_eager(prog, seed):
-    prev = cpu.set_delay_us(50)  # shakes out any ordering the model or the runtime missed
+def test_graph_differential_replay_matches_eager(backend, prog, seed):
+    # on cuda: the captured graph is a native cudaGraph_t (kernel, memcpy with pageable host
+    # memory, memset, host and graph-memory nodes), launched and updated by CUDA
+    dev = backend_device(backend)
+    prev = set_delays(50)  # shakes out any ordering the model or the runtime missed
     try:
-        _check(prog, seed)
+        _check(prog, seed, dev)
     finally:
-        cpu.set_delay_us(prev)
+        restore_delays(prev)
 
 
-def test_graph_differential_fixed_program_with_everything():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_graph_differential_fixed_program_with_everything(backend):
     # a hand-written program touching every op kind, so the differential path always runs them
     prog = Program(blocking=[False, True], nbuf=3, nhost=2)
     m = _Model(3)
@@ -351,4 +362,4 @@ def test_graph_differential_fixed_program_with_everything():
     kinds = {op[0] for op in prog.ops}
     assert kinds >= {"alloc", "fill", "mix", "h2d", "copy", "memset", "free", "d2h", "host",
                      "record", "wait"}
-    _check(prog, seed=3)
+    _check(prog, 3, backend_device(backend))
