@@ -174,3 +174,13 @@ def test_unavailable_says_what_is_missing(err, driver, says):
     assert says in why
     if driver:  # a driver too old for these bindings: the bindings that fit it
         assert "streamrt[cuda12]" in why
+
+
+def test_unavailable_backend_carries_the_cuda_error(monkeypatch):
+    from streamrt.backends import cuda
+
+    monkeypatch.setattr(cuda.rt, "cudaGetDeviceCount", lambda: (E.cudaErrorInsufficientDriver, None))
+    with pytest.raises(errors.BackendUnavailableError) as info:
+        cuda.CudaBackend()
+    assert (info.value.code, info.value.name) == (35, "cudaErrorInsufficientDriver")
+    assert errors.BackendUnavailableError.name == "cudaErrorNoDevice"  # the class is untouched

@@ -728,9 +728,12 @@ class CudaBackend(Backend):
         err, count = rt.cudaGetDeviceCount()
         if err != _SUCCESS or count == 0:
             driver = rt.cudaDriverGetVersion()[1] if err == _OLD_DRIVER else 0
-            raise BackendUnavailableError(
+            exc = BackendUnavailableError(
                 "the cuda backend cannot be used here: "
                 + why_unusable(err, driver, rt.cudaRuntimeGetVersion()[1]))
+            if err != _SUCCESS:  # the CUDA error itself, not the class's cudaErrorNoDevice
+                exc.code, exc.name = int(err), rt.cudaGetErrorName(err)[1].decode()
+            raise exc
         try:
             check(drv.cuInit(0))
         except Exception as exc:  # the driver library itself may be missing
