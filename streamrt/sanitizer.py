@@ -91,13 +91,6 @@ class _Gen:
         self.label = label
 
 
-def _proven(e: _Event | None) -> bool:
-    """The host saw this free complete (a host free, or its stream synchronized past it)."""
-    if e is None:
-        return False
-    return e.stream is None or e.stream._host >= e.pos
-
-
 def _seq_of(g: _Gen) -> int:
     return g.alloc.seq
 
@@ -187,10 +180,12 @@ class Sanitizer:
             if len(hist) > _PER_ADDRESS:
                 # Forget a freed generation once no operation that may still touch it is left:
                 # every operation enqueued before its free has run (later ones mean a newer
-                # generation), or the host saw the free complete.
+                # generation). The host seeing the free complete is not enough: an access on
+                # another stream, unordered with the free (the bug to report), may still be
+                # pending, and would then be blamed on the newer generation.
                 oldest = self._oldest_inflight()
                 keep = deque(x for x in hist if x is g or not (
-                    x.free is not None and (x.free.seq < oldest or _proven(x.free))))
+                    x.free is not None and x.free.seq < oldest))
                 if len(keep) < len(hist):
                     kept = set(map(id, keep))
                     for x in hist:

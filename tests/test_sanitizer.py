@@ -122,6 +122,48 @@ def test_sanitizer_use_after_free_of_an_access_that_already_ran(dev, san):
     assert b.name in rep[0].message and "free of" in rep[0].message
 
 
+_REUSED_ADDRESS = """
+import sys, threading
+import numpy as np
+import streamrt as srt
+from tests.conftest import gate_kernel
+
+@srt.kernel
+def write_k(ctx, p, n, v):
+    ctx.array(p, (n,), np.float32)[:] = v
+
+srt.sanitizer.enable("collect")
+dev = srt.Device("cpu:0")
+a, b = (srt.Stream(dev, non_blocking=True) for _ in range(2))
+for _ in range(int(sys.argv[1])):  # earlier generations at the same address
+    p = a.malloc(256); a.launch(write_k, p, 64, 0.0); a.free(p); a.synchronize()
+p = a.malloc(256)
+opened = threading.Event()
+a.launch(gate_kernel, opened)
+a.launch(write_k, p, 64, 1.0)  # still pending behind the gate
+b.free(p)  # BUG: not ordered after a's write
+q = b.malloc(256)
+assert q == p  # the same address, a new generation
+opened.set()
+dev.synchronize()
+print(*[f.kind for f in srt.sanitizer.report()])
+"""
+
+
+@pytest.mark.parametrize("earlier", [0, 3, 5])
+def test_sanitizer_use_after_free_named_so_after_many_reuses_of_the_address(earlier):
+    # the address served ``earlier`` allocations before: forgetting an old generation once the
+    # host saw its free blamed a pending unordered access on the newer one (use-before-alloc).
+    # A fresh process: the generations remembered per address are the sanitizer's whole history
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = subprocess.run([sys.executable, "-c", _REUSED_ADDRESS, str(earlier)], capture_output=True,
+                         text=True, timeout=120, check=True, cwd=Path(__file__).parents[1])
+    assert out.stdout.split() == ["use-after-free"]
+
+
 def test_sanitizer_use_before_alloc(dev, san):
     a, b = streams(dev)
     p = a.malloc(1024)
