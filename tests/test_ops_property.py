@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import streamrt as srt
@@ -87,3 +87,80 @@ def test_property_add_broadcast(s, a, data):
     out = srt.Tensor.empty(xv.shape, np.float32, stream=s)
     ops.run(ops.add, x, srt.Tensor.from_numpy(yh, stream=s), out, stream=s, alpha=alpha)
     np.testing.assert_allclose(out.numpy(s), xv + alpha * yh, rtol=1e-6, atol=1e-6)
+
+
+# -- strided outputs, strided broadcast operands, and long axes (multi-level reduce, multi-block
+# scan) --------------------------------------------------------------------------------------
+SIDE = st.integers(1, 7) | st.sampled_from([257, 300, 513, 700])
+
+
+@st.composite
+def long_strided(draw, max_dims=4):
+    """As :func:`strided`, with some long axes (at most 40k elements)."""
+    shape = tuple(draw(st.lists(SIDE, min_size=1, max_size=max_dims)))
+    assume(int(np.prod(shape)) <= 40000)
+    steps = tuple(draw(st.lists(st.integers(1, 3), min_size=len(shape), max_size=len(shape))))
+    start = draw(st.integers(0, 5))
+    perm = draw(st.permutations(range(len(shape))))
+    return shape, steps, start, tuple(perm)
+
+
+def strided_out(s, shape, data):
+    """An output tensor seen through random steps, an offset and a permutation."""
+    nd = len(shape)
+    steps = tuple(data.draw(st.lists(st.integers(1, 2), min_size=nd, max_size=nd)))
+    start = data.draw(st.integers(0, 3))
+    perm = tuple(data.draw(st.permutations(range(nd)))) if nd else ()
+    inv = tuple(np.argsort(perm)) if nd else ()
+    pshape = tuple(shape[i] for i in inv)  # base shape that, permuted by perm, gives shape
+    base_shape = tuple(d * k for d, k in zip(pshape, steps))
+    flat = np.zeros(start + int(np.prod(base_shape)), np.float32)
+    v = flat[start:].reshape(base_shape)[tuple(slice(None, None, k) for k in steps)].transpose(perm)
+    assert v.shape == tuple(shape)
+    t = srt.Tensor.from_numpy(flat, stream=s)
+    return t.as_strided(v.shape, tuple(x // 4 for x in v.strides), start)
+
+
+@SETTINGS
+@given(spec=long_strided(), data=st.data())
+def test_reduce_sum_long_axes_into_strided_out(s, spec, data):
+    x, xv = device_view(s, *spec, seed=1)
+    nd = xv.ndim
+    axes = tuple(sorted(data.draw(st.sets(st.integers(0, nd - 1), min_size=1))))
+    keep = data.draw(st.booleans())
+    ref = xv.astype(np.float64).sum(axis=axes, keepdims=keep)
+    out = strided_out(s, ref.shape, data)
+    ops.run(ops.reduce_sum, x, out, stream=s, axis=axes, keepdims=keep)
+    n = int(np.prod([xv.shape[a] for a in axes]))
+    np.testing.assert_allclose(out.numpy(s), ref, rtol=1e-5, atol=max(1e-5, 4 * n * 6e-8))
+
+
+@SETTINGS
+@given(spec=long_strided(), data=st.data())
+def test_cumsum_long_axes_into_strided_out(s, spec, data):
+    x, xv = device_view(s, *spec, seed=2)
+    axis = data.draw(st.integers(-xv.ndim, xv.ndim - 1) | st.none())
+    ref = np.cumsum(xv.astype(np.float64), axis=axis)
+    out = strided_out(s, ref.shape, data)
+    ops.run(ops.cumsum, x, out, stream=s, axis=axis)
+    n = xv.size if axis is None else xv.shape[axis]
+    np.testing.assert_allclose(out.numpy(s), ref, rtol=1e-5, atol=max(1e-5, 4 * n * 6e-8))
+
+
+@SETTINGS
+@given(a=long_strided(max_dims=3), data=st.data())
+def test_add_broadcasts_a_strided_operand_into_strided_out(s, a, data):
+    x, xv = device_view(s, *a, seed=3)
+    assume(xv.size <= 5000)
+    k = data.draw(st.integers(0, xv.ndim))
+    yshape = tuple(d if data.draw(st.booleans()) else 1 for d in xv.shape[xv.ndim - k:])
+    ysteps = tuple(data.draw(st.lists(st.integers(1, 3), min_size=k, max_size=k)))
+    yperm = tuple(data.draw(st.permutations(range(k))))
+    inv = tuple(np.argsort(yperm)) if k else ()
+    y, yv = device_view(s, tuple(yshape[i] for i in inv), ysteps, data.draw(st.integers(0, 5)),
+                        yperm, seed=4)
+    assert yv.shape == yshape
+    alpha = data.draw(st.sampled_from([1.0, -2.0, 0.5]))
+    out = strided_out(s, xv.shape, data)
+    ops.run(ops.add, x, y, out, stream=s, alpha=alpha)
+    np.testing.assert_allclose(out.numpy(s), xv + alpha * yv, rtol=1e-6, atol=1e-6)
