@@ -22,7 +22,7 @@ def read_bytes_k(ctx, p, nbytes, out):
     out.append(int(ctx.array(p, (nbytes,), np.uint8, readonly=True).sum()))
 
 step = st.tuples(st.integers(0, 2),
-                 st.sampled_from(("write", "read", "read", "realloc", "op", "graph", "sync", "oob")),
+                 st.sampled_from(("write", "write", "read", "read", "realloc", "op", "graph", "sync", "oob")),
                  st.integers(0, 2),
                  st.sampled_from((False,) * 5 + (True,)))  # drop: leave this op's waits out
 program = st.lists(step, min_size=1, max_size=25)
