@@ -22,20 +22,27 @@ def s():
     st_.destroy()
 
 
+SHORT_SIDE = st.integers(1, 7)
+
+
 @st.composite
-def strided(draw, max_dims=4, max_side=7):
+def strided(draw, max_dims=4, side=SHORT_SIDE, max_elems=None):
     """(array, device-view recipe): a random shape, seen through random steps and an offset."""
-    shape = tuple(draw(st.lists(st.integers(1, max_side), min_size=1, max_size=max_dims)))
+    shape = tuple(draw(st.lists(side, min_size=1, max_size=max_dims)))
+    if max_elems is not None:
+        assume(int(np.prod(shape)) <= max_elems)
     steps = tuple(draw(st.lists(st.integers(1, 3), min_size=len(shape), max_size=len(shape))))
     start = draw(st.integers(0, 5))
     perm = draw(st.permutations(range(len(shape))))
     return shape, steps, start, tuple(perm)
 
 
-def device_view(s, shape, steps, start, perm, seed):
-    """A strided, offset, transposed device view and the numpy array it shows."""
+def device_view(s, shape, steps, start, perm, seed=None):
+    """A strided, offset, transposed device view and the numpy array it shows (random values,
+    or zeros without ``seed``)."""
     base_shape = tuple(d * k for d, k in zip(shape, steps))
-    flat = np.random.default_rng(seed).uniform(-1, 1, start + int(np.prod(base_shape)))
+    size = start + int(np.prod(base_shape))
+    flat = (np.zeros(size) if seed is None else np.random.default_rng(seed).uniform(-1, 1, size))
     flat = flat.astype(np.float32)
     base = flat[start:].reshape(base_shape)
     view = base[tuple(slice(None, None, k) for k in steps)].transpose(perm)
@@ -91,38 +98,23 @@ def test_property_add_broadcast(s, a, data):
 
 # -- strided outputs, strided broadcast operands, and long axes (multi-level reduce, multi-block
 # scan) --------------------------------------------------------------------------------------
-SIDE = st.integers(1, 7) | st.sampled_from([257, 300, 513, 700])
-
-
-@st.composite
-def long_strided(draw, max_dims=4):
-    """As :func:`strided`, with some long axes (at most 40k elements)."""
-    shape = tuple(draw(st.lists(SIDE, min_size=1, max_size=max_dims)))
-    assume(int(np.prod(shape)) <= 40000)
-    steps = tuple(draw(st.lists(st.integers(1, 3), min_size=len(shape), max_size=len(shape))))
-    start = draw(st.integers(0, 5))
-    perm = draw(st.permutations(range(len(shape))))
-    return shape, steps, start, tuple(perm)
+LONG_SIDE = SHORT_SIDE | st.sampled_from([257, 300, 513, 700])
+LONG = strided(side=LONG_SIDE, max_elems=40000)
 
 
 def strided_out(s, shape, data):
-    """An output tensor seen through random steps, an offset and a permutation."""
+    """An output tensor of ``shape`` seen through random steps, an offset and a permutation."""
     nd = len(shape)
     steps = tuple(data.draw(st.lists(st.integers(1, 2), min_size=nd, max_size=nd)))
-    start = data.draw(st.integers(0, 3))
-    perm = tuple(data.draw(st.permutations(range(nd)))) if nd else ()
-    inv = tuple(np.argsort(perm)) if nd else ()
-    pshape = tuple(shape[i] for i in inv)  # base shape that, permuted by perm, gives shape
-    base_shape = tuple(d * k for d, k in zip(pshape, steps))
-    flat = np.zeros(start + int(np.prod(base_shape)), np.float32)
-    v = flat[start:].reshape(base_shape)[tuple(slice(None, None, k) for k in steps)].transpose(perm)
+    perm = tuple(data.draw(st.permutations(range(nd))))
+    pshape = tuple(shape[i] for i in np.argsort(perm))  # permuted by perm, it gives shape
+    t, v = device_view(s, pshape, steps, data.draw(st.integers(0, 3)), perm)
     assert v.shape == tuple(shape)
-    t = srt.Tensor.from_numpy(flat, stream=s)
-    return t.as_strided(v.shape, tuple(x // 4 for x in v.strides), start)
+    return t
 
 
 @SETTINGS
-@given(spec=long_strided(), data=st.data())
+@given(spec=LONG, data=st.data())
 def test_reduce_sum_long_axes_into_strided_out(s, spec, data):
     x, xv = device_view(s, *spec, seed=1)
     nd = xv.ndim
@@ -136,7 +128,7 @@ def test_reduce_sum_long_axes_into_strided_out(s, spec, data):
 
 
 @SETTINGS
-@given(spec=long_strided(), data=st.data())
+@given(spec=LONG, data=st.data())
 def test_cumsum_long_axes_into_strided_out(s, spec, data):
     x, xv = device_view(s, *spec, seed=2)
     axis = data.draw(st.integers(-xv.ndim, xv.ndim - 1) | st.none())
@@ -148,7 +140,7 @@ def test_cumsum_long_axes_into_strided_out(s, spec, data):
 
 
 @SETTINGS
-@given(a=long_strided(max_dims=3), data=st.data())
+@given(a=strided(3, LONG_SIDE, 40000), data=st.data())
 def test_add_broadcasts_a_strided_operand_into_strided_out(s, a, data):
     x, xv = device_view(s, *a, seed=3)
     assume(xv.size <= 5000)
