@@ -291,6 +291,28 @@ program = st.lists(
 )
 
 
+ACCESSES = ("write", "read", "op", "graph")  # what ``access`` enqueues
+
+
+def access(s: srt.Stream, what: str, ptr: int, n: int, out: list) -> None:
+    """Enqueue one use of ``n`` float32 at ``ptr`` on ``s``: a kernel that writes or reads, an
+    operator (reads and writes), or a graph of a write then a read, launched twice."""
+    if what == "write":
+        s.launch(fill_kernel, ptr, n, float(s.id % 7))
+    elif what == "read":
+        s.launch(read_k, ptr, n, out)
+    elif what == "op":
+        t = srt.Tensor(srt.TensorDesc((n,), np.float32), ptr, device=s.device)
+        ops.run(ops.add, t, t, t, stream=s)
+    else:
+        g = srt.Graph()
+        w = g.add_kernel_node(fill_kernel, ptr, n, 1.0)
+        g.add_kernel_node(read_k, ptr, n, out, deps=[w])
+        ge = g.instantiate()
+        ge.launch(s)
+        ge.launch(s)
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(program)
 def test_sanitizer_no_false_positives_on_correct_programs(ops_list):
@@ -309,20 +331,8 @@ def test_sanitizer_no_false_positives_on_correct_programs(ops_list):
             s = ss[si]
             for e in last[bi]:
                 s.wait(e)  # ordered after every earlier use of the buffer
-            if what == "write":
-                s.launch(fill_kernel, bufs[bi], n, float(si))
-            elif what == "read":
-                s.launch(read_k, bufs[bi], n, out)
-            elif what == "op":
-                t = srt.Tensor(srt.TensorDesc((n,), np.float32), bufs[bi], device=dev)
-                ops.run(ops.add, t, t, t, stream=s)
-            elif what == "graph":  # a two-node chain on the buffer, launched twice
-                g = srt.Graph()
-                w = g.add_kernel_node(fill_kernel, bufs[bi], n, 1.0)
-                g.add_kernel_node(read_k, bufs[bi], n, out, deps=[w])
-                ge = g.instantiate()
-                ge.launch(s)
-                ge.launch(s)
+            if what in ACCESSES:
+                access(s, what, bufs[bi], n, out)
             else:  # free and allocate again on this stream
                 s.free(bufs[bi])
                 bufs[bi] = s.malloc(n * 4)

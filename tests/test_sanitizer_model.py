@@ -11,10 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import streamrt as srt
-from streamrt import ops
 
-from .conftest import fill_kernel
-from .test_sanitizer import read_k, streams
+from .test_sanitizer import access, streams
 
 
 @srt.kernel
@@ -139,20 +137,7 @@ def test_sanitizer_matches_a_happens_before_model(ops_list, ordered_start):
                     if (a[3] or w) and not m.ordered(a, op[2]):
                         m.kinds.add("race")
                 g["acc"].append((*op, w))
-            if what == "write":
-                s.launch(fill_kernel, bufs[bi], n, float(si))
-            elif what == "read":
-                s.launch(read_k, bufs[bi], n, out)
-            elif what == "op":
-                t = srt.Tensor(srt.TensorDesc((n,), np.float32), bufs[bi], device=dev)
-                ops.run(ops.add, t, t, t, stream=s)
-            else:
-                gr = srt.Graph()
-                wn = gr.add_kernel_node(fill_kernel, bufs[bi], n, 1.0)
-                gr.add_kernel_node(read_k, bufs[bi], n, out, deps=[wn])
-                ge = gr.instantiate()
-                ge.launch(s)
-                ge.launch(s)
+            access(s, what, bufs[bi], n, out)
             ev = (m.event(si), s.record())
             if w:
                 g["lw"], g["rs"] = ev, []
