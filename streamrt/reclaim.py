@@ -32,7 +32,7 @@ class Reclaim:
             self.drain()
 
     def drain(self) -> None:
-        """Run the releases left so far (call with ``lock`` free)."""
+        """Run the releases left so far (call with ``lock`` free; nothing to do is cheap)."""
         while self.later:
             try:
                 fn, args = self.later.popleft()

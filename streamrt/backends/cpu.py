@@ -129,8 +129,7 @@ class AddressSpace:
             self._next[device] = base + size + _GUARD
             alloc = Allocation(base, size, device, virtual=virtual, buf=buf)
             self._allocs[base] = alloc
-        if self.reclaim.later:
-            self.reclaim.drain()
+        self.reclaim.drain()
         return alloc
 
     def reserve(self, device: int, nbytes: int) -> Allocation:
@@ -146,8 +145,7 @@ class AddressSpace:
                 self._views.clear()
                 self._last.clear()
                 self.generation += 1
-        if self.reclaim.later:
-            self.reclaim.drain()
+        self.reclaim.drain()
 
     def map_reserved(self, ptr: int, buf: np.ndarray | None) -> None:
         """Back a virtual range with ``buf`` (or unmap it with None)."""
@@ -158,8 +156,7 @@ class AddressSpace:
             self._views.clear()
             self._last.clear()
             self.generation += 1
-        if self.reclaim.later:
-            self.reclaim.drain()
+        self.reclaim.drain()
 
     def release(self, ptr: int) -> Allocation:
         with self._lock:
@@ -170,8 +167,7 @@ class AddressSpace:
             self._views.clear()
             self._last.clear()
             self.generation += 1
-        if self.reclaim.later:
-            self.reclaim.drain()
+        self.reclaim.drain()
         return alloc
 
     def get(self, ptr: int) -> Allocation | None:

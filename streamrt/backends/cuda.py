@@ -696,14 +696,12 @@ class _Ranges:
     def add(self, ptr: int, nbytes: int) -> None:
         with self._lock:
             self._map[ptr] = nbytes
-        if self.reclaim.later:
-            self.reclaim.drain()
+        self.reclaim.drain()
 
     def drop(self, ptr: int) -> None:
         with self._lock:
             self._map.pop(ptr, None)
-        if self.reclaim.later:
-            self.reclaim.drain()
+        self.reclaim.drain()
 
     def __contains__(self, ptr: int) -> bool:
         return ptr in self._map

@@ -89,8 +89,7 @@ class ExecutorCache:
             weakref.finalize(st, self._reclaim, _retire, st.entries, st.c, weakref.ref(self))
             with self._lock:
                 self._stores.add(st)
-            if self._reclaim.later:
-                self._reclaim.drain()
+            self._reclaim.drain()
             return st
 
     def _get(self, key: Any) -> Executor | None:
@@ -135,8 +134,7 @@ class ExecutorCache:
             stores = [self._store()]
             dead = [0, 0, 0]
         else:
-            if self._reclaim.later:  # retired stores' counts first
-                self._reclaim.drain()
+            self._reclaim.drain()  # retired stores' counts first
             with self._lock:
                 stores = list(self._stores)
                 dead = list(self._dead)
