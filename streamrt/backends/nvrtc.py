@@ -200,27 +200,26 @@ def compile_module(source: str, name: str, target: str, options: tuple[str, ...]
         raise InvalidTypeError("compile_module needs str source, name and target")
     if not _TARGET_RE.fullmatch(target):
         raise InvalidValueError(f"target must look like 'sm_90' or 'compute_90', not {target!r}")
-    arch = target
     options = tuple(options)
     if not all(isinstance(o, str) for o in options):
         raise InvalidTypeError(f"NVRTC options must be strings, got {options!r}")
-    key = _cache_key(source, name, arch, options)
-    cubin = _memory_cache.get(key)  # lock-free fast path: dict reads are atomic
-    if cubin is not None:
-        return cubin
+    key = _cache_key(source, name, target, options)
+    image = _memory_cache.get(key)  # lock-free fast path: dict reads are atomic
+    if image is not None:
+        return image
     with _lock:
         key_lock = _key_locks.setdefault(key, threading.Lock())
     with key_lock:
-        cubin = _memory_cache.get(key)  # another thread may have finished while we waited
-        if cubin is None:
-            path = cache_dir() / f"{key}.cubin"
-            cubin = _read_cached(path)
-            if cubin is None:
-                cubin = _compile(source, name, arch, options)
-                _write_cached(path, cubin)
+        image = _memory_cache.get(key)  # another thread may have finished while we waited
+        if image is None:
+            path = cache_dir() / f"{key}.cubin"  # the name the cache has always used
+            image = _read_cached(path)
+            if image is None:
+                image = _compile(source, name, target, options)
+                _write_cached(path, image)
             with _lock:
-                _memory_cache[key] = cubin
-    return cubin
+                _memory_cache[key] = image
+    return image
 
 
 # --- kernel signatures and launch arguments -------------------------------------------------------
