@@ -346,3 +346,90 @@ def test_graph_memory_allocation_collected_inside_a_locked_section_is_released_l
     g2 = srt.Graph()
     g2.add_mem_alloc_node(4096)  # the next update of the same table runs the waiting release
     assert not reserved(ptr)
+
+
+# -- slabs: small allocations of one graph share granules ------------------------------------------
+@pytest.fixture
+def granule(dev, monkeypatch):
+    """The device's graph granule; on cpu raised to 64 KiB so that its slabs hold several
+    allocations (at 512 B, one small allocation fills a cpu slab)."""
+    if dev.backend == "cpu":
+        monkeypatch.setattr(dev._impl, "graph_granule", 64 << 10)
+    return dev._impl.graph_granule
+
+
+def test_graph_memory_small_allocations_live_at_once_share_a_granule(s, granule):
+    # 40 allocations live together: on cuda each used to cost a whole 2 MiB granule
+    count, nbytes = 40, 1000
+    m = nbytes // 4
+    out = srt.malloc(count * m * 4)
+    g = srt.Graph()
+    allocs = [g.add_mem_alloc_node(nbytes) for _ in range(count)]
+    fills = [g.add_kernel_node(fill_kernel, a.ptr, m, float(i), deps=a) for i, a in enumerate(allocs)]
+    copies = [g.add_kernel_node(copy_kernel, out + i * m * 4, a.ptr, m, deps=fills)
+              for i, a in enumerate(allocs)]
+    for a in allocs:
+        g.add_mem_free_node(a.ptr, deps=copies)
+    ge = g.instantiate()
+    # 1000 bytes take 1024 of a slab; all 40 fit in one (a 64 KiB or 2 MiB granule)
+    assert ge.memory_footprint == granule
+    for _ in range(2):
+        ge.launch(s)
+    s.synchronize()
+    got = srt.read(out, (count, m), np.float32)
+    assert (got == np.arange(count, dtype=np.float32)[:, None]).all()  # no two overlap
+    ge.destroy()
+    srt.free(out)
+
+
+def test_graph_memory_slabs_with_disjoint_lifetimes_share(s, granule):
+    # a chain of alloc -> fill -> free of half a granule each: two per slab, every slab's
+    # lifetime over before the next one's starts, so all of them share one granule
+    g, allocs = _pairs_chain(8, granule // 2)
+    assert len({a._params["alloc"].range for a in allocs}) == 4  # four slabs
+    ge = g.instantiate()
+    assert ge.memory_footprint == granule
+    ge.launch(s)
+    s.synchronize()
+    ge.destroy()
+
+
+def test_graph_memory_slab_with_a_long_lived_member_does_not_share(s, out, granule):
+    # a lives across the whole chain: its slab overlaps every later slab's lifetime
+    g = srt.Graph()
+    a = g.add_mem_alloc_node(granule // 4)
+    fa = g.add_kernel_node(fill_kernel, a.ptr, N, 9.0, deps=a)
+    prev = fa
+    for i in range(4):
+        b = g.add_mem_alloc_node(granule // 2, deps=prev)
+        fb = g.add_kernel_node(fill_kernel, b.ptr, granule // 8, float(i), deps=b)
+        prev = g.add_mem_free_node(b.ptr, deps=fb)
+    c = g.add_kernel_node(copy_kernel, out, a.ptr, N, deps=prev)
+    g.add_mem_free_node(a.ptr, deps=c)
+    ge = g.instantiate()
+    assert ge.memory_footprint == 2 * granule  # a's slab, and one the others take turns on
+    for _ in range(2):
+        ge.launch(s)
+    s.synchronize()
+    assert (_read(out) == 9.0).all()  # no later allocation overwrote a
+    ge.destroy()
+
+
+def test_graph_memory_graphs_do_not_share_slabs(s, out, granule):
+    # each graph has slabs of its own, so both can have a live exec at once
+    execs, ranges = [], []
+    for value in (1.0, 2.0):
+        g = srt.Graph()
+        a = g.add_mem_alloc_node(N * 4)
+        f = g.add_kernel_node(fill_kernel, a.ptr, N, value, deps=a)
+        g.add_kernel_node(add_kernel, out, a.ptr, N, deps=f)
+        ranges.append(a._params["alloc"].range)
+        execs.append(g.instantiate())
+    srt.memset(out, 0, N * 4)
+    for ge in execs:
+        ge.launch(s)
+    s.synchronize()
+    assert ranges[0] is not ranges[1]
+    assert (_read(out) == 3.0).all()
+    for ge in execs:
+        ge.destroy()

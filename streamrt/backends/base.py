@@ -153,7 +153,7 @@ class DeviceImpl(ABC):
         fn(*args)
 
     # -- graph memory: addresses fixed when a MEM_ALLOC node is made, memory mapped per exec -----
-    graph_granule = 512  # sizes and offsets of graph allocations are multiples of this
+    graph_granule = 512  # graph memory is reserved and mapped in multiples of this
 
     @abstractmethod
     def graph_reserve(self, nbytes: int) -> int:

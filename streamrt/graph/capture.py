@@ -160,7 +160,7 @@ class Capture:
 
         if self.status is CaptureStatus.INVALIDATED:
             raise CaptureInvalidatedError(f"{self!r} was invalidated: {self.reason}")
-        alloc = GraphAlloc(stream.device, nbytes)
+        alloc = GraphAlloc(stream.device, nbytes, self.graph._slabs)
         self.add(stream, NodeType.MEM_ALLOC, {"nbytes": nbytes, "ptr": alloc.ptr, "alloc": alloc})
         return alloc.ptr
 

@@ -38,6 +38,7 @@ class Graph:
         # id(original node) -> (original, clone node), for find_in_clone; holds the originals
         self._origin: dict[int, tuple[Node, Node]] = {}
         self._keep: list[Any] = []  # objects the graph's work needs alive (captured executors)
+        self._slabs: dict[Any, Any] = {}  # device -> the range its next small MEM_ALLOC takes bytes of
 
     def __repr__(self) -> str:
         return f"<Graph #{self.id} {len(self._nodes)} nodes>"
@@ -111,7 +112,7 @@ class Graph:
     def add_mem_alloc_node(self, nbytes: int, deps: Any = ()) -> Node:
         """Add a MEM_ALLOC node; ``node.ptr`` is fixed now and stays valid across launches."""
         n = check_size(nbytes)
-        alloc = GraphAlloc(Device(), n)
+        alloc = GraphAlloc(Device(), n, self._slabs)
         return self._add(NodeType.MEM_ALLOC, {"nbytes": n, "ptr": alloc.ptr, "alloc": alloc}, deps)
 
     def add_mem_free_node(self, ptr: int, deps: Any = ()) -> Node:
