@@ -91,8 +91,9 @@ class Matmul(Op):
         m, k, n, batch = self._dims(a, b, o)
         acc = F64 if F64 in (a.dtype, b.dtype) else acc_dtype(a.dtype, b.dtype)
         lay = Layout()
-        a_off = lay.add("a_cast", a.shape, acc) if a.dtype != acc else -1
-        b_off = lay.add("b_cast", b.shape, acc) if b.dtype != acc else -1
+        # an empty operand (K = 0) is not cast: its 0-byte region would leave no workspace
+        a_off = lay.add("a_cast", a.shape, acc) if a.dtype != acc and a.numel else -1
+        b_off = lay.add("b_cast", b.shape, acc) if b.dtype != acc and b.numel else -1
         splits = 1
         if k >= SPLIT_K_MIN and m * n <= SPLIT_K_MAX_OUT:
             splits = min(MAX_SPLITS, k // SPLIT_CHUNK)
