@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import threading
 import weakref
-from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
 from sortedcontainers import SortedDict
@@ -51,41 +50,21 @@ from .device import Device
 from .errors import (
     InvalidAddressError,
     InvalidHandleError,
-    InvalidTypeError,
     InvalidValueError,
     OutOfMemoryError,
 )
 from .freelist import Block as _Block
 from .freelist import FreeList as _FreeList
 from .hooks import sync_listeners
+from .pool_attr import FLAGS, MemPoolAttr, nonneg, options, with_attr_properties
+from .pool_attr import parse as parse_attr
+from .pool_attr import value as attr_value
 from .reuse import ReuseMixin
 
 if TYPE_CHECKING:
-
     from .stream import Stream
 
 __all__ = ["MemPool", "MemPoolAttr", "pool_of", "find_pool"]
-
-
-
-class MemPoolAttr(IntEnum):
-    """Pool attributes, numbered as ``cudaMemPoolAttr`` / ``aclrtMemPoolAttr``."""
-
-    REUSE_FOLLOW_EVENT_DEPENDENCIES = 1
-    REUSE_ALLOW_OPPORTUNISTIC = 2
-    REUSE_ALLOW_INTERNAL_DEPENDENCIES = 3
-    RELEASE_THRESHOLD = 4
-    RESERVED_MEM_CURRENT = 5
-    RESERVED_MEM_HIGH = 6
-    USED_MEM_CURRENT = 7
-    USED_MEM_HIGH = 8
-
-
-_FLAGS = {
-    MemPoolAttr.REUSE_FOLLOW_EVENT_DEPENDENCIES: "_follow_events",
-    MemPoolAttr.REUSE_ALLOW_OPPORTUNISTIC: "_opportunistic",
-    MemPoolAttr.REUSE_ALLOW_INTERNAL_DEPENDENCIES: "_internal",
-}
 
 # live pool pointer -> its pool (a pointer always returns to the pool that owns it)
 _owners: dict[int, MemPool] = {}
@@ -113,31 +92,7 @@ def _round(n: int) -> int:
     return (max(n, 1) + ALIGN - 1) // ALIGN * ALIGN
 
 
-def _flag(value: Any, what: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    raise InvalidValueError(f"{what} must be a bool (or 0/1), got {value!r}")
-
-
-def _nonneg(value: Any, what: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise InvalidTypeError(f"{what} must be an int, not {type(value).__name__}")
-    if value < 0:
-        raise InvalidValueError(f"{what} must be >= 0, got {value}")
-    return value
-
-
-def _options(max_size: Any, release_threshold: Any, follow: Any, opportunistic: Any,
-             internal: Any) -> tuple[int, int, bool, bool, bool]:
-    """MemPool's keyword options, validated: two sizes (>= 0) and the three reuse flags."""
-    return (_nonneg(max_size, "max_size"), _nonneg(release_threshold, "release_threshold"),
-            _flag(follow, "reuse_follow_event_dependencies"),
-            _flag(opportunistic, "reuse_allow_opportunistic"),
-            _flag(internal, "reuse_allow_internal_dependencies"))
-
-
+@with_attr_properties
 class MemPool(ArenaMixin, ReuseMixin):
     """A stream-ordered memory pool (``cudaMemPool_t`` / ``aclrtMemPool``)."""
 
@@ -153,7 +108,7 @@ class MemPool(ArenaMixin, ReuseMixin):
     ) -> None:
         self.device = Device(device)
         (self.max_size, self._threshold, self._follow_events, self._opportunistic,
-         self._internal) = _options(max_size, release_threshold, reuse_follow_event_dependencies,
+         self._internal) = options(max_size, release_threshold, reuse_follow_event_dependencies,
                                     reuse_allow_opportunistic, reuse_allow_internal_dependencies)
         self._is_default = False
         self._destroyed = False
@@ -213,9 +168,9 @@ class MemPool(ArenaMixin, ReuseMixin):
     # -- attributes ---------------------------------------------------------------------------
     def get_attr(self, attr: MemPoolAttr | int) -> int:
         """``cudaMemPoolGetAttribute``: flags as 0/1, sizes in bytes."""
-        attr = _attr(attr)
-        if attr in _FLAGS:
-            return int(getattr(self, _FLAGS[attr]))
+        attr = parse_attr(attr)
+        if attr in FLAGS:
+            return int(getattr(self, FLAGS[attr]))
         return {
             MemPoolAttr.RELEASE_THRESHOLD: self._threshold,
             MemPoolAttr.RESERVED_MEM_CURRENT: self._reserved,
@@ -226,14 +181,14 @@ class MemPool(ArenaMixin, ReuseMixin):
 
     def set_attr(self, attr: MemPoolAttr | int, value: Any) -> None:
         """``cudaMemPoolSetAttribute``: the three flags, the threshold, and ``*_HIGH`` = 0 (reset)."""
-        attr = _attr(attr)
+        attr = parse_attr(attr)
         self._check_alive()
-        self._store_attr(attr, _attr_value(attr, value))
+        self._store_attr(attr, attr_value(attr, value))
 
     def _store_attr(self, attr: MemPoolAttr, value: int) -> None:
         """Apply a validated attribute write (a ``*_HIGH`` write resets the watermark)."""
-        if attr in _FLAGS:
-            setattr(self, _FLAGS[attr], bool(value))
+        if attr in FLAGS:
+            setattr(self, FLAGS[attr], bool(value))
         elif attr is MemPoolAttr.RELEASE_THRESHOLD:
             self._threshold = value
         else:
@@ -242,47 +197,6 @@ class MemPool(ArenaMixin, ReuseMixin):
                     self._reserved_high = self._reserved
                 else:
                     self._used_high = self._used
-
-    reuse_follow_event_dependencies = property(
-        lambda self: self._follow_events,
-        lambda self, v: self.set_attr(MemPoolAttr.REUSE_FOLLOW_EVENT_DEPENDENCIES, v),
-        doc="Step 3: reuse blocks whose free is ordered before the allocation by events.",
-    )
-    reuse_allow_opportunistic = property(
-        lambda self: self._opportunistic,
-        lambda self, v: self.set_attr(MemPoolAttr.REUSE_ALLOW_OPPORTUNISTIC, v),
-        doc="Step 4: reuse blocks whose free has already executed, without a dependency.",
-    )
-    reuse_allow_internal_dependencies = property(
-        lambda self: self._internal,
-        lambda self, v: self.set_attr(MemPoolAttr.REUSE_ALLOW_INTERNAL_DEPENDENCIES, v),
-        doc="Step 6: reuse a pending block by making the allocating stream wait on its free.",
-    )
-    release_threshold = property(
-        lambda self: self._threshold,
-        lambda self, v: self.set_attr(MemPoolAttr.RELEASE_THRESHOLD, v),
-        doc="Reserved bytes kept at a synchronize before free chunks are released.",
-    )
-    reserved_mem_current = property(
-        lambda self: self._reserved,
-        lambda self, v: self.set_attr(MemPoolAttr.RESERVED_MEM_CURRENT, v),
-        doc="Bytes reserved from the device (read-only).",
-    )
-    reserved_mem_high = property(
-        lambda self: self._reserved_high,
-        lambda self, v: self.set_attr(MemPoolAttr.RESERVED_MEM_HIGH, v),
-        doc="High watermark of reserved bytes; write 0 to reset it to the current value.",
-    )
-    used_mem_current = property(
-        lambda self: self._used,
-        lambda self, v: self.set_attr(MemPoolAttr.USED_MEM_CURRENT, v),
-        doc="Bytes of live allocations (read-only).",
-    )
-    used_mem_high = property(
-        lambda self: self._used_high,
-        lambda self, v: self.set_attr(MemPoolAttr.USED_MEM_HIGH, v),
-        doc="High watermark of used bytes; write 0 to reset it to the current value.",
-    )
 
     def stats(self) -> dict[str, int]:
         """The eight attributes, the per-step reuse counters, and ``largest_free_block``."""
@@ -556,7 +470,7 @@ class MemPool(ArenaMixin, ReuseMixin):
 
     def trim_to(self, min_bytes_to_keep: int) -> None:
         """Release entirely free, sync-proven chunks while ``reserved - chunk >= min_bytes_to_keep``."""
-        keep = _nonneg(min_bytes_to_keep, "min_bytes_to_keep")
+        keep = nonneg(min_bytes_to_keep, "min_bytes_to_keep")
         self._check_alive()
         with self._lock:
             if self._dirty:
@@ -597,26 +511,6 @@ class MemPool(ArenaMixin, ReuseMixin):
             _busy.discard(self)
             self._reserved = self._used = 0
             self._destroyed = True
-
-
-def _attr_value(attr: MemPoolAttr, value: Any) -> int:
-    """A value ``set_attr`` may write: a flag as 0/1, the threshold, or 0 to a watermark."""
-    if attr in _FLAGS:
-        return int(_flag(value, attr.name))
-    if attr is MemPoolAttr.RELEASE_THRESHOLD:
-        return _nonneg(value, "release_threshold")
-    if attr in (MemPoolAttr.RESERVED_MEM_HIGH, MemPoolAttr.USED_MEM_HIGH):
-        if _nonneg(value, attr.name) != 0:
-            raise InvalidValueError(f"{attr.name} can only be reset, by writing 0")
-        return 0
-    raise InvalidValueError(f"{attr.name} is read-only")
-
-
-def _attr(attr: Any) -> MemPoolAttr:
-    try:
-        return MemPoolAttr(attr)
-    except ValueError:
-        raise InvalidValueError(f"unknown memory pool attribute {attr!r} (1-8)") from None
 
 
 def _on_any_sync(device: Device) -> None:

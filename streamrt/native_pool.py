@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from .device import Device
 from .errors import InvalidAddressError, InvalidValueError
-from .memory import MemPool, MemPoolAttr, _attr, _nonneg, _options, _owners
+from .memory import MemPool, _owners
+from .pool_attr import MemPoolAttr, nonneg, options
+from .pool_attr import parse as parse_attr
 
 if TYPE_CHECKING:
     from .stream import Stream
@@ -40,7 +42,7 @@ class NativeMemPool(MemPool):
         _handle: Any = None,
     ) -> None:
         self.device = Device(device)
-        self.max_size, threshold, *flags = _options(
+        self.max_size, threshold, *flags = options(
             max_size, release_threshold, reuse_follow_event_dependencies,
             reuse_allow_opportunistic, reuse_allow_internal_dependencies)
         self._impl = self.device._impl
@@ -69,7 +71,7 @@ class NativeMemPool(MemPool):
     def get_attr(self, attr: MemPoolAttr | int) -> int:
         """``cudaMemPoolGetAttribute``: flags as 0/1, sizes in bytes (a destroyed pool: the values
         it had when destroyed, as a destroyed cpu pool keeps its own)."""
-        attr = _attr(attr)
+        attr = parse_attr(attr)
         if self._destroyed:  # CUDA releases a destroyed pool with its last allocation
             gone = not self._live and attr in (MemPoolAttr.RESERVED_MEM_CURRENT,
                                                MemPoolAttr.USED_MEM_CURRENT)
@@ -135,7 +137,7 @@ class NativeMemPool(MemPool):
 
     def trim_to(self, min_bytes_to_keep: int) -> None:
         """``cudaMemPoolTrimTo``."""
-        keep = _nonneg(min_bytes_to_keep, "min_bytes_to_keep")
+        keep = nonneg(min_bytes_to_keep, "min_bytes_to_keep")
         self._check_alive()
         self._impl.pool_trim(self._handle, keep)
 
@@ -158,14 +160,3 @@ class NativeMemPool(MemPool):
             self._live.clear()
             self._final = {}  # its memory went with the reset
             self._destroyed = True
-
-
-def _native_property(attr: MemPoolAttr, doc: str | None) -> property:
-    if attr <= MemPoolAttr.REUSE_ALLOW_INTERNAL_DEPENDENCIES:  # the flags read as bools
-        return property(lambda self: bool(self.get_attr(attr)),
-                        lambda self, v: self.set_attr(attr, v), doc=doc)
-    return property(lambda self: self.get_attr(attr), lambda self, v: self.set_attr(attr, v), doc=doc)
-
-
-for _a in MemPoolAttr:
-    setattr(NativeMemPool, _a.name.lower(), _native_property(_a, getattr(MemPool, _a.name.lower()).__doc__))

@@ -135,7 +135,7 @@ class Tracer:
             self._count(pool)
 
     def _count(self, pool: Any) -> None:
-        from .memory import MemPoolAttr
+        from .pool_attr import MemPoolAttr
 
         reserved = pool.get_attr(MemPoolAttr.RESERVED_MEM_CURRENT)  # a cudaMemPool's too
         used = pool.get_attr(MemPoolAttr.USED_MEM_CURRENT)

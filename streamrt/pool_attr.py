@@ -1,0 +1,113 @@
+"""Memory pool attributes, numbered as ``cudaMemPoolAttr``: validation, and one property each.
+
+Both pool classes (:class:`~streamrt.memory.MemPool` and the backend-native one) read and write
+attributes through ``get_attr``/``set_attr``; the properties here are written once for both.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import Any
+
+from .errors import InvalidTypeError, InvalidValueError
+
+
+class MemPoolAttr(IntEnum):
+    """Pool attributes, numbered as ``cudaMemPoolAttr`` / ``aclrtMemPoolAttr``."""
+
+    REUSE_FOLLOW_EVENT_DEPENDENCIES = 1
+    REUSE_ALLOW_OPPORTUNISTIC = 2
+    REUSE_ALLOW_INTERNAL_DEPENDENCIES = 3
+    RELEASE_THRESHOLD = 4
+    RESERVED_MEM_CURRENT = 5
+    RESERVED_MEM_HIGH = 6
+    USED_MEM_CURRENT = 7
+    USED_MEM_HIGH = 8
+
+
+# the three reuse flags, and the attribute of a (cpu) pool holding each
+FLAGS = {
+    MemPoolAttr.REUSE_FOLLOW_EVENT_DEPENDENCIES: "_follow_events",
+    MemPoolAttr.REUSE_ALLOW_OPPORTUNISTIC: "_opportunistic",
+    MemPoolAttr.REUSE_ALLOW_INTERNAL_DEPENDENCIES: "_internal",
+}
+
+_DOCS = {
+    MemPoolAttr.REUSE_FOLLOW_EVENT_DEPENDENCIES:
+        "Step 3: reuse blocks whose free is ordered before the allocation by events.",
+    MemPoolAttr.REUSE_ALLOW_OPPORTUNISTIC:
+        "Step 4: reuse blocks whose free has already executed, without a dependency.",
+    MemPoolAttr.REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+        "Step 6: reuse a pending block by making the allocating stream wait on its free.",
+    MemPoolAttr.RELEASE_THRESHOLD:
+        "Reserved bytes kept at a synchronize before free chunks are released.",
+    MemPoolAttr.RESERVED_MEM_CURRENT: "Bytes reserved from the device (read-only).",
+    MemPoolAttr.RESERVED_MEM_HIGH:
+        "High watermark of reserved bytes; write 0 to reset it to the current value.",
+    MemPoolAttr.USED_MEM_CURRENT: "Bytes of live allocations (read-only).",
+    MemPoolAttr.USED_MEM_HIGH:
+        "High watermark of used bytes; write 0 to reset it to the current value.",
+}
+
+
+def flag(value: Any, what: str) -> bool:
+    """A reuse flag: a bool, or 0/1."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise InvalidValueError(f"{what} must be a bool (or 0/1), got {value!r}")
+
+
+def nonneg(value: Any, what: str) -> int:
+    """A size in bytes: an int >= 0."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InvalidTypeError(f"{what} must be an int, not {type(value).__name__}")
+    if value < 0:
+        raise InvalidValueError(f"{what} must be >= 0, got {value}")
+    return value
+
+
+def options(max_size: Any, release_threshold: Any, follow: Any, opportunistic: Any,
+            internal: Any) -> tuple[int, int, bool, bool, bool]:
+    """MemPool's keyword options, validated: two sizes (>= 0) and the three reuse flags."""
+    return (nonneg(max_size, "max_size"), nonneg(release_threshold, "release_threshold"),
+            flag(follow, "reuse_follow_event_dependencies"),
+            flag(opportunistic, "reuse_allow_opportunistic"),
+            flag(internal, "reuse_allow_internal_dependencies"))
+
+
+def parse(attr: Any) -> MemPoolAttr:
+    """An attribute given as a MemPoolAttr or its number."""
+    try:
+        return MemPoolAttr(attr)
+    except ValueError:
+        raise InvalidValueError(f"unknown memory pool attribute {attr!r} (1-8)") from None
+
+
+def value(attr: MemPoolAttr, v: Any) -> int:
+    """A value ``set_attr`` may write: a flag as 0/1, the threshold, or 0 to a watermark."""
+    if attr in FLAGS:
+        return int(flag(v, attr.name))
+    if attr is MemPoolAttr.RELEASE_THRESHOLD:
+        return nonneg(v, "release_threshold")
+    if attr in (MemPoolAttr.RESERVED_MEM_HIGH, MemPoolAttr.USED_MEM_HIGH):
+        if nonneg(v, attr.name) != 0:
+            raise InvalidValueError(f"{attr.name} can only be reset, by writing 0")
+        return 0
+    raise InvalidValueError(f"{attr.name} is read-only")
+
+
+def _property(attr: MemPoolAttr) -> property:
+    if attr in FLAGS:  # the flags read as bools
+        return property(lambda self: bool(self.get_attr(attr)),
+                        lambda self, v: self.set_attr(attr, v), doc=_DOCS[attr])
+    return property(lambda self: self.get_attr(attr), lambda self, v: self.set_attr(attr, v),
+                    doc=_DOCS[attr])
+
+
+def with_attr_properties(cls: type) -> type:
+    """Class decorator: a property per attribute (``pool.release_threshold`` and so on)."""
+    for attr in MemPoolAttr:
+        setattr(cls, attr.name.lower(), _property(attr))
+    return cls
