@@ -201,6 +201,82 @@ def test_graph_exec_set_memcpy_memset_host_params_later_launches_only(s, bufs, g
     assert (_read(b)[1:] == 3.0).all()
 
 
+def test_graph_exec_updates_reach_the_backend_graph_in_place(s, bufs, dev):
+    # on cuda: set-params, enable/disable and exec update change the instantiated graph
+    # (cudaGraphExec*NodeSetParams, cudaGraphNodeSetEnabled) instead of building it again
+    if dev.backend == "cpu":
+        pytest.skip("the cpu backend has no graph of its own: its plans are compiled again")
+    a, b, _ = bufs
+    host = [np.zeros(N, np.float32) for _ in range(2)]
+    g = srt.Graph()
+    k = g.add_kernel_node(fill_kernel, a, N, 1.0)
+    m = g.add_memset_node(b, 0, N * 4, deps=k)
+    cp = g.add_memcpy_node(host[0], a, N * 4, deps=m)  # pageable host memory
+
+    def launch():
+        ge.launch(s)
+        s.synchronize()
+        assert ge._plans[dev] is plan  # not instantiated again
+
+    ge = g.instantiate()
+    ge.launch(s)
+    s.synchronize()
+    plan = ge._plans[dev]
+    ge.set_kernel_node_params(k, a, N, 2.0)
+    ge.set_memset_node_params(m, b, 7, N * 4)
+    ge.set_memcpy_node_params(cp, host[1], a, N * 4)
+    launch()
+    assert (host[0] == 1.0).all() and (host[1] == 2.0).all()
+    assert (srt.read(b, (N * 4,), np.uint8) == 7).all()
+    ge.set_node_enabled(k, False)
+    srt.memset(a, 0, N * 4)
+    launch()
+    assert (host[1] == 0.0).all()  # the disabled fill did not run
+    ge.set_node_enabled(k, True)
+    variant = srt.Graph()
+    k2 = variant.add_kernel_node(fill_kernel, a, N, 4.0)
+    m2 = variant.add_memset_node(b, 9, N * 4, deps=k2)
+    variant.add_memcpy_node(host[0], a, N * 4, deps=m2)
+    ge.update(variant)
+    launch()
+    assert (host[0] == 4.0).all() and (srt.read(b, (N * 4,), np.uint8) == 9).all()
+    # what CUDA cannot change in place (a memset of nothing) builds the graph again
+    ge.set_memset_node_params(m, b, 0, 0)
+    ge.launch(s)
+    s.synchronize()
+    assert ge._plans[dev] is not plan and (srt.read(b, (N * 4,), np.uint8) == 9).all()
+
+
+def test_graph_exec_host_buffer_of_an_updated_copy_kept_for_launches_in_flight(s, bufs, dev, gate):
+    # a launch enqueued before the update still copies into the old host array: the backend
+    # graph keeps it until that launch has run, then lets it go
+    import gc
+    import weakref
+
+    if dev.backend == "cpu":
+        pytest.skip("the cpu backend's enqueued plans hold their own operands")
+    a = bufs[0]
+    g = srt.Graph()
+    cp = g.add_memcpy_node(np.ones(N, np.float32), a, N * 4)  # the user's graph keeps this one
+    ge = g.instantiate()
+    ge.launch(s)
+    mid = np.ones(N, np.float32)  # held by the exec alone
+    ge.set_memcpy_node_params(cp, mid, a, N * 4)
+    hold = gate(s)
+    ge.launch(s)
+    ge.set_memcpy_node_params(cp, np.ones(N, np.float32), a, N * 4)
+    gone = weakref.ref(mid)
+    del mid
+    gc.collect()
+    assert gone() is not None  # the launch in flight still writes into it
+    hold.open()
+    s.synchronize()
+    assert (gone() == 0.0).all()
+    ge.set_memcpy_node_params(cp, np.ones(N, np.float32), a, N * 4)
+    gc.collect()
+    assert gone() is None  # that launch has run: the next update lets it go
+
+
 def test_graph_exec_set_params_refusals(s, bufs):
     a, b, c = bufs
     host = np.zeros(N, np.float32)

@@ -1,10 +1,13 @@
 """CUDA graphs for the cuda backend: a frontend graph, flattened, built as a ``cudaGraph_t``.
 
 Capture, the capture errors, exec update rules and events stay in the frontend (DESIGN.md §1);
-this module only turns the flattened node list of one exec into a real CUDA graph
+this module turns the flattened node list of one exec into a real CUDA graph
 (``cudaGraphAdd*Node``), instantiates it once per device and launches it with one
-``cudaGraphLaunch``. Host nodes run through the backend's host-function trampoline, so their
-Python callables run on a Python thread, never on the driver's.
+``cudaGraphLaunch``. Parameter updates and enable/disable reach the instantiated graph in place
+(``cudaGraphExec*NodeSetParams``, ``cudaGraphNodeSetEnabled``), so the graph is kept as long as
+its exec: CUDA names exec nodes by the graph's. Host nodes run through the backend's
+host-function trampoline, so their Python callables run on a Python thread, never on the
+driver's.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import itertools
 import weakref
 from typing import TYPE_CHECKING, Any
 
+from ..errors import StreamRTError
 from ..graph.node import NodeType
 from ..stream import _endpoint  # device pointers checked by the backend, host buffers as views
 from . import cuda
@@ -22,6 +26,9 @@ if TYPE_CHECKING:
     from ..graph.node import Node
 
 _ids = itertools.count(cuda._ONE_SHOT_END)  # graph host-node jobs: run at every launch
+# nodes built as empty ones whatever their parameters: an update has nothing to change
+_PARAMLESS = (NodeType.EMPTY, NodeType.EVENT_RECORD, NodeType.WAIT_EVENT, NodeType.MEM_ALLOC,
+              NodeType.MEM_FREE)
 
 
 class _Launches:
@@ -43,24 +50,30 @@ class _Launches:
 class NativeGraph:
     """One instantiated CUDA graph (``cudaGraphExec_t``) of a frontend exec on one device."""
 
-    def __init__(self, dev: Any, flat: list[tuple[Node | None, list[int]]]) -> None:
+    def __init__(self, dev: Any, flat: list[tuple[Node | None, list[int], bool]]) -> None:
         self.dev = dev
         self._launches = _Launches()
-        self._keep: list[Any] = []  # parameter buffers and host views the nodes point at
+        self._keep: list[Any] = []  # parameter buffers the nodes point at
         self._jobs: list[int] = []
+        self._built: dict[Node, int] = {}  # kernel, memcpy and memset nodes -> their CUDA nodes
+        self._host: dict[Node, tuple] = {}  # host node -> the (fn, args) it was built with
+        self._views: dict[Node, list[Any]] = {}  # memcpy node -> the host views it copies
+        self._retired: list[tuple[Any, int, list[Any]]] = []  # views enqueued launches may use
         _activate(dev.index)
-        graph = check(rt.cudaGraphCreate(0))
+        self.graph = check(rt.cudaGraphCreate(0))
         try:
             made: list[int] = []
-            for node, deps in flat:
-                made.append(self._add(graph, node, [made[d] for d in deps]))
-            self.exec = check(rt.cudaGraphInstantiate(graph, 0))
+            for node, deps, _on in flat:
+                made.append(self._add(self.graph, node, [made[d] for d in deps]))
+            self.exec = check(rt.cudaGraphInstantiate(self.graph, 0))
         except BaseException:
             self._release_jobs()
+            rt.cudaGraphDestroy(self.graph)
             raise
-        finally:
-            rt.cudaGraphDestroy(graph)  # the exec keeps what it needs
-        weakref.finalize(self, _destroy, self.exec, list(self._jobs))
+        weakref.finalize(self, _destroy, self.exec, self.graph, list(self._jobs))
+        for node, _deps, on in flat:
+            if not on:
+                self.set_enabled(node, False)
 
     # -- nodes ---------------------------------------------------------------------------------
     def _add(self, graph: Any, node: Node | None, deps: list[int]) -> int:
@@ -68,51 +81,103 @@ class NativeGraph:
         t = node.type if node is not None else NodeType.EMPTY
         p = node._params if node is not None else {}
         if t is NodeType.KERNEL:
-            fn, types = self.dev.function(p["kernel"])
-            from .nvrtc import pack_args
-
-            kp = drv.CUDA_KERNEL_NODE_PARAMS()
-            kp.func = fn
-            g, b = p["grid"], p["block"]
-            kp.gridDimX, kp.gridDimY, kp.gridDimZ = g.x, g.y, g.z
-            kp.blockDimX, kp.blockDimY, kp.blockDimZ = b.x, b.y, b.z
-            kp.sharedMemBytes = 0
-            kp.kernelParams = pack_args(types, tuple(p["args"]))
+            kp = self._kernel_params(p)
             self._keep.append(kp)
             made = check(drv.cuGraphAddKernelNode(drv.CUgraph(int(graph)),
                                                   [drv.CUgraphNode(d) for d in deps], len(deps), kp))
+            self._built[node] = int(made)
         elif t is NodeType.MEMCPY and p["nbytes"]:
-            dst, src = (_endpoint(self.dev, x, p["nbytes"], writable=w)
-                        for x, w in ((p["dst"], True), (p["src"], False)))
-            self._keep += [dst, src]
+            dst, src = self._views[node] = self._endpoints(p)
             made = check(rt.cudaGraphAddMemcpyNode1D(
                 graph, rdeps, len(deps), _host_ptr(dst), _host_ptr(src), p["nbytes"],
                 rt.cudaMemcpyKind.cudaMemcpyDefault))
+            self._built[node] = int(made)
         elif t is NodeType.MEMSET and p["nbytes"]:
-            ms = rt.cudaMemsetParams()
-            ms.dst = p["ptr"]
-            ms.value = p["value"]
-            ms.elementSize = 1
-            ms.width = p["nbytes"]
-            ms.height = 1
-            ms.pitch = 0
-            made = check(rt.cudaGraphAddMemsetNode(graph, rdeps, len(deps), ms))
+            made = check(rt.cudaGraphAddMemsetNode(graph, rdeps, len(deps), _memset_params(p)))
+            self._built[node] = int(made)
         elif t is NodeType.HOST:
             job = next(_ids)
             fn, args = p["fn"], tuple(p["args"])
             label = f"host node {getattr(fn, '__qualname__', repr(fn))!r}"
             cuda._jobs[job] = (fn, args, lambda exc, label=label, to=self._launches: to.error(exc, label))
             self._jobs.append(job)
+            self._host[node] = (fn, args)
             hp = rt.cudaHostNodeParams()
             hp.fn = _host_fn
             hp.userData = job
             made = check(rt.cudaGraphAddHostNode(graph, rdeps, len(deps), hp))
         else:
-            # empty, disabled, a child's exit, events (they act around the launch on the host) and
-            # memory nodes: the exec mapped graph memory at instantiate (GraphExec._map_memory),
-            # so a MEM_ALLOC/MEM_FREE node only orders its neighbours here
+            # empty, a copy or memset of nothing, a child's exit, events (they act around the
+            # launch on the host) and memory nodes: the exec mapped graph memory at instantiate
+            # (GraphExec._map_memory), so a MEM_ALLOC/MEM_FREE node only orders its neighbours here
             made = check(rt.cudaGraphAddEmptyNode(graph, rdeps, len(deps)))
         return int(made)
+
+    def _kernel_params(self, p: dict[str, Any]) -> Any:
+        from .nvrtc import pack_args
+
+        fn, types = self.dev.function(p["kernel"])
+        kp = drv.CUDA_KERNEL_NODE_PARAMS()
+        kp.func = fn
+        g, b = p["grid"], p["block"]
+        kp.gridDimX, kp.gridDimY, kp.gridDimZ = g.x, g.y, g.z
+        kp.blockDimX, kp.blockDimY, kp.blockDimZ = b.x, b.y, b.z
+        kp.sharedMemBytes = 0
+        kp.kernelParams = pack_args(types, tuple(p["args"]))
+        return kp
+
+    def _endpoints(self, p: dict[str, Any]) -> list[Any]:
+        return [_endpoint(self.dev, x, p["nbytes"], writable=w)
+                for x, w in ((p["dst"], True), (p["src"], False))]
+
+    # -- updates in place ------------------------------------------------------------------------
+    def update(self, node: Node) -> bool:
+        """Give the exec ``node``'s current parameters (``cudaGraphExec*NodeSetParams``) for later
+        launches; False when CUDA cannot, and the graph must be built again."""
+        t, p = node.type, node._params
+        made = self._built.get(node)
+        if made is None:  # built as an empty node, or a host node
+            if t is NodeType.HOST:
+                fn, args = self._host[node]
+                return p["fn"] is fn and len(p["args"]) == len(args) and all(
+                    a is b for a, b in zip(p["args"], args))
+            return t in _PARAMLESS or not p["nbytes"]  # a copy or memset of nothing stays empty
+        if t is not NodeType.KERNEL and not p["nbytes"]:
+            return False  # CUDA cannot make a copy or memset node empty
+        _activate(self.dev.index)
+        try:
+            if t is NodeType.KERNEL:
+                check(drv.cuGraphExecKernelNodeSetParams(  # the driver copies the parameters
+                    drv.CUgraphExec(int(self.exec)), drv.CUgraphNode(made), self._kernel_params(p)))
+            elif t is NodeType.MEMCPY:
+                views = self._endpoints(p)
+                check(rt.cudaGraphExecMemcpyNodeSetParams1D(
+                    self.exec, rt.cudaGraphNode_t(made), _host_ptr(views[0]), _host_ptr(views[1]),
+                    p["nbytes"], rt.cudaMemcpyKind.cudaMemcpyDefault))
+                self._retire(self._views[node])
+                self._views[node] = views
+            else:
+                check(rt.cudaGraphExecMemsetNodeSetParams(self.exec, rt.cudaGraphNode_t(made),
+                                                          _memset_params(p)))
+        except StreamRTError:
+            return False  # refused (e.g. memory of another context): built again, as CUDA would
+        return True
+
+    def set_enabled(self, node: Node, enabled: bool) -> bool:
+        """``cudaGraphNodeSetEnabled`` for later launches (a node built empty has nothing to do)."""
+        made = self._built.get(node)
+        if made is not None:
+            _activate(self.dev.index)
+            check(rt.cudaGraphNodeSetEnabled(self.exec, rt.cudaGraphNode_t(made), int(enabled)))
+        return True
+
+    def _retire(self, views: list[Any]) -> None:
+        # launches already enqueued still copy from the old host views: keep them until the
+        # queue of the latest launch has passed it (launches of one exec never overlap)
+        q, pos = self._launches.queue, self._launches.pos
+        if q is not None:
+            self._retired.append((q, pos, views))
+        self._retired = [r for r in self._retired if r[0].done < r[1]]
 
     def _release_jobs(self) -> None:
         for job in self._jobs:
@@ -139,9 +204,21 @@ class NativeGraph:
         check(rt.cudaGraphUpload(self.exec, q.stream))
 
 
-def _destroy(exec_: Any, jobs: list[int]) -> None:
+def _memset_params(p: dict[str, Any]) -> Any:
+    ms = rt.cudaMemsetParams()
+    ms.dst = p["ptr"]
+    ms.value = p["value"]
+    ms.elementSize = 1
+    ms.width = p["nbytes"]
+    ms.height = 1
+    ms.pitch = 0
+    return ms
+
+
+def _destroy(exec_: Any, graph: Any, jobs: list[int]) -> None:
     # Runs once no queue holds the graph any more (a queue keeps the graphs it launched until it
     # has passed them), so no launch of it is in flight and its host-node jobs can go.
     cuda.release(rt.cudaGraphExecDestroy, exec_)
+    cuda.release(rt.cudaGraphDestroy, graph)
     for job in jobs:
         cuda._jobs.pop(job, None)

@@ -141,8 +141,7 @@ class GraphExec:
             plan = self._plans.get(key)
             if plan is None:
                 _execs_of(stream.device).add(self)
-                flat = [(n if on else None, deps) for n, deps, on in flatten(self._template,
-                                                                            self._disabled)]
+                flat = flatten(self._template, self._disabled)
                 plan = self._plans[key] = stream.device._impl.graph_exec(flat)
             return plan
         key = (stream.id, bool(instrument.listeners))  # instrumented plans wrap every node
@@ -294,8 +293,15 @@ class GraphExec:
     def _set(self, t: Node, params: dict[str, Any]) -> None:
         with self._lock:
             t._params = params
-            self._plans.clear()  # later launches only: enqueued launches keep their plan
-            self._has_binds = None
+            self._refresh(lambda plan: plan.update(t))
+
+    def _refresh(self, keep: Callable[[Any], bool]) -> None:
+        """After a change of parameters or of enabled nodes, for later launches only (enqueued
+        launches keep their plan): cpu plans are compiled again at the next launch; a backend
+        graph takes the change in place (``cudaGraphExec*NodeSetParams``) when ``keep(plan)``
+        can apply it, else it is built again."""
+        self._plans = {k: p for k, p in self._plans.items() if not isinstance(k, tuple) and keep(p)}
+        self._has_binds = None
 
     def set_kernel_node_params(self, node: Node, *args: Any, grid: Any = None,
                                block: Any = None) -> None:
@@ -334,8 +340,7 @@ class GraphExec:
         t = self._node(node, *_DISABLEABLE)
         with self._lock:
             (self._disabled.discard if enabled else self._disabled.add)(t.index)
-            self._plans.clear()
-            self._has_binds = None
+            self._refresh(lambda plan: plan.set_enabled(t, enabled))
 
     def node_enabled(self, node: Node) -> bool:
         """Whether a node is enabled (``cudaGraphNodeGetEnabled``)."""
@@ -354,9 +359,8 @@ class GraphExec:
             raise GraphExecUpdateError(f"update refused ({result.name}): {why}", result=result,
                                        node=node)
         with self._lock:
-            _adopt(self._template, graph)
-            self._plans.clear()
-            self._has_binds = None
+            changed = _adopt(self._template, graph)
+            self._refresh(lambda plan: all(plan.update(n) for n in changed))
 
 
 # -- helpers -------------------------------------------------------------------------------------
@@ -398,12 +402,16 @@ def _diff(old: Graph, new: Graph) -> tuple[GraphExecUpdateResult, Node | None, s
     return None
 
 
-def _adopt(old: Graph, new: Graph) -> None:
+def _adopt(old: Graph, new: Graph) -> list[Node]:
+    """Take the parameters of ``new``'s nodes; returns the nodes (child graphs' too) that took them."""
+    changed: list[Node] = []
     for o, n in zip(old._nodes, new._nodes):
         if o.type is NodeType.GRAPH:
-            _adopt(o._params["graph"], n._params["graph"])
+            changed += _adopt(o._params["graph"], n._params["graph"])
         elif o.type not in (NodeType.MEM_ALLOC, NodeType.MEM_FREE):
             o._params = dict(n._params)
+            changed.append(o)
+    return changed
 
 
 def _execs_of(device: Any) -> weakref.WeakSet:

@@ -2,7 +2,10 @@
 
 A node's parameters are copied when it is added (kernel parameters too, as the driver does).
 ``cudaGraphInstantiate`` copies the graph, so destroying the graph leaves the exec intact, and
-an exec destroyed while a launch is in flight still completes that launch. A launch runs the
+an exec destroyed while a launch is in flight still completes that launch. The exec's node
+parameters and enabled flags change in place (``cudaGraphExec*NodeSetParams``,
+``cudaGraphNodeSetEnabled``) for later launches only: a launch takes a snapshot of them. Those
+calls name the node by the graph's, so they fail once the graph was destroyed. A launch runs the
 nodes on the stream's worker thread in a topological order that, among nodes whose
 dependencies are met, takes the one added *last*: a dependency the caller forgot shows as work
 run out of order, not hidden by insertion order. Host nodes run as host functions (no CUDA calls
@@ -55,10 +58,25 @@ class Exec:
     def __init__(self, graph: Graph, device: int) -> None:
         self.handle = state.new_handle()
         self.device = device
-        self.steps = [(n.kind, n.run) for n in graph.order()]
+        self.graph = graph
+        # node handle -> [kind, run, enabled], in the order a launch runs them
+        self.steps = {n.handle: [n.kind, n.run, True] for n in graph.order()}
 
-    def run(self) -> None:
-        for kind, fn in self.steps:
+    def node(self, node: Any, *kinds: str) -> list | None:
+        """The exec's step of a live node of its graph, of one of ``kinds``; None otherwise."""
+        h = state.as_int(node)
+        step = self.steps.get(h)
+        if step is None or NODES.get(h) is None or step[0] not in kinds:
+            return None
+        return step
+
+    def snapshot(self) -> list[tuple[str, Any]]:
+        """What a launch runs: later parameter and enabled changes do not reach it."""
+        return [(kind, fn) for kind, fn, on in self.steps.values() if on]
+
+    @staticmethod
+    def run(steps: list[tuple[str, Any]]) -> None:
+        for kind, fn in steps:
             if fn is None:
                 continue
             if kind == "host":
@@ -109,57 +127,71 @@ def cudaGraphDestroy(graph: Any) -> tuple:
     return (SUCCESS,)
 
 
-@driver("cuGraphAddKernelNode", 1)
-def cuGraphAddKernelNode(graph: Any, deps: Any, n: int, kp: Any) -> tuple:
+def _kernel_run(kp: Any) -> Any:
+    """The work of a kernel node's parameters (copied now), or None when they are invalid."""
     if kp is None:
-        return (R.CUDA_ERROR_INVALID_VALUE, None)
+        return None
     with LOCK:
         fn = kernels.FUNCTIONS.get(state.as_int(kp.func))
     if fn is None:
-        return (R.CUDA_ERROR_INVALID_VALUE, None)
+        return None
     grid = (int(kp.gridDimX), int(kp.gridDimY), int(kp.gridDimZ))
     block = (int(kp.blockDimX), int(kp.blockDimY), int(kp.blockDimZ))
     if kernels.check_dims(grid, block, int(kp.sharedMemBytes)) is not None:
-        return (R.CUDA_ERROR_INVALID_VALUE, None)
+        return None
     if state.as_int(kp.extra):
         raise state.FakeUnsupported("kernel node with 'extra': not modelled")
     params = kernels.Params(int(kp.kernelParams), fn.lib.param_sizes)  # copied now
-    node, bad = _add(graph, deps, n, "kernel", lambda: kernels.run(fn, params, grid, block),
-                     (R.CUDA_ERROR_INVALID_VALUE, None))
+    return lambda: kernels.run(fn, params, grid, block)
+
+
+@driver("cuGraphAddKernelNode", 1)
+def cuGraphAddKernelNode(graph: Any, deps: Any, n: int, kp: Any) -> tuple:
+    run = _kernel_run(kp)
+    if run is None:
+        return (R.CUDA_ERROR_INVALID_VALUE, None)
+    node, bad = _add(graph, deps, n, "kernel", run, (R.CUDA_ERROR_INVALID_VALUE, None))
     return bad or (DRV_SUCCESS, drv.CUgraphNode(node.handle))
+
+
+def _memcpy_run(dst: Any, src: Any, count: int, kind: Any) -> tuple[Any, Any]:
+    """(the copy, None), or (None, the error) for invalid operands."""
+    d, s_, c = memory.address(dst), memory.address(src), int(count)
+    if int(kind) not in (0, 1, 2, 3, 4):
+        return None, E.cudaErrorInvalidMemcpyDirection
+    try:
+        memory.classify(d, c)
+        memory.classify(s_, c)
+    except memory.BadRange:
+        return None, E.cudaErrorInvalidValue
+    return (lambda: ctypes.memmove(d, s_, c)), None
 
 
 @runtime("cudaGraphAddMemcpyNode1D")
 def cudaGraphAddMemcpyNode1D(graph: Any, deps: Any, n: int, dst: Any, src: Any, count: int,
                              kind: Any) -> tuple:
-    d, s_, c = memory.address(dst), memory.address(src), int(count)
-    if int(kind) not in (0, 1, 2, 3, 4):
-        return (E.cudaErrorInvalidMemcpyDirection, None)
-    try:
-        memory.classify(d, c)
-        memory.classify(s_, c)
-    except memory.BadRange:
-        return (E.cudaErrorInvalidValue, None)
-    node, bad = _add(graph, deps, n, "memcpy", lambda: ctypes.memmove(d, s_, c),
-                     (E.cudaErrorInvalidValue, None))
+    run, err = _memcpy_run(dst, src, count, kind)
+    if err is not None:
+        return (err, None)
+    node, bad = _add(graph, deps, n, "memcpy", run, (E.cudaErrorInvalidValue, None))
     return bad or (SUCCESS, rt.cudaGraphNode_t(node.handle))
 
 
-@runtime("cudaGraphAddMemsetNode")
-def cudaGraphAddMemsetNode(graph: Any, deps: Any, n: int, ms: Any) -> tuple:
+def _memset_run(ms: Any) -> Any:
+    """The fill of memset parameters, or None when they are invalid (pageable memory too)."""
     if ms is None:
-        return (E.cudaErrorInvalidValue, None)
+        return None
     p, esize, width, height = int(ms.dst), int(ms.elementSize), int(ms.width), int(ms.height)
     value, pitch = int(ms.value), int(ms.pitch)
     if esize not in (1, 2, 4) or height < 1 or (height > 1 and pitch < width * esize):
-        return (E.cudaErrorInvalidValue, None)
+        return None
     span = (height - 1) * pitch + width * esize
     try:
         k, _ = memory.classify(p, span)
     except memory.BadRange:
-        return (E.cudaErrorInvalidValue, None)
+        return None
     if k == "pageable":
-        return (E.cudaErrorInvalidValue, None)
+        return None
     elem = value.to_bytes(8, "little")[:esize]
     row = elem * width
 
@@ -167,7 +199,15 @@ def cudaGraphAddMemsetNode(graph: Any, deps: Any, n: int, ms: Any) -> tuple:
         for r in range(height):
             ctypes.memmove(p + r * pitch, row, len(row))
 
-    node, bad = _add(graph, deps, n, "memset", fill, (E.cudaErrorInvalidValue, None))
+    return fill
+
+
+@runtime("cudaGraphAddMemsetNode")
+def cudaGraphAddMemsetNode(graph: Any, deps: Any, n: int, ms: Any) -> tuple:
+    run = _memset_run(ms)
+    if run is None:
+        return (E.cudaErrorInvalidValue, None)
+    node, bad = _add(graph, deps, n, "memset", run, (E.cudaErrorInvalidValue, None))
     return bad or (SUCCESS, rt.cudaGraphNode_t(node.handle))
 
 
@@ -218,10 +258,11 @@ def cudaGraphLaunch(exec_: Any, stream: Any) -> tuple:
             return (err,)
         if s.device != x.device:
             return (E.cudaErrorInvalidValue,)
-        res = capture.intercept(s, "graph", x.run)  # a child graph node
+        steps = x.snapshot()
+        res = capture.intercept(s, "graph", lambda: Exec.run(steps))  # a child graph node
         if res is not None:
             return (res,)
-        s.enqueue(x.run, "graph launch")  # x.run keeps the steps alive past an exec destroy
+        s.enqueue(lambda: Exec.run(steps), "graph launch")  # alive past an exec destroy
     return (SUCCESS,)
 
 
@@ -241,4 +282,56 @@ def cudaGraphExecDestroy(exec_: Any) -> tuple:
     with LOCK:
         if EXECS.pop(state.as_int(exec_), None) is None:
             return (E.cudaErrorInvalidValue,)
+    return (SUCCESS,)
+
+
+# -- updates of an instantiated graph, for later launches --------------------------------------
+def _exec_node(exec_: Any, node: Any, *kinds: str) -> list | None:
+    x = EXECS.get(state.as_int(exec_))
+    return None if x is None else x.node(node, *kinds)
+
+
+@driver("cuGraphExecKernelNodeSetParams", 0)
+def cuGraphExecKernelNodeSetParams(exec_: Any, node: Any, kp: Any) -> tuple:
+    run = _kernel_run(kp)
+    with LOCK:
+        step = _exec_node(exec_, node, "kernel")
+        if step is None or run is None:
+            return (R.CUDA_ERROR_INVALID_VALUE,)
+        step[1] = run
+    return (DRV_SUCCESS,)
+
+
+@runtime("cudaGraphExecMemcpyNodeSetParams1D")
+def cudaGraphExecMemcpyNodeSetParams1D(exec_: Any, node: Any, dst: Any, src: Any, count: int,
+                                       kind: Any) -> tuple:
+    if int(count) == 0:  # zero-length operations are not supported
+        return (E.cudaErrorInvalidValue,)
+    run, err = _memcpy_run(dst, src, count, kind)
+    with LOCK:
+        step = _exec_node(exec_, node, "memcpy")
+        if step is None or err is not None:
+            return (err or E.cudaErrorInvalidValue,)
+        step[1] = run
+    return (SUCCESS,)
+
+
+@runtime("cudaGraphExecMemsetNodeSetParams")
+def cudaGraphExecMemsetNodeSetParams(exec_: Any, node: Any, ms: Any) -> tuple:
+    run = _memset_run(ms) if ms is not None and int(ms.width) else None
+    with LOCK:
+        step = _exec_node(exec_, node, "memset")
+        if step is None or run is None:
+            return (E.cudaErrorInvalidValue,)
+        step[1] = run
+    return (SUCCESS,)
+
+
+@runtime("cudaGraphNodeSetEnabled")
+def cudaGraphNodeSetEnabled(exec_: Any, node: Any, enabled: int) -> tuple:
+    with LOCK:
+        step = _exec_node(exec_, node, "kernel", "memcpy", "memset")  # the kinds CUDA supports
+        if step is None:
+            return (E.cudaErrorInvalidValue,)
+        step[2] = bool(int(enabled))
     return (SUCCESS,)
