@@ -16,7 +16,6 @@ import itertools
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from ..errors import StreamRTError
 from ..graph.node import NodeType
 from ..stream import _endpoint  # device pointers checked by the backend, host buffers as views
 from . import cuda
@@ -159,8 +158,10 @@ class NativeGraph:
             else:
                 check(rt.cudaGraphExecMemsetNodeSetParams(self.exec, rt.cudaGraphNode_t(made),
                                                           _memset_params(p)))
-        except StreamRTError:
-            return False  # refused (e.g. memory of another context): built again, as CUDA would
+        except Exception:
+            # CUDA refused (e.g. memory of another context), or the parameters do not pack: the
+            # graph is built again, which succeeds or raises as a first build would
+            return False
         return True
 
     def set_enabled(self, node: Node, enabled: bool) -> bool:
