@@ -353,10 +353,14 @@ class MemPool(ArenaMixin, ReuseMixin):
         """Merge ``b`` (free, not indexed) with the free neighbours it may absorb: a block freed
         on stream F takes ready neighbours and those freed on F (the whole stays pending on F
         at the later position: other streams lose nothing they could prove); a ready block
-        takes ready neighbours."""
-        for nb in (b.prev, b.next):
-            if nb is None or nb.live or (nb.stream is not b.stream and nb.stream is not None):
-                continue
+        takes ready neighbours. Repeated until no neighbour qualifies: a ready neighbour taken
+        may have one freed on F beyond it."""
+        while True:
+            for nb in (b.prev, b.next):
+                if nb is not None and not nb.live and (nb.stream is b.stream or nb.stream is None):
+                    break
+            else:
+                return b
             self._remove_free(nb)
             lo, hi = (nb, b) if nb.addr < b.addr else (b, nb)
             pending = [x for x in (lo, hi) if x.stream is not None]
@@ -370,7 +374,6 @@ class MemPool(ArenaMixin, ReuseMixin):
             del self._blocks[hi.addr]
             hi.stream = None  # a dead block
             b = lo
-        return b
 
     # -- free -----------------------------------------------------------------------------------
     def _free(self, stream: Stream, ptr: int) -> None:

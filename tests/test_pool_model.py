@@ -8,6 +8,12 @@ a host synchronize (2), or ordered by events (3, flag on), or already executed (
 or the allocating stream now really waits for it (6, flag on); a grown block is fresh memory
 or extends a free block the allocating stream may use (freed on it, or proven). Memory a host
 synchronize proved free is reusable by any step: a free absorbs proven-free neighbours.
+Placement (best fit): before each allocation the model reads the pool's block boundaries and
+vets them (live blocks are exactly the model's allocations, each free block's tag covers the
+unproven frees inside it, neighbours that may coalesce have); then the block taken must be
+reusable at the step the pool counted, no fitting block may have been reusable at an earlier
+step, and none reusable at the same step may be smaller (ties and the end of the block a piece
+is cut from are not specified by DESIGN.md, so not checked).
 Every owner writes its tag into its block, and the free is preceded by a check on the freeing
 stream that the block still holds that tag: a reuse that jumped the order shows up as data.
 Hand-offs (free on F, an event of F waited on by A, malloc on A) exercise event-dependency reuse,
@@ -17,6 +23,7 @@ under live blocks (or kept by the release threshold) may stay reserved.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import threading
 
@@ -27,7 +34,6 @@ from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
     invariant,
-    precondition,
     rule,
     run_state_machine_as_test,
 )
@@ -49,6 +55,14 @@ PENDING_RULES = {
     "reuse_internal_dependency",
 }
 
+
+# DESIGN.md §3's order of the steps (reuse_merged is the pool's own: before growing, it merges
+# adjacent blocks that the allocating stream may use)
+RANK = {
+    "reuse_same_stream": 1, "reuse_after_sync": 2, "reuse_event_dependency": 3,
+    "reuse_opportunistic": 4, "reuse_merged": 4.5, "grow_count": 5, "reuse_internal_dependency": 6,
+}
+REUSE_STEPS = (1, 2, 3, 4, 6)  # the steps that take one existing free block
 
 # an index into a list that changes during the run (drawn as a plain int: ``st.data()`` draws
 # would trip Hypothesis' check on the global ``random`` state, which the cpu workers' delay
@@ -122,6 +136,73 @@ class PoolMachine(RuleBasedStateMachine):
             self.merge(i, snap)
             self.enqueued(i)  # a real wait op
 
+    # -- the pool's free blocks, as the model sees them -----------------------------------------
+    def free_blocks(self) -> list[tuple[int, int, tuple[int, int] | None, bool]]:
+        """The pool's free blocks in address order, as ``(addr, size, tag, usable)``: ``tag`` is
+        ``(freeing stream, position)``, None for a ready block; ``usable`` is False for a block
+        over granules a synchronize released (under ``max_size`` the pool may have to skip it).
+        Only the boundaries come from the pool (call after ``stats()``, which settles deferred
+        merges); the rest is checked against the model."""
+        pool = self.pool
+        index = {s.id: i for i, s in enumerate(self.streams)}
+        with pool._lock:
+            raw = [(b.addr, b.size, b.live, None if b.stream is None else index[b.stream.id],
+                    b.pos) for b in pool._blocks.values()]
+            mapped, base = set(pool._mapped), pool._arena
+        assert {a: n for a, n, live, _, _ in raw if live} == {
+            p: r[0] for p, r in self.live.items()}, "the pool's live blocks are not the allocations"
+        tags = {a: None if f is None else (f, p) for a, _, live, f, p in raw if not live}
+        starts = [a for a, *_ in raw]
+        for lo, hi, f, q in self.freed:  # a tag must cover every unproven free inside its block
+            if self.host[f] >= q:
+                continue
+            for a, n, *_ in raw[bisect.bisect_right(starts, lo) - 1:bisect.bisect_left(starts, hi)]:
+                tag = tags[a]
+                assert tag is not None and tag[0] == f and q <= tag[1] <= self.pos[f], (
+                    f"{show((a, n, tag))} holds memory freed on stream {f} at {q}, unproven")
+        blocks = [(a, n, tags[a], not pool.max_size or all(g in mapped for g in range(
+            (a - base) // GRANULE * GRANULE, a + n - base, GRANULE))) for a, n, live, _, _ in raw
+            if not live]
+        for x, y in zip(blocks, blocks[1:]):  # coalesced on free, unless their tags differ
+            if x[0] + x[1] == y[0]:  # (a ready block next to a pending one: promoted later)
+                assert (x[2] is None) != (y[2] is None) or (x[2] and x[2][0] != y[2][0]), (
+                    f"free neighbours did not coalesce: {show(x)}, {show(y)}")
+        return blocks
+
+    def steps_for(self, i: int, tag: tuple[int, int] | None, clock: dict[int, int],
+                  done: list[int]) -> set[int]:
+        """The steps of DESIGN.md §3 at which stream ``i`` (vector clock ``clock``) may take a
+        free block tagged ``tag``, when the streams have executed ``done`` operations."""
+        if tag is None:
+            return {2}
+        f, p = tag
+        if f == i:
+            return {1, 2} if self.host[f] >= p else {1}
+        return {step for step, ok in (
+            (2, self.host[f] >= p),
+            (3, self.pool.reuse_follow_event_dependencies and clock.get(f, 0) >= p),
+            (4, self.pool.reuse_allow_opportunistic and done[f] >= p),
+            (6, self.pool.reuse_allow_internal_dependencies)) if ok}
+
+    def check_placement(self, i: int, step: str, ptr: int, rsize: int, blocks: list,
+                        clock: dict[int, int], done: list[int]) -> None:
+        """DESIGN.md §3: the first step with a fitting block wins, and within it the closest size
+        (``blocks``, ``clock`` and ``done`` as they were before the allocation)."""
+        k = RANK[step]
+        fits = [b for b in blocks if b[1] >= rsize and b[3]]
+        for b in fits:
+            first = min(self.steps_for(i, b[2], clock, done), default=k)
+            assert first >= k, f"{step}, but {show(b)} fitted at step {first}"
+        if k not in REUSE_STEPS:
+            return
+        taken = next((b for b in blocks if b[0] <= ptr and ptr + rsize <= b[0] + b[1]), None)
+        assert taken is not None, f"{step}: {hex(ptr)}+{rsize} is not inside one free block"
+        now = [t._q.done for t in self.streams]  # a later count may only add step-4 blocks
+        assert k in self.steps_for(i, taken[2], clock, now), f"{step} may not take {show(taken)}"
+        closer = [b for b in fits if b[1] < taken[1] and k in self.steps_for(i, b[2], clock, done)]
+        assert not closer, (
+            f"{step}: not best fit for {rsize}: took {show(taken)}, {show(closer[0])} fits closer")
+
     # -- setup ------------------------------------------------------------------------------
     @initialize(
         n=st.integers(2, 3),
@@ -149,8 +230,10 @@ class PoolMachine(RuleBasedStateMachine):
         pool = self.pool
         rsize = rounded(size)
         before = pool.stats()
+        blocks = self.free_blocks()
         clock_before = dict(self.clock[i])
         real_before = dict(s._clock)
+        done_before = [t._q.done for t in self.streams]
         try:
             ptr = s.malloc(size, pool)
         except srt.OutOfMemoryError:
@@ -158,6 +241,8 @@ class PoolMachine(RuleBasedStateMachine):
             assert after["oom_count"] == before["oom_count"] + 1
             del after["oom_count"], before["oom_count"]
             assert after == before  # a failed allocation changes nothing
+            assert not [b for b in blocks if b[1] >= rsize and b[3] and self.steps_for(
+                i, b[2], clock_before, done_before)], "out of memory while a usable block fitted"
             assert pool.max_size and before["reserved_mem_current"] + rsize > pool.max_size
             # (a free block as large may exist: one whose memory went back to the device at a
             # synchronize cannot be mapped again past max_size)
@@ -168,6 +253,7 @@ class PoolMachine(RuleBasedStateMachine):
         moved = [k for k in STEPS if after[k] != before[k]]
         assert len(moved) == 1 and after[moved[0]] == before[moved[0]] + 1, moved
         step = moved[0]
+        self.check_placement(i, step, ptr, rsize, blocks, clock_before, done_before)
         lo, hi = ptr, ptr + rsize
         assert ptr % ALIGN == 0
         for p, (n, _, _, _) in self.live.items():
@@ -213,10 +299,13 @@ class PoolMachine(RuleBasedStateMachine):
         self.enqueued(i)
         self.live[ptr] = (rsize, size, i, tag)
 
-    @precondition(lambda self: self.live)
+    # (no ``precondition`` on ``self.live``: whether an allocation ran out of memory may depend on
+    # timing, through opportunistic reuse, and Hypothesis needs the same rules enabled on replay:
+    # else it reports FlakyStrategyDefinition)
     @rule(pick=PICK, via=st.integers(0, 2))
     def free(self, pick, via):
-        self.free_ptr(sorted(self.live)[pick % len(self.live)], via)
+        if self.live:
+            self.free_ptr(sorted(self.live)[pick % len(self.live)], via)
 
     def free_ptr(self, ptr: int, via: int, early: list | None = None) -> int:
         """Free ``ptr`` on stream ``via`` after a last use there; returns the freeing stream.
@@ -240,12 +329,13 @@ class PoolMachine(RuleBasedStateMachine):
         self.freed.append((ptr, ptr + rsize, f, self.pos[f]))
         return f
 
-    @precondition(lambda self: self.live)
     @rule(pick=PICK, via=st.integers(0, 2), to=st.integers(1, 2), early=st.booleans())
     def hand_off(self, pick, via, to, early):
         """Free on F, then allocate the same size on another stream A that waits for an event of
         F: recorded after the free (event-dependency reuse may take the block) or, ``early``,
         just before the owner's last use on F (it may not: the event does not cover the free)."""
+        if not self.live:
+            return
         ptr = sorted(self.live)[pick % len(self.live)]
         size = self.live[ptr][1]
         mark: list = []
@@ -268,10 +358,10 @@ class PoolMachine(RuleBasedStateMachine):
     def record_event(self, si):
         self.record(self.s(si)[0])
 
-    @precondition(lambda self: self.events)
     @rule(pick=PICK, si=st.integers(0, 2))
     def wait_event(self, pick, si):
-        self.wait(self.s(si)[0], self.events[pick % len(self.events)])
+        if self.events:  # (no precondition: what was recorded can depend on timing, see free)
+            self.wait(self.s(si)[0], self.events[pick % len(self.events)])
 
     @rule(si=st.integers(0, 2))
     def drain(self, si):
@@ -325,6 +415,7 @@ class PoolMachine(RuleBasedStateMachine):
             return
         st_ = self.pool.stats()
         assert not self.errors, self.errors
+        self.free_blocks()
         assert st_["used_mem_current"] == sum(r for r, _, _, _ in self.live.values())
         assert st_["used_mem_current"] <= st_["reserved_mem_current"]
         assert st_["used_mem_current"] <= st_["used_mem_high"]
@@ -357,6 +448,13 @@ class PoolMachine(RuleBasedStateMachine):
             for s in self.streams:
                 s.destroy()
             cpu.set_delay_us(self.prev_delay)
+
+
+def show(block: tuple) -> str:
+    """A free block of ``PoolMachine.free_blocks`` for a message."""
+    addr, size, tag = block[:3]
+    return f"block {hex(addr)}+{size} " + ("(ready)" if tag is None else
+                                           f"(freed on stream {tag[0]} at {tag[1]})")
 
 
 def _subtract(r: tuple[int, int, int, int], lo: int, hi: int) -> list[tuple[int, int, int, int]]:

@@ -447,6 +447,24 @@ def test_pool_split_and_coalesce(dev):
     assert stream(dev).malloc(BLOCK, pool) == base  # the whole granule, in one piece
 
 
+def test_pool_free_coalesces_through_an_absorbed_ready_block(dev):
+    # A free absorbs a ready neighbour, then what lies beyond it freed on the same stream: one
+    # block, which another stream ordered after both frees reuses in one piece.
+    pool = pool_with(dev, reuse_allow_opportunistic=False, reuse_allow_internal_dependencies=False)
+    a, f = stream(dev), stream(dev)
+    x = a.malloc(512, pool)  # the top of a first granule; the rest of it is a ready block
+    f.memset(x, 0, 512)
+    f.free(x)  # the first granule: one block, pending on f
+    y = a.malloc(512, pool)  # a may not reuse it: the top of a second granule
+    f.memset(y, 0, 512)
+    f.free(y)  # absorbs the ready rest of the second granule, then the first granule
+    assert pool.stats()["largest_free_block"] == 2 * BLOCK
+    a.wait(f.record())
+    before = pool.stats()
+    assert a.malloc(BLOCK + BLOCK // 2, pool) == x + 512 - BLOCK  # the low end: the first granule
+    assert served(pool, before) == ["reuse_event_dependency"]
+
+
 # -- ownership, srt.free ------------------------------------------------------------------------
 def test_pool_pointer_returns_to_owning_pool(dev):
     pa, pb = pool_with(dev), pool_with(dev)
