@@ -70,9 +70,9 @@ class NativeGraph:
             rt.cudaGraphDestroy(self.graph)
             raise
         weakref.finalize(self, _destroy, self.exec, self.graph, list(self._jobs))
-        for node, _deps, on in flat:
-            if not on:
-                self.set_enabled(node, False)
+        for node, _deps, on in flat:  # disabled nodes: built, then switched off
+            if not on and node in self._built:
+                self._enable(self._built[node], False)
 
     # -- nodes ---------------------------------------------------------------------------------
     def _add(self, graph: Any, node: Node | None, deps: list[int]) -> int:
@@ -165,12 +165,19 @@ class NativeGraph:
         return True
 
     def set_enabled(self, node: Node, enabled: bool) -> bool:
-        """``cudaGraphNodeSetEnabled`` for later launches (a node built empty has nothing to do)."""
+        """``cudaGraphNodeSetEnabled`` for later launches (a node built empty has nothing to do);
+        False when CUDA refused, and the graph must be built again."""
         made = self._built.get(node)
         if made is not None:
-            _activate(self.dev.index)
-            check(rt.cudaGraphNodeSetEnabled(self.exec, rt.cudaGraphNode_t(made), int(enabled)))
+            try:
+                self._enable(made, enabled)
+            except Exception:
+                return False
         return True
+
+    def _enable(self, made: int, enabled: bool) -> None:
+        _activate(self.dev.index)
+        check(rt.cudaGraphNodeSetEnabled(self.exec, rt.cudaGraphNode_t(made), int(enabled)))
 
     def _retire(self, views: list[Any]) -> None:
         # launches already enqueued still copy from the old host views: keep them until the
