@@ -10,6 +10,12 @@ repetitions after a warm-up. Peers:
   with ``cudaGraphLaunch``. Target: streamrt <= 1.2x of it.
 * streamrt eager: the same 1000 kernels launched one by one with ``s.launch`` (reported).
 
+Per-step update: the first kernel node's arguments are changed before every replay (swapping a and
+b, which keeps c = 2): ``ge.set_kernel_node_params`` + ``ge.launch`` vs raw
+``cuGraphExecKernelNodeSetParams`` + ``cudaGraphLaunch`` of an explicitly built graph of the same
+chain, in µs per replay (reported: it shows the update reaching the instantiated graph in place,
+not instantiating it again).
+
 Needs a cuda device: without one, ``run`` returns ``{"rows": [], "skipped": reason}``.
 ``STREAMRT_BENCH_SMOKE=1``: a smoke run (a 10-node chain, one replay, one repetition) that only
 checks that the script works, e.g. on ``tests/cuda_fake``; its figures mean nothing.
@@ -17,10 +23,13 @@ checks that the script works, e.g. on ``tests/cuda_fake``; its figures mean noth
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from _common import best_us, smoke
 from _gpu import (
     N_ELEMS,
+    PTR3_I32,
     RawTiny,
     attempt,
     check,
@@ -120,6 +129,81 @@ def _eager(o: _Ours, nodes: int, launches: int, repeat: int) -> float:
     return best_us(loop, launches * nodes, repeat)
 
 
+def _update_replay(o: _Ours, nodes: int, launches: int, repeat: int) -> float:
+    s = o.s
+    pa, pb, pc = o.ptrs
+    g = srt.Graph()
+    first = node = g.add_kernel_node(tiny_add, pa, pb, pc, N_ELEMS, grid=1, block=N_ELEMS)
+    for _ in range(nodes - 1):
+        node = g.add_kernel_node(tiny_add, pa, pb, pc, N_ELEMS, grid=1, block=N_ELEMS, deps=node)
+    ge = g.instantiate()
+    swaps = ((pa, pb, pc, N_ELEMS), (pb, pa, pc, N_ELEMS))  # a + b either way
+    try:
+        def loop(k: int) -> None:
+            update, launch = ge.set_kernel_node_params, ge.launch
+            for i in range(k):
+                update(first, *swaps[i & 1])
+                launch(s)
+            s.synchronize()
+
+        o.reset_c()
+        loop(2)  # warm-up (instantiates on the first launch)
+        o.check_c("streamrt update + replay")
+        return best_us(loop, launches, repeat)
+    finally:
+        quietly(ge.destroy)
+
+
+def _raw_update_replay(nodes: int, launches: int, repeat: int) -> float:
+    from cuda.bindings import driver as drv
+    from cuda.bindings import runtime as rt
+
+    raw = RawTiny()
+    graph = gexec = None
+    try:
+        def params(ptrs: tuple) -> Any:
+            kp = drv.CUDA_KERNEL_NODE_PARAMS()
+            kp.func = raw.fn
+            kp.gridDimX = kp.gridDimY = kp.gridDimZ = 1
+            kp.blockDimX, kp.blockDimY, kp.blockDimZ = N_ELEMS, 1, 1
+            kp.sharedMemBytes = 0
+            kp.kernelParams = ((*ptrs, N_ELEMS), PTR3_I32)  # packed by cuda-bindings, per call
+            return kp
+
+        a, b, c = raw.ptrs
+        swaps = (params((a, b, c)), params((b, a, c)))
+        graph = check(rt.cudaGraphCreate(0))
+        cugraph = drv.CUgraph(int(graph))
+        first = node = check(drv.cuGraphAddKernelNode(cugraph, [], 0, swaps[0]))
+        for _ in range(nodes - 1):
+            node = check(drv.cuGraphAddKernelNode(cugraph, [node], 1, swaps[0]))
+        gexec = check(rt.cudaGraphInstantiate(graph, 0))
+        cuexec = drv.CUgraphExec(int(gexec))
+        stream = raw.stream
+
+        def loop(k: int) -> None:
+            update, launch = drv.cuGraphExecKernelNodeSetParams, rt.cudaGraphLaunch
+            for i in range(k):
+                err, = update(cuexec, first, swaps[i & 1])
+                if not err:
+                    err, = launch(gexec, stream)
+                if err:
+                    check((err,))
+            raw.synchronize()
+
+        loop(2)
+        got = raw.result()
+        if not np.allclose(got, 2.0):
+            raise AssertionError(f"raw update + replay: tiny_add computed {got[:4]}..., expected 2.0")
+        return best_us(loop, launches, repeat)
+    finally:
+        if gexec is not None:
+            quietly(rt.cudaGraphExecDestroy, gexec)
+        if graph is not None:
+            quietly(rt.cudaGraphDestroy, graph)
+        raw.close()
+
+
 def _raw_replay(nodes: int, launches: int, repeat: int) -> float:
     from cuda.bindings import runtime as rt
 
@@ -170,22 +254,29 @@ def run(nodes: int = 1000, launches: int = 20, repeat: int = 5, quick: bool = Fa
     if smoke():
         nodes, launches, repeat = min(nodes, 10), 1, 1
     ours, setup_err = attempt(_Ours)
-    replay_us = eager_us = None
-    replay_err = eager_err = setup_err
+    replay_us = eager_us = update_us = None
+    replay_err = eager_err = update_err = setup_err
+    updates = launches * 10  # replays with an update before each
     if ours is not None:
         try:
             replay_us, replay_err = attempt(lambda: _replay(ours, nodes, launches, repeat))
             eager_us, eager_err = attempt(lambda: _eager(ours, nodes, launches, repeat))
+            update_us, update_err = attempt(lambda: _update_replay(ours, nodes, updates, repeat))
         finally:
             ours.close()
     raw_us, raw_err = attempt(lambda: _raw_replay(nodes, launches, repeat))
+    raw_update_us, raw_update_err = attempt(lambda: _raw_update_replay(nodes, updates, repeat))
     res: dict = {"nodes": nodes, "launches": launches, "repeat": repeat, "replay_us": replay_us,
-                 "raw_replay_us": raw_us, "eager_us": eager_us, "notes": []}
+                 "raw_replay_us": raw_us, "eager_us": eager_us, "update_replay_us": update_us,
+                 "raw_update_replay_us": raw_update_us, "notes": []}
     res["rows"] = [
         row(f"graph replay, {nodes}-node chain: streamrt vs raw cudaGraphLaunch", replay_us, raw_us,
             "us/node", limit=TARGET_RAW, error=errors(("streamrt", replay_err), ("raw", raw_err))),
         row(f"graph replay vs streamrt eager launches of the same {nodes} kernels", replay_us,
             eager_us, "us/node", error=errors(("replay", replay_err), ("eager", eager_err))),
+        row(f"set one kernel node's arguments + replay, {nodes}-node chain: streamrt vs raw "
+            "cuGraphExecKernelNodeSetParams + cudaGraphLaunch", update_us, raw_update_us,
+            "us/replay", error=errors(("streamrt", update_err), ("raw", raw_update_err))),
     ]
     res["pass"] = all(r["pass"] for r in res["rows"])
     return res
