@@ -192,16 +192,10 @@ def _raw_update_replay(nodes: int, launches: int, repeat: int) -> float:
             raw.synchronize()
 
         loop(2)
-        got = raw.result()
-        if not np.allclose(got, 2.0):
-            raise AssertionError(f"raw update + replay: tiny_add computed {got[:4]}..., expected 2.0")
+        _check_raw(raw, "raw update + replay")
         return best_us(loop, launches, repeat)
     finally:
-        if gexec is not None:
-            quietly(rt.cudaGraphExecDestroy, gexec)
-        if graph is not None:
-            quietly(rt.cudaGraphDestroy, graph)
-        raw.close()
+        _close_raw(raw, graph, gexec)
 
 
 def _raw_replay(nodes: int, launches: int, repeat: int) -> float:
@@ -232,16 +226,28 @@ def _raw_replay(nodes: int, launches: int, repeat: int) -> float:
             raw.synchronize()
 
         loop(2)
-        got = raw.result()
-        if not np.allclose(got, 2.0):
-            raise AssertionError(f"raw graph: tiny_add computed {got[:4]}..., expected 2.0")
+        _check_raw(raw, "raw graph")
         return best_us(lambda _: loop(launches), launches * nodes, repeat)
     finally:
-        if gexec is not None:
-            quietly(rt.cudaGraphExecDestroy, gexec)
-        if graph is not None:
-            quietly(rt.cudaGraphDestroy, graph)
-        raw.close()
+        _close_raw(raw, graph, gexec)
+
+
+def _check_raw(raw: RawTiny, what: str) -> None:
+    """Raise when the raw c is not a + b."""
+    got = raw.result()
+    if not np.allclose(got, 2.0):
+        raise AssertionError(f"{what}: tiny_add computed {got[:4]}..., expected 2.0")
+
+
+def _close_raw(raw: RawTiny, graph: Any, gexec: Any) -> None:
+    """Destroy a raw exec and graph (either may be None), then the raw buffers and stream."""
+    from cuda.bindings import runtime as rt
+
+    if gexec is not None:
+        quietly(rt.cudaGraphExecDestroy, gexec)
+    if graph is not None:
+        quietly(rt.cudaGraphDestroy, graph)
+    raw.close()
 
 
 def run(nodes: int = 1000, launches: int = 20, repeat: int = 5, quick: bool = False) -> dict:

@@ -291,15 +291,19 @@ def _exec_node(exec_: Any, node: Any, *kinds: str) -> list | None:
     return None if x is None else x.node(node, *kinds)
 
 
+def _set_run(exec_: Any, node: Any, kind: str, run: Any, bad: Any, ok: Any) -> tuple:
+    """Give an exec's ``kind`` node the work ``run`` (None: invalid parameters, ``bad``)."""
+    with LOCK:
+        step = _exec_node(exec_, node, kind)
+        if step is None or run is None:
+            return (bad,)
+        step[1] = run
+    return (ok,)
+
+
 @driver("cuGraphExecKernelNodeSetParams", 0)
 def cuGraphExecKernelNodeSetParams(exec_: Any, node: Any, kp: Any) -> tuple:
-    run = _kernel_run(kp)
-    with LOCK:
-        step = _exec_node(exec_, node, "kernel")
-        if step is None or run is None:
-            return (R.CUDA_ERROR_INVALID_VALUE,)
-        step[1] = run
-    return (DRV_SUCCESS,)
+    return _set_run(exec_, node, "kernel", _kernel_run(kp), R.CUDA_ERROR_INVALID_VALUE, DRV_SUCCESS)
 
 
 @runtime("cudaGraphExecMemcpyNodeSetParams1D")
@@ -308,23 +312,13 @@ def cudaGraphExecMemcpyNodeSetParams1D(exec_: Any, node: Any, dst: Any, src: Any
     if int(count) == 0:  # zero-length operations are not supported
         return (E.cudaErrorInvalidValue,)
     run, err = _memcpy_run(dst, src, count, kind)
-    with LOCK:
-        step = _exec_node(exec_, node, "memcpy")
-        if step is None or err is not None:
-            return (err or E.cudaErrorInvalidValue,)
-        step[1] = run
-    return (SUCCESS,)
+    return _set_run(exec_, node, "memcpy", run, err or E.cudaErrorInvalidValue, SUCCESS)
 
 
 @runtime("cudaGraphExecMemsetNodeSetParams")
 def cudaGraphExecMemsetNodeSetParams(exec_: Any, node: Any, ms: Any) -> tuple:
-    run = _memset_run(ms) if ms is not None and int(ms.width) else None
-    with LOCK:
-        step = _exec_node(exec_, node, "memset")
-        if step is None or run is None:
-            return (E.cudaErrorInvalidValue,)
-        step[1] = run
-    return (SUCCESS,)
+    run = _memset_run(ms) if ms is not None and int(ms.width) else None  # not zero-length
+    return _set_run(exec_, node, "memset", run, E.cudaErrorInvalidValue, SUCCESS)
 
 
 @runtime("cudaGraphNodeSetEnabled")
