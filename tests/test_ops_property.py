@@ -75,35 +75,48 @@ def tols(out_dtype, compute_dtype, n=1):
     return max(fo.eps, fc.eps), 4 * n * fc.eps / 2 + max(fo.tiny, fc.tiny)
 
 
-@SETTINGS
-@given(spec=strided(), dx=FLOAT, do=FLOAT, data=st.data())
-def test_property_reduce_sum(s, spec, dx, do, data):
+def check_reduce_sum(s, spec, dx, do, data, out_of):
+    """reduce_sum of a drawn view over drawn axes, into ``out_of(shape, dtype)``, vs numpy."""
     x, xv = device_view(s, *spec, seed=1, dtype=dx)
     nd = xv.ndim
     axes = tuple(sorted(data.draw(st.sets(st.integers(0, nd - 1), min_size=1))))
     keep = data.draw(st.booleans())
     ref = xv.astype(np.float64).sum(axis=axes, keepdims=keep)
-    out = srt.Tensor.empty(ref.shape, do, stream=s)
+    out = out_of(ref.shape, do)
     ops.run(ops.reduce_sum, x, out, stream=s, axis=axes, keepdims=keep)
     n = int(np.prod([xv.shape[a] for a in axes]))
     rtol, atol = tols(do, acc_of(dx, do), n)
     np.testing.assert_allclose(out.numpy(s), ref, rtol=rtol, atol=atol)
 
 
-@SETTINGS
-@given(spec=strided(), dx=FLOAT, do=FLOAT, data=st.data())
-def test_property_cumsum_and_softmax(s, spec, dx, do, data):
+def check_cumsum(s, spec, dx, do, data, out_of):
+    """cumsum of a drawn view along a drawn axis (or flattened), into ``out_of(shape, dtype)``, vs
+    numpy; returns the view, its numpy array, the axis and the tolerances used."""
     x, xv = device_view(s, *spec, seed=2, dtype=dx)
-    x64 = xv.astype(np.float64)
     axis = data.draw(st.integers(-xv.ndim, xv.ndim - 1) | st.none())
-    ref = np.cumsum(x64, axis=axis)
-    out = srt.Tensor.empty(ref.shape, do, stream=s)
+    ref = np.cumsum(xv.astype(np.float64), axis=axis)
+    out = out_of(ref.shape, do)
     ops.run(ops.cumsum, x, out, stream=s, axis=axis)
     # accumulation: the error of a sum of n terms in [-1, 1] grows like n * eps
     n = xv.size if axis is None else xv.shape[axis]
     rtol, atol = tols(do, acc_of(dx, do), n)
     np.testing.assert_allclose(out.numpy(s), ref, rtol=rtol, atol=atol)
+    return x, xv, axis, rtol, atol
+
+
+@SETTINGS
+@given(spec=strided(), dx=FLOAT, do=FLOAT, data=st.data())
+def test_property_reduce_sum(s, spec, dx, do, data):
+    check_reduce_sum(s, spec, dx, do, data, lambda shape, dt: srt.Tensor.empty(shape, dt, stream=s))
+
+
+@SETTINGS
+@given(spec=strided(), dx=FLOAT, do=FLOAT, data=st.data())
+def test_property_cumsum_and_softmax(s, spec, dx, do, data):
+    x, xv, axis, rtol, atol = check_cumsum(
+        s, spec, dx, do, data, lambda shape, dt: srt.Tensor.empty(shape, dt, stream=s))
     if axis is not None:
+        x64 = xv.astype(np.float64)
         e = np.exp(x64 - x64.max(axis, keepdims=True))
         sm = srt.Tensor.empty(xv.shape, do, stream=s)
         ops.run(ops.softmax, x, sm, stream=s, axis=axis)
@@ -164,29 +177,13 @@ def broadcast_operand(s, shape, data, seed, dtype=np.float32):
 @SETTINGS
 @given(spec=LONG, dx=FLOAT, do=FLOAT, data=st.data())
 def test_reduce_sum_long_axes_into_strided_out(s, spec, dx, do, data):
-    x, xv = device_view(s, *spec, seed=1, dtype=dx)
-    nd = xv.ndim
-    axes = tuple(sorted(data.draw(st.sets(st.integers(0, nd - 1), min_size=1))))
-    keep = data.draw(st.booleans())
-    ref = xv.astype(np.float64).sum(axis=axes, keepdims=keep)
-    out = strided_out(s, ref.shape, data, do)
-    ops.run(ops.reduce_sum, x, out, stream=s, axis=axes, keepdims=keep)
-    n = int(np.prod([xv.shape[a] for a in axes]))
-    rtol, atol = tols(do, acc_of(dx, do), n)
-    np.testing.assert_allclose(out.numpy(s), ref, rtol=rtol, atol=atol)
+    check_reduce_sum(s, spec, dx, do, data, lambda shape, dt: strided_out(s, shape, data, dt))
 
 
 @SETTINGS
 @given(spec=LONG, dx=FLOAT, do=FLOAT, data=st.data())
 def test_cumsum_long_axes_into_strided_out(s, spec, dx, do, data):
-    x, xv = device_view(s, *spec, seed=2, dtype=dx)
-    axis = data.draw(st.integers(-xv.ndim, xv.ndim - 1) | st.none())
-    ref = np.cumsum(xv.astype(np.float64), axis=axis)
-    out = strided_out(s, ref.shape, data, do)
-    ops.run(ops.cumsum, x, out, stream=s, axis=axis)
-    n = xv.size if axis is None else xv.shape[axis]
-    rtol, atol = tols(do, acc_of(dx, do), n)
-    np.testing.assert_allclose(out.numpy(s), ref, rtol=rtol, atol=atol)
+    check_cumsum(s, spec, dx, do, data, lambda shape, dt: strided_out(s, shape, data, dt))
 
 
 @SETTINGS
