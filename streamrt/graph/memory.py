@@ -25,6 +25,7 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING, Any
 
+from ..arena import ALIGN
 from ..errors import InvalidAddressError, NotSupportedError, StreamRTError
 
 if TYPE_CHECKING:
@@ -33,9 +34,6 @@ if TYPE_CHECKING:
 
 # virtual address -> allocation, for every reserved graph allocation
 _allocs: weakref.WeakValueDictionary[int, GraphAlloc] = weakref.WeakValueDictionary()
-
-
-SLAB_ALIGN = 512  # allocations in a slab start at multiples of this (as pool blocks do)
 
 
 class Range:
@@ -60,7 +58,7 @@ class GraphAlloc:
 
     def __init__(self, device: Device, nbytes: int, slabs: dict[Device, Range]) -> None:
         granule = device._impl.graph_granule
-        size = (max(nbytes, 1) + SLAB_ALIGN - 1) // SLAB_ALIGN * SLAB_ALIGN
+        size = (max(nbytes, 1) + ALIGN - 1) // ALIGN * ALIGN  # in a slab: aligned as pool blocks
         if size <= granule // 2:
             r = slabs.get(device)
             if r is None or r.top + size > r.size:
