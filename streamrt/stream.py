@@ -173,6 +173,15 @@ class Stream:
             if legacy is not None and legacy._pos > self._clock.get(legacy.id, 0):
                 self._order_after(legacy, legacy._pos, legacy._snapshot())
 
+    def _check_legacy_capture(self) -> None:
+        """Any use of the legacy stream (a synchronize, a query, a wait too, not only an enqueue)
+        is refused while a blocking stream of its device captures: CUDA leaves the legacy stream
+        unusable until that capture ends (DESIGN.md §5)."""
+        if self._legacy and _capturing:
+            from .graph.capture import check_legacy
+
+            check_legacy(self)
+
     def _check_alive(self) -> None:
         if self._destroyed:
             raise InvalidHandleError(f"{self!r} was destroyed")
@@ -354,6 +363,7 @@ class Stream:
             from .graph.capture import capture_wait
 
             return capture_wait(self, event)
+        self._check_legacy_capture()
         other = event._stream
         if other is None or other is self:
             return  # never recorded: a no-op, as in CUDA
@@ -408,6 +418,7 @@ class Stream:
             from .graph.capture import illegal_sync
 
             illegal_sync(self, "synchronize")
+        self._check_legacy_capture()
         pos = self._pos
         self._q.wait_done(pos)
         proved(self, pos, self._clock)
@@ -420,6 +431,7 @@ class Stream:
             from .graph.capture import illegal_sync
 
             illegal_sync(self, "query")
+        self._check_legacy_capture()
         return self._q.done >= self._pos
 
     def destroy(self) -> None:

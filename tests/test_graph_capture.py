@@ -4,13 +4,16 @@
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 
 import streamrt as srt
 
-from .conftest import _grid_stride, add_one_kernel, copy_kernel, fill_kernel
+from .conftest import _grid_stride, add_one_kernel, copy_kernel, cpu_only, fill_kernel
 from .conftest import read_f32 as _read
 
 N = 16
@@ -188,6 +191,48 @@ def test_graph_capture_info_and_update_dependencies(s, s2):
     assert len(g.nodes()) == 4
 
 
+def test_graph_capture_info_of_joined_stream_is_its_own(s, s2):
+    # a joined stream shares the capture (id, graph) but has its own dependency set
+    s.begin_capture()
+    s.launch_host_func(noop)
+    fork = s.record()
+    s.launch_host_func(noop)
+    s2.wait(fork)
+    mine, joined = s.capture_info(), s2.capture_info()
+    assert joined.status is srt.CaptureStatus.ACTIVE
+    assert joined.capture_id == mine.capture_id and joined.graph is mine.graph
+    h1, h2 = mine.graph.nodes()
+    assert mine.dependencies == (h2,) and joined.dependencies == (h1,)
+    s2.launch_host_func(noop)
+    h3 = mine.graph.nodes()[2]
+    assert h3.dependencies == (h1,)
+    assert s2.capture_info().dependencies == (h3,) and s.capture_info().dependencies == (h2,)
+    s2.update_capture_dependencies(h2)  # updates the joined stream's set only
+    assert s2.capture_info().dependencies == (h3, h2) and s.capture_info().dependencies == (h2,)
+    s.wait(s2.record())
+    assert set(s.capture_info().dependencies) == {h2, h3}
+    assert len(s.end_capture().nodes()) == 3
+
+
+def test_graph_capture_dependency_sets_hold_each_node_once(s, s2):
+    # a dependency set is a set: adding a node already in it, or joining nodes already
+    # depended on, changes nothing
+    s.begin_capture()
+    s.launch_host_func(noop)
+    a = s.capture_info().dependencies
+    s.update_capture_dependencies(a)
+    assert s.capture_info().dependencies == a
+    s.wait(s.record())  # waiting on its own tail
+    assert s.capture_info().dependencies == a
+    e = s.record()
+    s2.wait(e)  # fork
+    s2.wait(e)  # then a join within the capture on the same nodes
+    assert s2.capture_info().dependencies == a
+    s.launch_host_func(noop)
+    assert s.capture_info().dependencies[0].dependencies == a
+    assert len(s.end_capture().nodes()) == 2
+
+
 def test_graph_capture_context_manager(s, buf):
     with srt.graph_capture(s, mode=M.THREAD_LOCAL) as cap:
         assert s.is_capturing() and cap.graph is None
@@ -209,6 +254,13 @@ def test_graph_capture_context_manager_error_ends_capture(s, s2):
     assert_left_capture(s, s2)
     s.begin_capture()  # the stream is usable for a new capture
     s.end_capture()
+
+
+def test_graph_capture_context_manager_begins_with_its_mode(s, buf):
+    with srt.graph_capture(s, mode=M.RELAXED) as cap:
+        srt.memset(buf, 0, 4)  # an unsafe call: refused in the default GLOBAL mode
+        s.launch_host_func(noop)
+    assert len(cap.graph.nodes()) == 1
 
 
 def test_graph_capture_malloc_free_become_memory_nodes(s, buf):
@@ -296,6 +348,19 @@ def test_graph_capture_device_synchronize_unsupported(s):
     assert_invalidated_then_ended(s)
 
 
+def test_graph_capture_device_synchronize_of_joined_streams_device_unsupported(s, dev):
+    cpu_only(dev, "a capture spanning two devices needs a second device of the backend")
+    # the capture began on cpu:0, a stream of cpu:1 joined it: cpu:1 now has a capturing stream
+    other = srt.Stream(srt.Device("cpu:1"), non_blocking=True)
+    s.begin_capture()
+    s.launch_host_func(noop)
+    other.wait(s.record())
+    with pytest.raises(srt.CaptureUnsupportedError):
+        other.device.synchronize()
+    assert_invalidated_then_ended(s, other)
+    other.device.synchronize()  # fine once the capture is over
+
+
 def test_graph_capture_other_device_or_stream_sync_allowed(s, s2):
     other = srt.Device("cpu:1")
     s.begin_capture()
@@ -326,6 +391,40 @@ def test_graph_capture_invalidated_end_releases_every_joined_stream(s, s2, dev, 
     s3.launch(fill_kernel, buf, N, 2.0)
     s3.synchronize()
     assert (_read(buf) == 2.0).all()
+
+
+@pytest.mark.parametrize(
+    "call", ["launch", "malloc", "record", "update_dependencies", "fork", "join"])
+def test_graph_capture_invalidated_capture_refuses_every_capture_call(s, s2, dev, call):
+    s3 = srt.Stream(dev, non_blocking=True)
+    s.begin_capture()
+    s.launch_host_func(noop)
+    fork = s.record()  # recorded while the capture is still active
+    s2.wait(fork)
+    s2.launch_host_func(noop)
+    branch = s2.record()
+    branch_nodes = s2.capture_info().dependencies
+    with pytest.raises(srt.CaptureUnsupportedError):
+        s2.query()  # invalidates the capture
+    deps = s.capture_info().dependencies
+    nodes = len(s.capture_info().graph.nodes())
+    with pytest.raises(srt.CaptureInvalidatedError):
+        if call == "launch":
+            s.launch_host_func(noop)
+        elif call == "malloc":
+            s.malloc(64)
+        elif call == "record":
+            s.record()
+        elif call == "update_dependencies":
+            s.update_capture_dependencies(branch_nodes)
+        elif call == "fork":
+            s3.wait(fork)  # an idle stream cannot join an invalidated capture
+        else:
+            s.wait(branch)  # nor can a joined one merge more dependencies
+    assert s.capture_info().dependencies == deps
+    assert len(s.capture_info().graph.nodes()) == nodes
+    assert_left_capture(s3)
+    assert_invalidated_then_ended(s, s2)
 
 
 # -- 902 merge ---------------------------------------------------------------------------------------
@@ -427,6 +526,39 @@ def test_graph_capture_legacy_use_while_blocking_stream_captures_implicit(dev, b
     assert_invalidated_then_ended(b)
 
 
+@pytest.mark.parametrize("use", ["synchronize", "query", "wait"])
+def test_graph_capture_legacy_sync_query_or_wait_while_blocking_stream_captures_implicit(
+        s, dev, use):
+    # regression: these enqueue nothing, yet CUDA leaves the legacy stream unusable until a
+    # blocking stream's capture ends (they used to succeed silently)
+    done = s.record()  # uncaptured work to wait on
+    b = srt.Stream(dev)
+    b.begin_capture()
+    b.launch_host_func(noop)
+    legacy = dev.default_stream
+    with pytest.raises(srt.CaptureImplicitError):
+        if use == "wait":
+            legacy.wait(done)
+        else:
+            getattr(legacy, use)()
+    assert_invalidated_then_ended(b)
+    legacy.wait(done)  # usable again
+    assert legacy.query()
+    legacy.synchronize()
+
+
+def test_graph_capture_legacy_use_while_joined_blocking_stream_captures_implicit(s, dev, buf):
+    # the capture began on a non-blocking stream, but a blocking stream joined it: that stream
+    # is capturing too, and the legacy stream would implicitly synchronize with it
+    b = srt.Stream(dev)
+    s.begin_capture()
+    s.launch_host_func(noop)
+    b.wait(s.record())
+    with pytest.raises(srt.CaptureImplicitError):
+        dev.default_stream.launch(add_one_kernel, buf, N)
+    assert_invalidated_then_ended(s, b)
+
+
 def test_graph_capture_legacy_use_with_non_blocking_capture_allowed(s, dev, buf):
     s.begin_capture()
     s.launch_host_func(noop)
@@ -455,6 +587,22 @@ def test_graph_capture_captured_event_sync_or_query(s, s2, what):
     assert ei.value.code == 907 and isinstance(ei.value, srt.CaptureError)
     assert_invalidated_then_ended(s)
     getattr(e, what)()  # no longer captured
+
+
+def test_graph_capture_event_rerecorded_in_another_capture_stays_captured(s, s2):
+    # an event belongs to the capture that recorded it last: ending the first capture must not
+    # release it from the second
+    s.begin_capture()
+    s2.begin_capture()
+    s.launch_host_func(noop)
+    e = s.record()
+    s2.launch_host_func(noop)
+    s2.record(e)
+    assert len(s.end_capture().nodes()) == 1
+    with pytest.raises(srt.CapturedEventError):
+        e.query()
+    assert_invalidated_then_ended(s2)
+    assert e.query()
 
 
 # -- 908 wrong thread -----------------------------------------------------------------------------
@@ -628,6 +776,18 @@ def test_graph_capture_mode_gates_srt_free(s, capture_mode, same_thread, caller_
         srt.free(p)  # it was really freed
 
 
+def test_graph_capture_srt_free_of_pool_memory_in_relaxed_capture(s):
+    # srt.free of pool memory synchronizes the device first: the capturing stream, which has no
+    # work to wait for, is skipped rather than refused
+    p = s.malloc(64)
+    s.synchronize()
+    s.begin_capture(M.RELAXED)
+    s.launch_host_func(noop)
+    srt.free(p)
+    assert s.is_capturing()
+    assert len(s.end_capture().nodes()) == 1
+
+
 def test_graph_capture_exchange_capture_mode_is_per_thread():
     assert srt.exchange_capture_mode(M.RELAXED) is M.GLOBAL  # the default
     try:
@@ -650,6 +810,65 @@ def test_graph_capture_relaxed_thread_mode_allows_unsafe_calls_in_global_capture
     assert len(s.end_capture().nodes()) == 0
     assert (srt.read(p, (4,), np.float32) == 1).all()
     srt.free(p)
+
+
+@settings(max_examples=150, deadline=None)
+@given(captures=hst.lists(hst.tuples(hst.sampled_from(list(M)), hst.booleans()), max_size=3),
+       caller_mode=hst.sampled_from(list(M)), caller_on_worker=hst.booleans())
+def test_graph_capture_mode_gating_with_several_captures_property(
+        captures, caller_mode, caller_on_worker):
+    """Several captures at once, begun on this thread or a worker: an unsafe call is refused iff
+    some capture forbids it (DESIGN.md §5), and exactly those captures are invalidated."""
+    dev = srt.Device("cpu:0")  # capture is frontend code: one backend is enough
+    p = srt.malloc(64, dev)
+    streams = [srt.Stream(dev, non_blocking=True) for _ in captures]
+    outcomes = []
+    # one long-lived worker: its captures keep its thread id until they end (a fresh thread per
+    # call could reuse the id of a finished one)
+    with ThreadPoolExecutor(1) as worker:
+
+        def on(on_worker, fn):
+            return worker.submit(fn).result() if on_worker else fn()
+
+        here, there = threading.get_ident(), worker.submit(threading.get_ident).result()
+        caller = there if caller_on_worker else here
+        # the model: which captures forbid this caller's unsafe calls
+        culprits = {
+            i for i, (mode, on_worker) in enumerate(captures)
+            if caller_mode is not M.RELAXED and (
+                ((there if on_worker else here) == caller and mode is not M.RELAXED)
+                or (caller_mode is M.GLOBAL and mode is M.GLOBAL))
+        }
+
+        def attempt():
+            prev = srt.exchange_capture_mode(caller_mode)
+            try:
+                srt.memset(p, 1, 4)
+            finally:
+                srt.exchange_capture_mode(prev)
+
+        try:
+            for stream, (mode, on_worker) in zip(streams, captures):
+                on(on_worker, lambda stream=stream, mode=mode: stream.begin_capture(mode))
+                stream.launch_host_func(noop)
+            if culprits:
+                with pytest.raises(srt.CaptureUnsupportedError):
+                    on(caller_on_worker, attempt)
+            else:
+                on(caller_on_worker, attempt)
+            statuses = [stream.capture_info().status for stream in streams]
+        finally:
+            for stream, (_, on_worker) in zip(streams, captures):  # never leak a capture
+                try:
+                    outcomes.append(len(on(on_worker, stream.end_capture).nodes()))
+                except srt.CaptureInvalidatedError:
+                    outcomes.append("invalidated")
+    srt.free(p)
+    for stream in streams:
+        stream.destroy()
+    S = srt.CaptureStatus
+    assert statuses == [S.INVALIDATED if i in culprits else S.ACTIVE for i in range(len(captures))]
+    assert outcomes == ["invalidated" if i in culprits else 1 for i in range(len(captures))]
 
 
 def test_graph_capture_operators_and_executor_lifetime(dev):

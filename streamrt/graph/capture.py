@@ -276,6 +276,9 @@ def update_dependencies(stream: Stream, nodes: Any, replace: bool) -> None:
 def capture_wait(stream: Stream, event: Event) -> None:
     """``s.wait(event)`` when the stream or the event takes part in a capture."""
     cs, ce = stream._capture, event._capture
+    if cs is not None and cs.status is CaptureStatus.INVALIDATED:
+        # an invalidated capture refuses further work, a wait (a join) included, as CUDA does
+        raise CaptureInvalidatedError(f"{cs!r} was invalidated: {cs.reason}")
     if ce is None:  # uncaptured (or never recorded) event
         if event._stream is None:
             return
