@@ -15,7 +15,9 @@ State and invariants (per pool, all guarded by ``_lock``):
 - Coalescing never loses ordering knowledge: a free on F absorbs ready neighbours and those
   freed on F (the whole is pending on F at the later position); ready blocks merge with ready
   ones. The fast free path defers absorbing ready neighbours (``_dirty``) until a decision
-  looks at sizes (``_settle``). Before growing, a run of adjacent blocks that are ready or
+  looks at sizes (``_settle``); an exact-size reuse on the fast path takes the block as it is,
+  and ``stats()`` counts the deferred merges without making them, so observing the pool
+  never changes where a later block goes. Before growing, a run of adjacent blocks that are ready or
   pending on the allocating stream A is merged if it fits (``reuse_merged``).
 - Placement: best fit (the closest size, the oldest free block among equals); a request of at
   most 1 MiB takes the high end of its block, a larger one the low end, which keeps small and
@@ -40,6 +42,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from sortedcontainers import SortedDict
@@ -60,6 +63,8 @@ from .pool_attr import FLAGS, MemPoolAttr, nonneg, options, with_attr_properties
 from .pool_attr import parse as parse_attr
 from .pool_attr import value as attr_value
 from .reuse import ReuseMixin
+
+_addr = attrgetter("addr")
 
 if TYPE_CHECKING:
     from .stream import Stream
@@ -201,17 +206,15 @@ class MemPool(ArenaMixin, ReuseMixin):
     def stats(self) -> dict[str, int]:
         """The eight attributes, the per-step reuse counters, and ``largest_free_block``."""
         with self._lock:
-            if self._dirty:
-                self._settle()
             out = {a.name.lower(): self.get_attr(a) for a in MemPoolAttr}
             out.update(self._stats)
             out["alloc_count"] += self._fast_allocs
             out["reuse_same_stream"] += self._fast_allocs
             out["free_count"] += self._fast_frees
-            largest = self._ready.largest()
-            for fl in self._pending.values():
-                largest = max(largest, fl.largest())
-            out["largest_free_block"] = largest
+            # the deferred merges counted, not made: reading statistics must not change which
+            # block a later allocation gets (the fast path takes unmerged exact-size blocks)
+            out["largest_free_block"] = max([self._ready.largest(), *self._settled_sizes(),
+                                             *(fl.largest() for fl in self._pending.values())])
             out["live_allocations"] = sum(1 for b in self._blocks.values() if b.live)
             out["chunks"] = len(self._mapped)  # mapped granules
         return out
@@ -344,10 +347,28 @@ class MemPool(ArenaMixin, ReuseMixin):
         """Merge the blocks the fast free path left next to ready neighbours (before any
         decision that looks at block sizes: best fit, statistics, release)."""
         dirty, self._dirty = self._dirty, set()
-        for b in dirty:
+        for b in sorted(dirty, key=_addr):  # in address order: who absorbs a shared neighbour
             if not b.live and b.stream is not None and self._blocks.get(b.addr) is b:
                 self._remove_free(b)
                 self._insert_free(self._coalesce(b))
+
+    def _settled_sizes(self) -> list[int]:
+        """The sizes the dirty blocks would have after :meth:`_settle`, which this does not do:
+        each takes the run of free neighbours ``_coalesce`` would merge, in the same order."""
+        sizes: list[int] = []
+        taken: set[_Block] = set()
+        for b in sorted(self._dirty, key=_addr):
+            if b in taken or b.live or b.stream is None or self._blocks.get(b.addr) is not b:
+                continue
+            size = b.size
+            for nb, step in ((b.prev, "prev"), (b.next, "next")):
+                while (nb is not None and not nb.live and nb not in taken
+                       and (nb.stream is None or nb.stream is b.stream)):
+                    size += nb.size
+                    taken.add(nb)
+                    nb = getattr(nb, step)
+            sizes.append(size)
+        return sizes
 
     def _coalesce(self, b: _Block) -> _Block:
         """Merge ``b`` (free, not indexed) with the free neighbours it may absorb: a block freed

@@ -141,14 +141,19 @@ class PoolMachine(RuleBasedStateMachine):
         """The pool's free blocks in address order, as ``(addr, size, tag, usable)``: ``tag`` is
         ``(freeing stream, position)``, None for a ready block; ``usable`` is False for a block
         over granules a synchronize released (under ``max_size`` the pool may have to skip it).
-        Only the boundaries come from the pool (call after ``stats()``, which settles deferred
-        merges); the rest is checked against the model."""
+        Only the boundaries come from the pool, with the merges the fast free path defers made
+        first (as any allocation but an exact-size reuse makes them); the rest is checked
+        against the model."""
         pool = self.pool
         index = {s.id: i for i, s in enumerate(self.streams)}
+        largest = pool.stats()["largest_free_block"]  # counts the deferred merges, not made
         with pool._lock:
+            pool._settle()
             raw = [(b.addr, b.size, b.live, None if b.stream is None else index[b.stream.id],
                     b.pos) for b in pool._blocks.values()]
             mapped, base = set(pool._mapped), pool._arena
+        assert largest == max([n for _, n, live, *_ in raw if not live], default=0), (
+            "largest_free_block is not the largest block once the deferred merges are made")
         assert {a: n for a, n, live, _, _ in raw if live} == {
             p: r[0] for p, r in self.live.items()}, "the pool's live blocks are not the allocations"
         tags = {a: None if f is None else (f, p) for a, _, live, f, p in raw if not live}

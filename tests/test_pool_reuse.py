@@ -447,6 +447,28 @@ def test_pool_split_and_coalesce(dev):
     assert stream(dev).malloc(BLOCK, pool) == base  # the whole granule, in one piece
 
 
+def test_pool_statistics_do_not_change_where_a_block_goes(dev):
+    # A fast free next to ready blocks defers merging with them; reading the statistics counts
+    # the merge without making it, so a later exact-size request gets the same block either way.
+    def run(observe: bool) -> tuple[int, ...]:
+        pool = pool_with(dev)
+        s = stream(dev)
+        x = s.malloc(1024, pool)  # the top of the granule
+        y = s.malloc(512, pool)  # below x; the rest of the granule below y is a ready block
+        s.free(x)
+        s.synchronize()  # x ready
+        s.memset(y, 0, 512)
+        s.free(y)  # between two ready blocks
+        if observe:
+            assert pool.stats()["largest_free_block"] == BLOCK  # y with both, once merged
+        z = s.malloc(512, pool)
+        w = s.malloc(1024, pool)
+        s.synchronize()
+        return y - x, z - x, w - x
+
+    assert run(observe=False) == run(observe=True) == (-512, -512, 0)
+
+
 def test_pool_free_coalesces_through_an_absorbed_ready_block(dev):
     # A free absorbs a ready neighbour, then what lies beyond it freed on the same stream: one
     # block, which another stream ordered after both frees reuses in one piece.
