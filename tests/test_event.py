@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 import streamrt as srt
@@ -58,13 +60,18 @@ def test_event_rerecord_moves_the_marker(s, gate):
 def test_event_wait_snapshot_at_call_time(dev, gate):
     # cudaStreamWaitEvent uses the record current at the call; a later re-record does not matter
     a, b = srt.Stream(dev, non_blocking=True), srt.Stream(dev, non_blocking=True)
+    a.launch_host_func(list)  # a record of an empty stream is complete: b.wait would do nothing
     e = a.record()
     b.wait(e)
     g = gate(a)
     a.record(e)
-    b.launch_host_func(list)
-    b.synchronize()  # would hang on the gate if the wait followed the re-record
+    ran = threading.Event()
+    b.launch_host_func(ran.set)
+    # a wait that followed the re-record would hold b on the gate; the bounded wait only limits
+    # how long that takes to fail (a plain b.synchronize() would pass once the gate timed out)
+    assert ran.wait(timeout=20), "the wait followed the event's later re-record"
     g.open()
+    b.synchronize()
 
 
 def test_event_elapsed_time(s):

@@ -286,3 +286,31 @@ def test_cache_thread_store_retired_while_the_cache_is_locked(s, monkeypatch):
         assert not t.is_alive(), "the store's finalizer waited for the cache's lock"
     st = c.stats()  # the retired store's counts arrive once the lock is free
     assert (st["hits"], st["misses"], st["entries"]) == (1, 1, 0)
+
+
+def test_cache_keys_the_implementation_version(s, monkeypatch):
+    """A plan change bumps ``Op.version``: executors planned by the old version never hit."""
+    c = ops.ExecutorCache()
+    x, out = T(s, rnd((4, 8))), T(s, np.zeros((4, 8)))
+    ops.run(ops.softmax, x, out, stream=s, cache=c)
+    monkeypatch.setattr(type(ops.softmax), "version", ops.softmax.version + 1)
+    ops.run(ops.softmax, x, out, stream=s, cache=c)
+    st = c.stats()
+    assert (st["hits"], st["misses"], st["entries"]) == (0, 2, 2)
+    c.clear()
+
+
+@pytest.mark.parametrize("bad", [(0, True), (0, 1.0)])
+def test_cache_keys_tuple_attrs_by_element_type(s, bad):
+    """``(0, True) == (0, 1)``: a hit would skip phase 1, which refuses a bool or float axis."""
+    c = ops.ExecutorCache()
+    a = rnd((3, 4, 5))
+    x, out = T(s, a), T(s, np.zeros(5))
+    ops.run(ops.reduce_sum, x, out, stream=s, cache=c, axis=(0, 1))
+    with pytest.raises(srt.ExecutorError) as info:
+        ops.run(ops.reduce_sum, x, out, stream=s, cache=c, axis=bad)
+    assert info.value.code == 161002 and c.stats()["hits"] == 0
+    ops.run(ops.reduce_sum, x, out, stream=s, cache=c, axis=(0, 1))  # equal, same types: a hit
+    np.testing.assert_allclose(out.numpy(s), a.sum((0, 1)), rtol=1e-5)
+    assert c.stats()["hits"] == 1
+    c.clear()

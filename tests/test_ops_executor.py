@@ -255,6 +255,54 @@ def test_executor_one_shot_is_released_when_its_work_completes(s, gate):
     np.testing.assert_allclose(out.numpy(s), ref, rtol=1e-5)
 
 
+def test_executor_destroy_while_in_flight(s, gate):
+    # the kernels hold their own arguments: destroying a one-shot executor whose work is still
+    # queued neither breaks that work nor lets its queued release count it a second time
+    x, out, ref = softmax_setup(s)
+    s.synchronize()
+    base = live()
+    size, ex = ops.softmax.get_workspace_size(x, out)
+    g = gate(s)
+    ws = s.malloc(size)
+    ops.softmax(ws, size, ex, s)
+    s.free(ws)
+    ex.destroy()
+    assert live() == base
+    g.open()
+    s.synchronize()  # runs the queued release of the already released executor
+    assert live() == base
+    np.testing.assert_allclose(out.numpy(s), ref, rtol=1e-5)
+
+
+def test_executor_one_shot_failed_enqueue_is_released_and_refused(s, monkeypatch):
+    # phase 2 that fails after enqueueing part of the op: the one-shot executor can never run
+    # cleanly again, so it is released and a retry is refused instead of enqueueing twice
+    x, out, _ = softmax_setup(s)
+    s.synchronize()
+    base = live()
+    size, ex = ops.softmax.get_workspace_size(x, out)
+    real_launch = srt.Stream.launch
+    launches = []
+
+    def failing_launch(self, kernel, *args, **kwargs):
+        launches.append(kernel)
+        if len(launches) == 2:  # softmax's second kernel cannot be enqueued
+            raise RuntimeError("injected enqueue failure")
+        return real_launch(self, kernel, *args, **kwargs)
+
+    ws = s.malloc(size)
+    monkeypatch.setattr(srt.Stream, "launch", failing_launch)
+    with pytest.raises(RuntimeError, match="injected"):
+        ops.softmax(ws, size, ex, s)
+    monkeypatch.undo()
+    assert live() == base
+    err = raises(INVALID, ops.softmax, ws, size, ex, s)
+    assert "already ran" in str(err)
+    assert len(launches) == 2  # the refused retry enqueued nothing
+    s.free(ws)
+    ex.destroy()
+
+
 def test_executor_destroyed_is_refused(s):
     x, out, _ = softmax_setup(s)
     before = live()

@@ -142,6 +142,36 @@ def test_run_enqueue_failure_midway_releases_everything(s, pools, monkeypatch):
     assert live() == before and ws_pool.used_mem_current == 0
 
 
+def test_run_enqueue_failure_keeps_the_cached_executor_usable(s, pools, monkeypatch):
+    # a cached executor is repeatable: a failed enqueue leaves it to the cache, ready to run again
+    ws_pool, tp = pools
+    c = ops.ExecutorCache()
+    x = rnd((16, 8))
+    tx, out = T(s, x, tp), T(s, np.zeros((16, 8)), tp)
+    s.synchronize()
+    base = live()
+    real_launch = srt.Stream.launch
+    launches = []
+
+    def failing_launch(self, kernel, *args, **kwargs):
+        launches.append(kernel)
+        if len(launches) == 2:  # softmax's second kernel cannot be enqueued
+            raise RuntimeError("injected enqueue failure")
+        return real_launch(self, kernel, *args, **kwargs)
+
+    monkeypatch.setattr(srt.Stream, "launch", failing_launch)
+    with pytest.raises(RuntimeError, match="injected"):
+        ops.run(ops.softmax, tx, out, stream=s, cache=c)
+    monkeypatch.undo()
+    assert live() == base + 1 and c.stats()["entries"] == 1  # the cache still owns it
+    ops.run(ops.softmax, tx, out, stream=s, cache=c, sync=True)  # a hit on that executor
+    assert c.stats()["hits"] == 1
+    np.testing.assert_allclose(out.numpy(s), softmax_ref(x), rtol=1e-5)
+    assert ws_pool.used_mem_current == 0
+    c.clear()
+    assert live() == base
+
+
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # the op's 2nd kernel
 def test_run_kernel_failure_still_releases(s, pools):
     ws_pool, tp = pools

@@ -431,3 +431,75 @@ def test_stream_wait_already_ordered_enqueues_nothing(dev):
     assert b._pos == pos
     with pytest.raises(srt.InvalidTypeError):
         b.wait("event")
+
+
+def test_stream_query_is_false_while_its_last_operation_is_pending(s, gate):
+    # the gate is the stream's only operation: an off-by-one in query() would call it done
+    g = gate(s)
+    assert not s.query()
+    g.open()
+    s.synchronize()
+    assert s.query()
+
+
+def test_stream_non_blocking_is_not_ordered_with_the_legacy_stream(dev, gate):
+    # cudaStreamNonBlocking: no implicit synchronization with the legacy stream, either way.
+    # One side is held by a gate while the other's host function must still run; the bounded
+    # wait only limits how long a wrong (ordered) runtime takes to fail, it orders nothing.
+    legacy, nb = dev.default_stream, srt.Stream(dev, non_blocking=True)
+    g = gate(legacy)
+    ran = threading.Event()
+    nb.launch_host_func(ran.set)
+    assert ran.wait(timeout=20), "the non-blocking stream waited for the legacy stream"
+    g.open()
+    legacy.synchronize()
+    g2 = gate(nb)
+    ran2 = threading.Event()
+    legacy.launch_host_func(ran2.set)
+    assert ran2.wait(timeout=20), "the legacy stream waited for a non-blocking stream"
+    g2.open()
+    nb.synchronize()
+
+
+def test_stream_record_on_blocking_or_legacy_stream_covers_the_other_side(dev, gate):
+    # a record is an action: on a blocking stream it comes after earlier legacy work, on the
+    # legacy stream after earlier blocking work, so waiting on the event orders a third,
+    # non-blocking stream after that work too (CUDA legacy default stream semantics)
+    legacy, b = dev.default_stream, srt.Stream(dev)
+    nb = srt.Stream(dev, non_blocking=True)
+    n = 16
+    p, q = srt.malloc(n * 4), srt.malloc(n * 4)
+    for src, dst, value in ((legacy, b, 3.0), (b, legacy, 4.0)):
+        g = gate(src)
+        src.launch(fill_kernel, p, n, value)
+        e = dst.record()  # dst has no work of its own after the gate: only the implicit wait
+        assert not e.query()  # the event stands for src's gated work
+        nb.wait(e)
+        nb.launch(copy_kernel, q, p, n)
+        g.open()
+        e.synchronize()
+        nb.synchronize()
+        assert srt.read(q, (n,), np.float32).tolist() == [value] * n
+    srt.free(p)
+    srt.free(q)
+
+
+def test_stream_failure_is_reported_only_by_a_synchronize_covering_it(dev):
+    s = srt.Stream(dev, non_blocking=True)
+    s.launch_host_func(list)
+    before = s.record()
+
+    def bad():
+        raise KeyError("later")
+
+    s.launch_host_func(bad)
+    ran = threading.Event()
+    s.launch_host_func(ran.set)
+    assert ran.wait(timeout=60)  # in stream order: the failure has happened
+    # the event marks work before the failure, and the failure is s's, not another stream's
+    before.synchronize()
+    other = srt.Stream(dev, non_blocking=True)
+    other.launch_host_func(list)
+    other.synchronize()
+    with pytest.raises(srt.LaunchError, match="later"):
+        s.synchronize()

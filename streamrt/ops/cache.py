@@ -12,8 +12,9 @@ arguments, never the executor. When a thread ends (or the cache is collected) it
 executors are released and its counters folded into the cache's totals.
 
 Keys (built by ``ops.run``): the op, its implementation version, per tensor an interned id of
-(shape, dtype, strides, offset, format, device), and the attributes with their types (so that
-``axis=1`` never hits an executor planned for ``axis=1.0`` or ``True``). Never a data pointer:
+(shape, dtype, strides, offset, format, device), and the attributes with their types, inside
+tuples too (so that ``axis=1`` never hits an executor planned for ``axis=1.0`` or ``True``, nor
+``axis=(0, True)`` one planned for ``(0, 1)``). Never a data pointer:
 a hit re-points the executor at the new tensors' addresses.
 """
 

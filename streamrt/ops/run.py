@@ -37,6 +37,12 @@ def _resolve(op: Any) -> Op:
                         PARAM_INVALID)
 
 
+def _typed(v: tuple) -> tuple:
+    """A tuple attribute with the type of each element (recursively): ``(0, True)`` equals
+    ``(0, 1)``, so without the types it would hit an executor that phase 1 would refuse."""
+    return tuple([(e.__class__, _typed(e) if isinstance(e, tuple) else e) for e in v])
+
+
 def _key(op: Op, tensors: tuple, attrs: dict) -> tuple | None:
     """The cache key, or None when the call cannot be cached (a bad tensor, an unhashable attr)."""
     try:
@@ -47,7 +53,8 @@ def _key(op: Op, tensors: tuple, attrs: dict) -> tuple | None:
         except AttributeError:
             return None  # phase 1 will say what is wrong
     if attrs:
-        key = (op, op.version, tk, tuple([(k, v.__class__, v) for k, v in attrs.items()]))
+        key = (op, op.version, tk, tuple([(k, v.__class__, _typed(v) if isinstance(v, tuple) else v)
+                                          for k, v in attrs.items()]))
         try:
             hash(key)
         except TypeError:
