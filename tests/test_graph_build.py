@@ -287,6 +287,21 @@ def test_graph_clone_is_independent_of_later_edits(buf):
     assert len(g.nodes()) == 3 and b.dependents == (g.nodes()[2],)
 
 
+def test_graph_clone_copies_child_graphs_too(buf):
+    inner = srt.Graph()
+    inner.add_kernel_node(fill_kernel, buf, N, 1.0)
+    g = srt.Graph()
+    node = g.add_child_graph_node(inner)
+    c = g.clone()
+    mine, theirs = node.params["graph"], c.find_in_clone(node).params["graph"]
+    # a child graph shared between clones would let an exec's update (which edits its clone's
+    # child nodes) reach the user's graph
+    assert theirs is not mine and theirs.nodes()[0] is not mine.nodes()[0]
+    assert dict(theirs.nodes()[0].params) == dict(mine.nodes()[0].params)
+    theirs.add_empty_node()
+    assert len(mine.nodes()) == 1
+
+
 def test_graph_find_in_clone_refuses_foreign_nodes(buf):
     g = srt.Graph()
     a = g.add_empty_node()

@@ -3,10 +3,14 @@ launch serialisation, branch concurrency, event nodes, upload and destroy."""
 
 from __future__ import annotations
 
+import random
 import threading
+import time
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import streamrt as srt
 
@@ -18,6 +22,8 @@ from .conftest import (
     copy_kernel,
     cpu_only,
     fill_kernel,
+    restore_delays,
+    set_delays,
 )
 from .conftest import read_f32 as _read
 
@@ -100,6 +106,25 @@ def test_graph_exec_launch_errors(s, bufs):
         ge.launch(dead)
     with pytest.raises(srt.InvalidTypeError):
         srt.Graph.instantiate("graph")
+
+
+def test_graph_exec_replay_on_another_stream_runs_on_that_stream(s, s2, dev):
+    cpu_only(dev, PY_KERNELS)
+    # replay plans are compiled per stream: a plan reused across streams would hand kernels
+    # the context (ctx.stream) of the stream it was first compiled for
+    seen = []
+
+    @srt.kernel
+    def where(ctx):
+        seen.append((ctx.stream, ctx.device))
+
+    g = srt.Graph()
+    g.add_kernel_node(where)
+    ge = g.instantiate()
+    for stream in (s, s2, s):
+        ge.launch(stream)
+    dev.synchronize()
+    assert seen == [(s, dev), (s2, dev), (s, dev)]
 
 
 def test_graph_exec_kernel_failure_reported_at_synchronize(s, dev):
@@ -416,6 +441,100 @@ def test_graph_exec_update_topology_changed(bufs):
     assert ei.value.result is R.TOPOLOGY_CHANGED and ei.value.node is n2
 
 
+def test_graph_exec_update_compares_edges_not_their_count_or_order(s, bufs):
+    a, b, c = bufs
+
+    def join(first, second, value):
+        # fill a and b, then c = a (a join node whose dependencies are listed in a given order)
+        g = srt.Graph()
+        fa = g.add_kernel_node(fill_kernel, a, N, value)
+        fb = g.add_kernel_node(fill_kernel, b, N, value)
+        nodes = (fa, fb)
+        g.add_memcpy_node(c, a, N * 4, deps=[nodes[first], nodes[second]])
+        return g
+
+    ge = join(0, 1, 1.0).instantiate()
+    # the same edges listed the other way round: the same topology (dependencies are a set)
+    ge.update(join(1, 0, 3.0))
+    ge.launch(s)
+    s.synchronize()
+    assert (_read(c) == 3.0).all()
+    # as many edges as before, but one comes from another node: a topology change
+    moved = srt.Graph()
+    fa = moved.add_kernel_node(fill_kernel, a, N, 1.0)
+    fb = moved.add_kernel_node(fill_kernel, b, N, 1.0, deps=fa)
+    cp = moved.add_memcpy_node(c, a, N * 4, deps=fb)
+    orig = srt.Graph()
+    oa = orig.add_kernel_node(fill_kernel, a, N, 1.0)
+    ob = orig.add_kernel_node(fill_kernel, b, N, 1.0)
+    orig.add_memcpy_node(c, a, N * 4, deps=oa)
+    orig.add_dependencies(oa, ob)  # orig: a -> b, a -> c; moved: a -> b, b -> c
+    ge2 = orig.instantiate()
+    with pytest.raises(srt.GraphExecUpdateError) as ei:
+        ge2.update(moved)
+    assert ei.value.result is R.TOPOLOGY_CHANGED and ei.value.node is cp
+
+
+def test_graph_exec_update_and_set_params_refuse_a_move_to_another_device(s, dev, bufs):
+    cpu_only(dev, "needs a second device of the same backend (the cpu backend has two)")
+    a, _, _ = bufs
+    other = srt.Device("cpu:1")
+    far = srt.malloc(N * 4, other)
+    try:
+        g = srt.Graph()
+        k = g.add_kernel_node(fill_kernel, a, N, 1.0)
+        ms = g.add_memset_node(a, 0, N * 4, deps=k)
+        ge = g.instantiate()
+        # the kernel node now belongs to the other device: its function's context changed
+        moved_kernel = srt.Graph()
+        with other:
+            k2 = moved_kernel.add_kernel_node(fill_kernel, a, N, 1.0)
+        moved_kernel.add_memset_node(a, 0, N * 4, deps=k2)
+        with pytest.raises(srt.GraphExecUpdateError) as ei:
+            ge.update(moved_kernel)
+        assert ei.value.result is R.UNSUPPORTED_FUNCTION_CHANGE and ei.value.node is k2
+        # the memset's memory is on the other device
+        moved_memset = srt.Graph()
+        k3 = moved_memset.add_kernel_node(fill_kernel, a, N, 1.0)
+        ms3 = moved_memset.add_memset_node(far, 0, N * 4, deps=k3)
+        with pytest.raises(srt.GraphExecUpdateError) as ei:
+            ge.update(moved_memset)
+        assert ei.value.result is R.PARAMETERS_CHANGED and ei.value.node is ms3
+        # the per-node setter refuses what update refuses (cudaGraphExecMemsetNodeSetParams)
+        with pytest.raises(srt.InvalidValueError, match="device"):
+            ge.set_memset_node_params(ms, far, 0, N * 4)
+        srt.memset(far, 0x11, N * 4)
+        ge.launch(s)
+        s.synchronize()
+        # the refusals changed nothing: the exec still fills a, then clears it; far is untouched
+        assert (_read(a) == 0.0).all() and (srt.read(far, (N * 4,), np.uint8) == 0x11).all()
+        ge.destroy()
+    finally:
+        srt.free(far)
+
+
+def test_graph_exec_update_takes_the_new_event_of_a_record_node(s, bufs, gate):
+    a, _, _ = bufs
+
+    def graph(event):
+        g = srt.Graph()
+        k = g.add_kernel_node(fill_kernel, a, N, 1.0)
+        g.add_event_record_node(event, deps=k)
+        return g
+
+    old, new = srt.Event(), srt.Event()
+    ge = graph(old).instantiate()
+    ge.update(graph(new))
+    hold = gate(s)
+    ge.launch(s)
+    # recorded by this launch, behind the gate (an event never recorded reads as complete)
+    assert not new.query()
+    assert old.query()  # the replaced event is not recorded any more
+    hold.open()
+    new.synchronize()
+    assert (_read(a) == 1.0).all()
+
+
 def test_graph_exec_update_node_type_changed(bufs):
     a, b, _ = bufs
     ge = _chain(a, b).instantiate()
@@ -518,11 +637,18 @@ def test_graph_exec_update_child_graph(s, bufs):
         p.add_child_graph_node(child)
         return p
 
-    ge = parent(1.0).instantiate()
+    original = parent(1.0)
+    ge = original.instantiate()
     ge.update(parent(8.0))
     ge.launch(s)
     s.synchronize()
     assert (_read(a) == 8.0).all()
+    # the update reached the exec's own copy of the child graph, not the user's graph
+    inner = original.nodes()[0].params["graph"]
+    assert inner.nodes()[0].params["args"] == (a, N, 1.0)
+    original.instantiate().launch(s)
+    s.synchronize()
+    assert (_read(a) == 1.0).all()
     bad = parent(2.0, extra=True)
     with pytest.raises(srt.GraphExecUpdateError) as ei:
         ge.update(bad)
@@ -672,6 +798,98 @@ def test_graph_exec_join_waits_for_every_branch(s, dev):
     s.synchronize()
     assert log[-2:] == [("b", False), "join"] and "a" in log
 
+
+
+@srt.kernel
+def trace_kernel(ctx, log, tag):
+    """Logs its start and end; the sleep between (0-1 ms, GIL released) outlasts the hand-over of
+    a chain to a pool thread, so a node started too early overlaps the node it should wait for."""
+    log.append(("start", tag))
+    time.sleep(random.random() * 1e-3)
+    log.append(("end", tag))
+
+
+@st.composite
+def dags(draw):
+    """A random graph spec: per top-level node ``(deps, child, disabled)``; ``child`` is None for a
+    kernel node, else the dependency lists of a child graph's kernel nodes."""
+
+    def deps_of(i, most):
+        return sorted(draw(st.sets(st.integers(0, i - 1), max_size=most))) if i else []
+
+    spec = []
+    for i in range(draw(st.integers(1, 10))):
+        child = None
+        if draw(st.integers(0, 2)) == 0:  # few edges inside: children with parallel ends
+            child = [deps_of(j, 1) for j in range(draw(st.integers(1, 5)))]
+        spec.append((deps_of(i, 3), child, child is None and draw(st.booleans())))
+    return spec
+
+
+def _ancestors(deps_lists):
+    anc = []
+    for deps in deps_lists:  # deps always point to earlier nodes
+        acc = set()
+        for d in deps:
+            acc |= anc[d] | {d}
+        anc.append(acc)
+    return anc
+
+
+@settings(max_examples=150, deadline=None)
+@given(dags())
+def test_graph_exec_schedule_respects_every_edge(spec):
+    # Random DAGs of kernel nodes and child graphs, some kernel nodes disabled, replayed on two
+    # streams under delay injection: every node ends before any node that depends on it, directly,
+    # through a child graph's entry or exit, or through a disabled node, starts; a disabled node
+    # does not run, and only top-level nodes are disabled (a child's node of the same index runs).
+    dev = srt.Device("cpu:0")
+    log = []
+    g = srt.Graph()
+    nodes, tags = [], []  # per top-level node: its Node, and the tags of the kernels it runs
+    pairs = []  # (tag, tag): the first must end before the second starts
+    tag = 0
+    for deps, child, _ in spec:
+        if child is None:
+            nodes.append(g.add_kernel_node(trace_kernel, log, tag, deps=[nodes[d] for d in deps]))
+            tags.append([tag])
+            tag += 1
+            continue
+        sub = srt.Graph()
+        inner = []
+        for cdeps in child:
+            inner.append(sub.add_kernel_node(trace_kernel, log, tag, deps=[inner[d] for d in cdeps]))
+            tag += 1
+        first = tag - len(child)
+        for j, anc in enumerate(_ancestors(child)):
+            pairs += [(first + a, first + j) for a in anc]
+        nodes.append(g.add_child_graph_node(sub, deps=[nodes[d] for d in deps]))
+        tags.append(list(range(first, tag)))
+    for i, anc in enumerate(_ancestors([deps for deps, _, _ in spec])):
+        pairs += [(x, y) for a in anc for x in tags[a] for y in tags[i]]
+    off = {tags[i][0] for i, (_, _, disabled) in enumerate(spec) if disabled}
+    ge = g.instantiate()
+    for i, (_, _, disabled) in enumerate(spec):
+        if disabled:
+            ge.set_node_enabled(nodes[i], False)
+    streams = [srt.Stream(dev, non_blocking=True) for _ in range(2)]
+    prev = set_delays(50)
+    try:
+        for stream in streams:
+            log.clear()
+            ge.launch(stream)
+            stream.synchronize()
+            at = {entry: k for k, entry in enumerate(log)}
+            assert len(at) == len(log) == 2 * (tag - len(off))
+            assert all(("start", t) in at for t in range(tag) if t not in off)
+            for x, y in pairs:
+                if x not in off and y not in off:
+                    assert at[("end", x)] < at[("start", y)], (x, y, log)
+    finally:
+        restore_delays(prev)
+        ge.destroy()
+        for stream in streams:
+            stream.destroy()
 
 # -- event nodes ---------------------------------------------------------------------------------------
 def test_graph_exec_event_record_node_marks_graph_work(s, s2, bufs, gate):

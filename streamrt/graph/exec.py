@@ -324,9 +324,14 @@ class GraphExec:
         self._set(t, p)
 
     def set_memset_node_params(self, node: Node, ptr: int, value: int, nbytes: int) -> None:
-        """Replace a memset node's pointer, value and size."""
+        """Replace a memset node's pointer, value and size; the device of the memory cannot change."""
         t = self._node(node, NodeType.MEMSET)
-        self._set(t, memset_params(ptr, value, nbytes))
+        p = memset_params(ptr, value, nbytes)
+        # as cudaGraphExecMemsetNodeSetParams (the memory must come from the same context), and
+        # as update() already refuses the same change with PARAMETERS_CHANGED
+        if device_of(p["ptr"]) != device_of(t._params["ptr"]):
+            raise InvalidValueError("a memset node's memory cannot move to another device")
+        self._set(t, p)
 
     def set_host_node_params(self, node: Node, fn: Callable[..., Any], *args: Any) -> None:
         """Replace a host node's function and arguments."""
