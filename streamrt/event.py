@@ -44,10 +44,6 @@ class Event:
         if self._destroyed:
             raise InvalidHandleError(f"{self!r} was destroyed")
 
-    def _refresh(self) -> None:
-        """Recompute whether launches must leave the fast path (blocking, captured, destroyed)."""
-        self._slow = (not self.non_blocking) or self._capture is not None or self._destroyed
-
     def _check_capture(self, what: str) -> None:
         if self._capture is not None:
             from .graph.capture import illegal_event_use
