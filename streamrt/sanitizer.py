@@ -151,6 +151,9 @@ class Sanitizer:
         self._lock = threading.RLock()
         self.mode = "raise"
         self.findings: list[Finding] = []
+        # (kind, range, op, other) -> its finding: an op touching one range several times (as
+        # ``ops.add(t, t, t)`` does) reports each bug once, not once per access
+        self._seen: dict[tuple, Finding] = {}
         self._raised = 0
         self._gens = SortedList(key=lambda g: (g.lo, g.alloc.seq))
         self._live: dict[int, _Gen] = {}
@@ -291,9 +294,13 @@ class Sanitizer:
         return alloc is not None and any(alloc.base in p._chunks for p in list(_pools))
 
     def _find(self, kind: str, ptr: int, nbytes: int, op: Any, other: Any, msg: str) -> Finding:
+        key = (kind, ptr, nbytes, id(op), id(other))  # ids stay valid: the finding holds both
+        f = self._seen.get(key)
+        if f is not None:
+            return f
         streams = tuple(x.where() if isinstance(x, OpInfo) else x.describe()
                         for x in (op, other) if x is not None)
-        f = Finding(kind, ptr, nbytes, msg, op, other, streams)
+        f = self._seen[key] = Finding(kind, ptr, nbytes, msg, op, other, streams)
         self.findings.append(f)
         return f
 
@@ -394,6 +401,7 @@ def clear() -> None:
     """Forget the findings (and what was raised)."""
     with _SAN._lock:
         _SAN.findings.clear()
+        _SAN._seen.clear()
         _SAN._raised = 0
 
 
