@@ -221,7 +221,7 @@ class Stream:
         # the hottest path of the runtime: a non-blocking stream with no capture or hooks
         self._pos += 1
         q = self._q
-        q._ops.append((kernel.fn, (ctx, *args)))
+        q._ops.append((kernel.fn, (ctx,) + args))
         if q._idle:
             q.wake()
 

@@ -298,7 +298,7 @@ class CpuQueue(Queue):
 
     # -- operations: the work itself, run later by the worker ------------------------------
     def op_launch(self, kernel: Any, ctx: Any, args: tuple) -> tuple[Callable[..., Any], tuple]:
-        return kernel.fn, (ctx, *args)
+        return kernel.fn, (ctx,) + args
 
     def op_copy(self, dst: Any, src: Any, nbytes: int) -> tuple[Callable[..., Any], tuple]:
         return copy_op, (dst, src)
