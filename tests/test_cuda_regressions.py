@@ -169,3 +169,62 @@ def test_pool_out_of_memory_says_how_much(cuda0):
     with pytest.raises(srt.OutOfMemoryError, match=r"of 8388608 bytes failed: the pool reserves"):
         s.malloc(8 << 20, pool)
     pool.destroy()
+
+
+def _advance_on_another_thread(s: srt.Stream) -> None:
+    """``s.synchronize()`` on a thread of its own: it proves the stream's tail and so frees the
+    marker events before it."""
+    t = threading.Thread(target=s.synchronize)
+    t.start()
+    t.join(timeout=30)
+    assert not t.is_alive()
+
+
+def test_marker_event_kept_while_another_thread_waits_on_it(cuda0, gate, monkeypatch):
+    # a host thread waits on an event's marker while another proves the stream passed it: the
+    # marker must outlive the wait (its handle was destroyed in use: invalid resource handle)
+    from streamrt.backends import cuda as backend
+
+    s = srt.Stream(cuda0, non_blocking=True)
+    p = srt.malloc(64, cuda0)
+    g = gate(s)
+    e = s.record()
+    s.memset(p, 0, 64)  # work after the record: the event's wait uses its marker, not the tail
+    assert s._q.pos > e._pos
+    real = backend.rt.cudaEventSynchronize
+
+    def synchronize(ev):
+        g.open()
+        _advance_on_another_thread(s)
+        return real(ev)
+
+    monkeypatch.setattr(backend.rt, "cudaEventSynchronize", synchronize)
+    e.synchronize()
+    monkeypatch.undo()
+    assert not s._q._markers and not s._q._dead  # released once nobody used them
+    srt.free(p)
+
+
+def test_marker_event_kept_while_another_stream_is_made_to_wait_on_it(cuda0, gate, monkeypatch):
+    # the same for a cross-stream wait: the marker is read, then cudaStreamWaitEvent is called
+    from streamrt.backends import cuda as backend
+
+    s, t = srt.Stream(cuda0, non_blocking=True), srt.Stream(cuda0, non_blocking=True)
+    p = srt.malloc(64, cuda0)
+    g = gate(s)
+    e = s.record()
+    s.memset(p, 0, 64)
+    assert s._q.pos > e._pos
+    real = backend.rt.cudaStreamWaitEvent
+
+    def wait_event(stream, ev, flags):
+        g.open()
+        _advance_on_another_thread(s)
+        return real(stream, ev, flags)
+
+    monkeypatch.setattr(backend.rt, "cudaStreamWaitEvent", wait_event)
+    t.wait(e)
+    monkeypatch.undo()
+    t.synchronize()
+    assert not s._q._markers and not s._q._dead
+    srt.free(p)

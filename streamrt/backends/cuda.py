@@ -24,7 +24,8 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -220,6 +221,12 @@ class CudaQueue(Queue):
         self._done = 0
         self._enqueuing = 0  # submits between counting an operation and handing it to CUDA
         self._markers: deque[tuple[int, Any]] = deque()
+        # Any thread may ask a stream how far it got, or wait on it, and the answer frees the
+        # marker events it proves passed. A thread holding a marker outside the lock pins the
+        # queue; events passed meanwhile wait in _dead, so no handle is destroyed in use.
+        self._lock = threading.Lock()
+        self._pins = 0
+        self._dead: list[Any] = []
         # graphs launched and maybe still running, with their newest position: kept alive until
         # the stream passes it (their host nodes and host buffers must outlive an exec update)
         self._graphs: dict[Any, int] = {}
@@ -249,51 +256,79 @@ class CudaQueue(Queue):
         elif err != _NOT_READY:
             check((err,))
         else:
-            for p, ev in reversed(self._markers):
-                if p <= self._done:
-                    break
-                if rt.cudaEventQuery(ev)[0] == _SUCCESS:
-                    self._advance(p)
-                    break
+            with self._pinned():
+                with self._lock:
+                    markers = list(self._markers)
+                for p, ev in reversed(markers):
+                    if p <= self._done:
+                        break
+                    if rt.cudaEventQuery(ev)[0] == _SUCCESS:
+                        self._advance(p)
+                        break
         return self._done
 
     def _advance(self, p: int) -> None:
-        self._done = max(self._done, p)
-        while self._markers and self._markers[0][0] <= self._done:
-            rt.cudaEventDestroy(self._markers.popleft()[1])
-        if self._graphs:
-            self._graphs = {g: q for g, q in self._graphs.items() if q > self._done}
+        with self._lock:
+            if p > self._done:
+                self._done = p
+            while self._markers and self._markers[0][0] <= self._done:
+                self._dead.append(self._markers.popleft()[1])
+            dead, self._dead = (self._dead, []) if not self._pins else ([], self._dead)
+            if self._graphs:
+                self._graphs = {g: q for g, q in self._graphs.items() if q > self._done}
+        for ev in dead:
+            rt.cudaEventDestroy(ev)
+
+    @contextmanager
+    def _pinned(self) -> Iterator[None]:
+        """Keep the marker events this thread reads alive until it is done with them."""
+        with self._lock:
+            self._pins += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._pins -= 1
+                dead, self._dead = (self._dead, []) if not self._pins else ([], self._dead)
+            for ev in dead:
+                rt.cudaEventDestroy(ev)
 
     def _event_at(self, pos: int) -> Any | None:
-        """The marker event of the first marked position >= ``pos`` (None: the tail)."""
-        for p, ev in self._markers:
-            if p >= pos:
-                return ev
+        """The marker event of the first marked position >= ``pos`` (None: the tail); call it
+        pinned."""
+        with self._lock:
+            for p, ev in self._markers:
+                if p >= pos:
+                    return ev
         return None
 
-    def mark(self) -> None:
+    def mark(self) -> Any:
         """Record a marker event at the tail: a host or another stream may wait for it later."""
         _activate(self.dev.index)
         ev = check(rt.cudaEventCreateWithFlags(rt.cudaEventDisableTiming))
         check(rt.cudaEventRecord(ev, self.stream))
-        self._markers.append((self.pos, ev))
+        with self._lock:
+            self._markers.append((self.pos, ev))
+        return ev
 
     def wait_done(self, pos: int) -> None:
         if self._done >= pos:
             return
         if _deferred:
             _run_deferred()
-        ev = self._event_at(pos) if pos < self.pos or self._closed else None
-        if ev is None:
-            if self._closed:
-                return  # nothing was pending when it closed
-            stream, tail = self.stream, self.pos - self._enqueuing  # later work is not covered
-            _activate(self.dev.index)  # the legacy stream is the current device's
-            _block(lambda: rt.cudaStreamQuery(stream), lambda: rt.cudaStreamSynchronize(stream))
-            self._advance(tail)
-        else:
-            _block(lambda: rt.cudaEventQuery(ev), lambda: rt.cudaEventSynchronize(ev))
-            self._advance(pos)
+        with self._pinned():
+            ev = self._event_at(pos) if pos < self.pos or self._closed else None
+            if ev is None:
+                if self._closed:
+                    return  # nothing was pending when it closed
+                stream, tail = self.stream, self.pos - self._enqueuing  # later work is not covered
+                _activate(self.dev.index)  # the legacy stream is the current device's
+                _block(lambda: rt.cudaStreamQuery(stream),
+                       lambda: rt.cudaStreamSynchronize(stream))
+                self._advance(tail)
+            else:
+                _block(lambda: rt.cudaEventQuery(ev), lambda: rt.cudaEventSynchronize(ev))
+                self._advance(pos)
 
     def drain(self) -> None:
         self.wait_done(self.pos)  # enqueue calls ran at once: the queue counts them
@@ -387,12 +422,12 @@ class CudaQueue(Queue):
         assert isinstance(other, CudaQueue), "streams of one backend only"
         if other._done >= pos:
             return
-        ev = other._event_at(pos)  # a marked position at or after pos (an event record)
-        if ev is None:  # the other stream's tail: mark it now
-            other.mark()
-            ev = other._markers[-1][1]
-        _activate(self.dev.index)
-        check(rt.cudaStreamWaitEvent(self.stream, ev, 0))
+        with other._pinned():
+            ev = other._event_at(pos)  # a marked position at or after pos (an event record)
+            if ev is None:  # the other stream's tail: mark it now
+                ev = other.mark()
+            _activate(self.dev.index)
+            check(rt.cudaStreamWaitEvent(self.stream, ev, 0))
 
     def op_graph(self, graph: Any) -> tuple[Callable[..., Any], tuple]:
         """Launching a :class:`~.cuda_graph.NativeGraph` (``cudaGraphLaunch``)."""
@@ -400,7 +435,8 @@ class CudaQueue(Queue):
 
     def _graph(self, graph: Any) -> None:
         graph.launch(self)
-        self._graphs[graph] = self.pos
+        with self._lock:  # _advance may be rebuilding the dict on another thread
+            self._graphs[graph] = self.pos
 
     def op_stamp(self) -> tuple[Callable[..., Any], tuple, Any]:
         _activate(self.dev.index)
