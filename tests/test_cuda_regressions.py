@@ -228,3 +228,33 @@ def test_marker_event_kept_while_another_stream_is_made_to_wait_on_it(cuda0, gat
     t.synchronize()
     assert not s._q._markers and not s._q._dead
     srt.free(p)
+
+
+def test_synchronize_with_a_host_function_pending_releases_pool_memory(cuda0, monkeypatch):
+    # With a host function pending, synchronize polls (the driver's thread running it needs the
+    # GIL); it must still end in a synchronize call, where the driver releases pool memory
+    # down to the threshold. It used to end in a query: the memory stayed reserved.
+    from streamrt.backends import cuda as backend
+
+    pool = srt.MemPool(cuda0, release_threshold=0)
+    s = srt.Stream(cuda0, non_blocking=True)
+    opened = threading.Event()
+    s.launch_host_func(opened.wait, 30)
+    p = s.malloc(1 << 20, pool)
+    s.free(p)
+    def polled(name: str) -> None:
+        real = getattr(backend.rt, name)
+
+        def query(handle):
+            opened.set()  # the first poll lets the host function finish
+            return real(handle)
+
+        monkeypatch.setattr(backend.rt, name, query)
+
+    polled("cudaEventQuery")
+    polled("cudaStreamQuery")
+    s.synchronize()
+    monkeypatch.undo()
+    assert opened.is_set()  # the synchronize polled
+    assert pool.get_attr(srt.MemPoolAttr.RESERVED_MEM_CURRENT) == 0
+    pool.destroy()

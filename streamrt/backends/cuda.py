@@ -122,10 +122,12 @@ def _host_worker() -> None:
             finished.set()
 
 
-def _block(query: Callable[[], Any], wait: Callable[[], Any]) -> None:
+def _block(query: Callable[[], Any], wait: Callable[[], Any], *, settle: bool = False) -> None:
     """Wait for a stream or event. While host functions are pending, poll instead of making
     the blocking call: the driver thread running a host function needs the GIL, and a
-    blocking call that kept it would never return."""
+    blocking call that kept it would never return. ``settle`` (an event, which cannot gain
+    work) makes the blocking call once the poll saw completion: it returns at once, and it is
+    a synchronize, where the driver releases pool memory down to the release threshold."""
     if not _outstanding[0]:
         check(wait())
         return
@@ -134,6 +136,8 @@ def _block(query: Callable[[], Any], wait: Callable[[], Any]) -> None:
         err = query()[0]
         if err != _NOT_READY:
             check((err,))
+            if settle:
+                check(wait())
             return
         time.sleep(delay)
         delay = min(delay * 2, 1e-3)
@@ -302,14 +306,18 @@ class CudaQueue(Queue):
                     return ev
         return None
 
-    def mark(self) -> Any:
-        """Record a marker event at the tail: a host or another stream may wait for it later."""
+    def mark(self) -> tuple[int, Any]:
+        """Record a marker event at the tail: a host or another stream may wait for it later.
+        Returns its position and event; operations other threads are still handing to CUDA
+        come after it."""
         _activate(self.dev.index)
         ev = check(rt.cudaEventCreateWithFlags(rt.cudaEventDisableTiming))
+        with self._lock:
+            pos = self.pos - self._enqueuing  # before the record: it covers no less than this
         check(rt.cudaEventRecord(ev, self.stream))
         with self._lock:
-            self._markers.append((self.pos, ev))
-        return ev
+            self._markers.append((pos, ev))
+        return pos, ev
 
     def wait_done(self, pos: int) -> None:
         if self._done >= pos:
@@ -321,14 +329,17 @@ class CudaQueue(Queue):
             if ev is None:
                 if self._closed:
                     return  # nothing was pending when it closed
-                stream, tail = self.stream, self.pos - self._enqueuing  # later work is not covered
-                _activate(self.dev.index)  # the legacy stream is the current device's
-                _block(lambda: rt.cudaStreamQuery(stream),
-                       lambda: rt.cudaStreamSynchronize(stream))
-                self._advance(tail)
-            else:
-                _block(lambda: rt.cudaEventQuery(ev), lambda: rt.cudaEventSynchronize(ev))
-                self._advance(pos)
+                if _outstanding[0]:  # to be polled: an event, so that a synchronize ends it
+                    pos, ev = self.mark()
+                else:
+                    stream, tail = self.stream, self.pos - self._enqueuing  # later work: not covered
+                    _activate(self.dev.index)  # the legacy stream is the current device's
+                    check(rt.cudaStreamSynchronize(stream))
+                    self._advance(tail)
+                    return
+            _block(lambda: rt.cudaEventQuery(ev), lambda: rt.cudaEventSynchronize(ev),
+                   settle=True)
+            self._advance(pos)
 
     def drain(self) -> None:
         self.wait_done(self.pos)  # enqueue calls ran at once: the queue counts them
@@ -425,7 +436,7 @@ class CudaQueue(Queue):
         with other._pinned():
             ev = other._event_at(pos)  # a marked position at or after pos (an event record)
             if ev is None:  # the other stream's tail: mark it now
-                ev = other.mark()
+                ev = other.mark()[1]
             _activate(self.dev.index)
             check(rt.cudaStreamWaitEvent(self.stream, ev, 0))
 
