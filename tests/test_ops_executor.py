@@ -121,6 +121,33 @@ def test_executor_data_written_after_phase1_is_used(s, gate):
         x, srt.Tensor.empty((4, 8), np.int32, stream=s)), INVALID),  # dtype
     (lambda s, x, o: ops.softmax.get_workspace_size(
         x, o.as_strided((4, 8), (0, 1))), INVALID),  # an output writing elements twice
+    # boundaries the cases above leave open: each one was accepted by a plausible mutant
+    (lambda s, x, o: ops.softmax.get_workspace_size(x, o, axis=True), INVALID),  # bool, not int
+    (lambda s, x, o: ops.softmax.get_workspace_size(
+        srt.Tensor.empty((4, 8), np.int32, stream=s), o), INVALID),  # an input's dtype
+    (lambda s, x, o: ops.add.get_workspace_size(x, x, T(s, np.zeros((8, 4)))), INVALID),
+    (lambda s, x, o: ops.mul.get_workspace_size(x, T(s, np.zeros(8)), T(s, np.zeros(32))),
+     INVALID),  # out has the broadcast numel, not its shape
+    (lambda s, x, o: ops.matmul.get_workspace_size(
+        T(s, np.zeros((2, 4, 8))), T(s, np.zeros((3, 8, 2))), T(s, np.zeros((2, 4, 2)))),
+     INVALID),  # batch dims 2 and 3 do not broadcast (out takes a's: only that check refuses)
+    (lambda s, x, o: ops.layer_norm.get_workspace_size(x, None, None, o, eps=float("nan")),
+     INVALID),
+    (lambda s, x, o: ops.layer_norm.get_workspace_size(x, None, None, o, eps=float("inf")),
+     INVALID),
+    (lambda s, x, o: ops.layer_norm.get_workspace_size(x, None, None, o, normalized_ndim=3),
+     INVALID),  # more axes than x has
+    (lambda s, x, o: ops.layer_norm.get_workspace_size(
+        srt.Tensor.empty((4, 0), F32, stream=s), None, None,
+        srt.Tensor.empty((4, 0), F32, stream=s)), INVALID),  # an empty normalised shape
+    (lambda s, x, o: ops.layer_norm.get_workspace_size(x, T(s, np.ones(8)), T(s, np.ones(4)), o),
+     INVALID),  # bias checked as well as weight
+    (lambda s, x, o: ops.softmax.get_workspace_size(x, o, o), INVALID),  # one tensor too many
+    (lambda s, x, o: ops.reduce_sum.get_workspace_size(x, T(s, np.zeros(4)), axis=2), INVALID),
+    (lambda s, x, o: ops.cumsum.get_workspace_size(x, o, axis=-3), INVALID),
+    (lambda s, x, o: ops.softmax.get_workspace_size(
+        T(s, np.zeros((2, 8))), srt.Tensor.empty((2, 8), F32, stream=s).as_strided((2, 8), (0, 1))),
+     INVALID),  # a size-2 dim with stride 0 overlaps too
 ])
 def test_executor_phase1_rejects_bad_metadata_and_creates_nothing(s, make, code):
     x, out, _ = softmax_setup(s)
@@ -225,6 +252,20 @@ def test_executor_accepts_an_srt_malloc_workspace(s):
     ops.softmax(ws, size, ex, s)
     np.testing.assert_allclose(out.numpy(s), ref, rtol=1e-5)
     srt.free(ws)
+
+
+def test_executor_workspace_one_byte_short_is_refused(s):
+    # allocations round to 512 bytes; an interior pointer of an srt.malloc allocation, placed
+    # from its end, shows an off-by-one
+    x, out, ref = softmax_setup(s)
+    size, ex = ops.softmax.get_workspace_size(x, out)
+    r = (size + 511) // 512 * 512
+    base = srt.malloc(r)
+    err = raises(INVALID, ops.softmax, base + r - size + 1, size, ex, s)  # size - 1 bytes left
+    assert str(size - 1) in str(err)
+    ops.softmax(base + r - size, size, ex, s)  # exactly size bytes: accepted
+    np.testing.assert_allclose(out.numpy(s), ref, rtol=1e-5)
+    srt.free(base)
 
 
 # -- one-shot and repeatable -----------------------------------------------------------------------

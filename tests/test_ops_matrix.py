@@ -171,10 +171,13 @@ def test_ops_match_numpy(s, op_name, case, dtype):
     check(out.numpy(s), np.asarray(ref), dtype)
 
 
+@pytest.mark.parametrize("xshape", [(3, 4), ()])  # a 0-d operand's cast still takes a region
 @pytest.mark.parametrize("xt, yt, ot", [(F16, F32, F32), (F32, F64, F64), (F64, F16, F32)])
-def test_ops_elementwise_mixed_dtypes_cast_in_the_workspace(s, xt, yt, ot):
-    x, y = rand((3, 4), xt, 1), rand((4,), yt, 2)
-    out = srt.Tensor.empty((3, 4), ot, stream=s)
+def test_ops_elementwise_mixed_dtypes_cast_in_the_workspace(s, xt, yt, ot, xshape):
+    x, y = rand(xshape, xt, 1), rand((4,), yt, 2)
+    if not xshape:  # rand of () is a numpy scalar; from_numpy wants an array
+        x = np.asarray(x)
+    out = srt.Tensor.empty(np.broadcast_shapes(xshape, (4,)), ot, stream=s)
     size = two_phase(s, ops.add, [put(s, x), put(s, y), out], {"alpha": 0.5})
     assert size > 0  # the narrower operand was cast into the workspace
     check(out.numpy(s), x.astype(F64) + 0.5 * y.astype(F64), ot)

@@ -70,17 +70,28 @@ def test_tensor_desc_equal_metadata_shares_a_key():
     ({"dtype": ">f4"}, srt.InvalidValueError),
     ({"strides": (1,)}, srt.InvalidValueError),
     ({"strides": (-3, 1)}, srt.InvalidValueError),
+    ({"strides": (3, -1)}, srt.InvalidValueError),  # the boundary: -1 is negative too
     ({"strides": (3.0, 1)}, srt.InvalidTypeError),
     ({"offset": -1}, srt.InvalidValueError),
     ({"offset": 1.5}, srt.InvalidTypeError),
+    ({"offset": True}, srt.InvalidTypeError),  # a bool is not an element count
     ({"format": "XYZ"}, srt.InvalidValueError),
     ({"format": 4}, srt.InvalidTypeError),
     ({"format": "NCHW"}, srt.InvalidValueError),  # NCHW needs 4 dims, shape has 2
+    ({"shape": (1, 2, 3, 4, 5), "format": "NCHW"}, srt.InvalidValueError),  # ... not 5 either
 ])
 def test_tensor_desc_rejects_bad_metadata(kwargs, exc):
     args = {"shape": (2, 3), "dtype": np.float32} | kwargs
     with pytest.raises(exc):
         srt.TensorDesc(**args)
+
+
+def test_tensor_desc_accepts_the_aclnn_limits():
+    # the boundaries of the checks above: 8 dims (aclnn's maximum), offset 0, stride 0
+    assert srt.TensorDesc((1,) * 8, np.float32).ndim == 8
+    d = srt.TensorDesc((2, 3), np.float32, strides=(0, 1), offset=0)
+    assert d.strides == (0, 1) and d.storage_nbytes == 3 * 4
+    assert srt.TensorDesc((1, 2, 3, 4), np.float32, format="NCHW").format == "NCHW"
 
 
 def test_tensor_desc_bad_metadata_is_a_value_or_type_error():

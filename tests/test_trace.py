@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections import defaultdict
 
 import numpy as np
@@ -16,6 +18,31 @@ def load(path):
     data = json.loads(path.read_text())
     assert isinstance(data["traceEvents"], list)
     return data["traceEvents"]
+
+
+def assert_tracks_well_formed(events):
+    """Every pid and (pid, tid) that carries an event is named by metadata, and the slices of a
+    stream, in stream order (``args.position``), start in that order and do not overlap."""
+    procs = {e["pid"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    threads = {(e["pid"], e["tid"]) for e in events
+               if e["ph"] == "M" and e["name"] == "thread_name"}
+    for e in events:
+        if e["ph"] != "M":
+            assert e["pid"] in procs, e
+        if e["ph"] in "Xsfi":
+            assert (e["pid"], e["tid"]) in threads, e
+    by_stream = defaultdict(list)
+    for e in events:
+        if e["ph"] == "X" and isinstance(e["args"]["position"], int):  # not a graph node
+            by_stream[(e["pid"], e["tid"])].append(e)
+    for evs in by_stream.values():
+        evs.sort(key=lambda e: e["args"]["position"])
+        for prev, nxt in zip(evs, evs[1:]):
+            assert prev["ts"] + prev["dur"] <= nxt["ts"] + 1e-3, (prev, nxt)
+
+
+def slice_contains(e, ts):
+    return e["ts"] <= ts <= e["ts"] + e["dur"]
 
 
 def program(dev, gate):
@@ -38,7 +65,8 @@ def program(dev, gate):
     cap.launch(add_one_kernel, p, 1)
     graph = cap.end_capture()
     dev.synchronize()
-    return a, b, graph, out
+    assert graph.nodes()
+    return a, b, cap, out
 
 
 def test_trace_file_is_valid_and_complete(tmp_path, any_dev, gate):
@@ -46,7 +74,7 @@ def test_trace_file_is_valid_and_complete(tmp_path, any_dev, gate):
     dev = any_dev
     path = tmp_path / "t.json"
     with srt.trace(path):
-        a, b, _, out = program(dev, gate)
+        a, b, cap, out = program(dev, gate)
     assert out.tolist() == [2.0] * 1024
     events = load(path)
     names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
@@ -77,6 +105,7 @@ def test_trace_file_is_valid_and_complete(tmp_path, any_dev, gate):
     finishes = [e for e in events if e["ph"] == "f"]
     assert finishes and all(f["id"] in starts for f in finishes)
     assert any(starts[f["id"]]["tid"] == a.id and f["tid"] == b.id for f in finishes)
+    assert_tracks_well_formed(events)
     # pool counters, monotone in time
     counters = defaultdict(list)
     for e in events:
@@ -87,10 +116,11 @@ def test_trace_file_is_valid_and_complete(tmp_path, any_dev, gate):
         ts = [e["ts"] for e in evs]
         assert ts == sorted(ts)
         assert all({"reserved", "used"} <= set(e["args"]) for e in evs)
+        assert all(e["args"]["used"] <= e["args"]["reserved"] for e in evs)
     assert max(e["args"]["used"] for evs in counters.values() for e in evs) >= 4096
     # capture markers
-    marks = [e["name"] for e in events if e["ph"] == "i"]
-    assert marks == ["capture begin", "capture end"]
+    marks = [(e["name"], e["tid"]) for e in events if e["ph"] == "i"]
+    assert marks == [("capture begin", cap.id), ("capture end", cap.id)]  # on its stream's track
 
 
 def test_trace_graph_launch_nests_nodes(tmp_path, dev):
@@ -111,6 +141,95 @@ def test_trace_graph_launch_nests_nodes(tmp_path, dev):
     lo, hi = launch[0]["ts"], launch[0]["ts"] + launch[0]["dur"]
     assert all(lo <= e["ts"] and e["ts"] + e["dur"] <= hi + 1e-3 for e in nodes)
     srt.free(p)
+
+
+@srt.kernel
+def nap_kernel(ctx, seconds):
+    """Runs for at least ``seconds``: a known duration to read the trace's time unit from."""
+    time.sleep(seconds)
+
+
+def test_trace_times_are_microseconds_and_pending_work_is_drained(tmp_path, dev):
+    # Chrome's trace format counts ts/dur in microseconds from a common origin; leaving the
+    # block waits for queued work, so a kernel still running then still gets its slice
+    s = srt.Stream(dev, non_blocking=True)
+    path = tmp_path / "units.json"
+    t0 = time.perf_counter()
+    with srt.trace(path):
+        s.launch(nap_kernel, 0.05)
+    wall_us = (time.perf_counter() - t0) * 1e6
+    events = load(path)
+    naps = [e for e in events if e["ph"] == "X" and e["name"] == "nap_kernel"]
+    assert len(naps) == 1
+    assert 50_000 - 1 <= naps[0]["dur"] <= wall_us
+    for e in events:
+        if "ts" in e:
+            assert e["ts"] >= 0 and e["ts"] + e.get("dur", 0) <= wall_us, e
+    assert_tracks_well_formed(events)
+
+
+def test_trace_flow_binds_the_awaited_op_to_the_wait_across_devices(tmp_path, gate):
+    # two devices: two processes; the arrow starts inside the slice of the operation the event
+    # recorded (not the gate before it) and ends inside the wait on the other process's track
+    a = srt.Stream("cpu:0", non_blocking=True)
+    b = srt.Stream("cpu:1", non_blocking=True)
+    p = a.malloc(64)
+    path = tmp_path / "flow.json"
+    with srt.trace(path):
+        g = gate(a)
+        a.launch(fill_kernel, p, 16, 1.0)
+        b.wait(a.record())
+        b.launch(nap_kernel, 0)
+        g.open()
+        b.synchronize()
+    a.free(p)
+    a.synchronize()
+    events = load(path)
+    assert_tracks_well_formed(events)
+    procs = {e["pid"]: e["args"]["name"] for e in events
+             if e["ph"] == "M" and e["name"] == "process_name"}
+    (fill,) = [e for e in events if e["ph"] == "X" and e["name"] == "fill_kernel"]
+    (wait,) = [e for e in events if e["ph"] == "X" and e["cat"] == "wait"]
+    assert (procs[fill["pid"]], fill["tid"]) == ("device cpu:0", a.id)
+    assert (procs[wait["pid"]], wait["tid"]) == ("device cpu:1", b.id)
+    (start,) = [e for e in events if e["ph"] == "s"]
+    (finish,) = [e for e in events if e["ph"] == "f"]
+    # a flow's two ends pair by id, name and category
+    assert (start["id"], start["name"], start["cat"]) == (finish["id"], finish["name"],
+                                                          finish["cat"])
+    assert (start["pid"], start["tid"]) == (fill["pid"], fill["tid"])
+    assert slice_contains(fill, start["ts"])
+    # "bp": "e" binds the end to the slice enclosing ts (the wait), not to the next slice
+    assert finish["bp"] == "e"
+    assert (finish["pid"], finish["tid"]) == (wait["pid"], wait["tid"])
+    assert slice_contains(wait, finish["ts"])
+
+
+def test_trace_parallel_graph_branches_get_tracks_of_their_own(tmp_path, dev):
+    # two branches that must run at the same time (each waits for the other at a barrier)
+    # cannot share one track: slices on one track nest or are disjoint
+    meet = threading.Barrier(2, timeout=30)
+
+    @srt.kernel
+    def meet_kernel(ctx, barrier):
+        barrier.wait()
+
+    g = srt.Graph()
+    g.add_kernel_node(meet_kernel, meet)
+    g.add_kernel_node(meet_kernel, meet)
+    ge = g.instantiate()
+    s = srt.Stream(dev, non_blocking=True)
+    path = tmp_path / "branches.json"
+    with srt.trace(path):
+        ge.launch(s)
+        s.synchronize()
+    events = load(path)
+    assert_tracks_well_formed(events)
+    nodes = [e for e in events if e["ph"] == "X" and e["name"] == "meet_kernel"]
+    assert len(nodes) == 2
+    assert len({(e["pid"], e["tid"]) for e in nodes}) == 2
+    (launch,) = [e for e in events if e["ph"] == "X" and e["cat"] == "graph"]
+    assert launch["tid"] == s.id
 
 
 def test_trace_off_means_no_instrumentation(tmp_path, dev):
