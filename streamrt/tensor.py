@@ -181,7 +181,7 @@ def _stream(stream: Any) -> Any:
 class Tensor:
     """A device tensor: a :class:`TensorDesc` and a device pointer (``aclTensor``)."""
 
-    __slots__ = ("desc", "device", "stream", "_ptr", "_key", "_owner", "__weakref__")
+    __slots__ = ("desc", "device", "stream", "_ptr", "_key", "_owner", "_storage", "__weakref__")
 
     def __init__(
         self, desc: TensorDesc, ptr: int, *, device: Any = None, stream: Any = None
@@ -205,6 +205,7 @@ class Tensor:
         self._ptr: int | None = int(ptr)
         self._key = _intern((desc._kid, dev))  # metadata + device: the executor-cache key part
         self._owner = True
+        self._storage = desc.storage_nbytes  # bytes from ptr the memory holds (views inherit it)
 
     # -- construction -----------------------------------------------------------------------
     @classmethod
@@ -233,10 +234,17 @@ class Tensor:
     def as_strided(
         self, shape: Any, strides: Any, offset: int = 0, *, format: str = "ND"
     ) -> Tensor:
-        """A view of the same memory with other metadata (strides, offset in elements); no owner."""
+        """A view of the same memory with other metadata (strides, offset in elements); no owner.
+        The view must stay inside the memory of the tensor it was first taken from (as torch's
+        ``as_strided`` checks against the storage)."""
         desc = TensorDesc(shape, self.desc.dtype, strides, offset, format)
+        if desc.storage_nbytes > self._storage:
+            raise InvalidValueError(
+                f"as_strided {desc!r} reaches {desc.storage_nbytes} bytes past the pointer; the "
+                f"tensor's memory holds {self._storage}")
         t = Tensor(desc, self.ptr, device=self.device, stream=self.stream)
         t._owner = False
+        t._storage = self._storage
         return t
 
     # -- cheap reads ----------------------------------------------------------------------------

@@ -145,6 +145,24 @@ def test_tensor_strided_view_reads_back(s):
     np.testing.assert_array_equal(tv.numpy(), base.T)  # stream None: synchronizes the device
 
 
+def test_tensor_strided_view_stays_inside_the_memory(s):
+    # as torch's as_strided: a view reaching past the tensor's memory is refused, and a view of
+    # a view is checked against the first tensor's memory, not the smaller view's reach
+    t = srt.Tensor.from_numpy(np.arange(8, dtype=np.float32), stream=s)
+    with pytest.raises(srt.InvalidValueError):
+        t.as_strided((4,), (2,), offset=2)  # elements 2, 4, 6, 8: one past the end
+    with pytest.raises(srt.InvalidValueError):
+        t.as_strided((9,), (1,))
+    last = t.as_strided((1,), (1,), offset=7)  # the last element: fits exactly
+    head = t.as_strided((2,), (1,))
+    tail = head.as_strided((4,), (2,), offset=1)  # elements 1, 3, 5, 7 of t
+    np.testing.assert_array_equal(tail.numpy(s), [1, 3, 5, 7])
+    np.testing.assert_array_equal(last.numpy(s), [7])
+    with pytest.raises(srt.InvalidValueError):
+        head.as_strided((2,), (1,), offset=7)
+    t.free()
+
+
 def test_tensor_empty_and_zero_size(s):
     t = srt.Tensor.empty((0, 3), np.float32, stream=s)
     assert t.numpy(s).shape == (0, 3)
