@@ -22,6 +22,8 @@ from .instrument import OpInfo
 
 __all__ = ["trace", "Tracer"]
 
+_WORKER_TIDS = 1 << 20  # graph worker tracks are numbered from here, past any stream id
+
 
 class Tracer:
     """Collects trace events while active; :meth:`write` saves them as Chrome JSON."""
@@ -35,6 +37,8 @@ class Tracer:
         self.events: list[dict] = []
         self._tracks: dict[tuple[int, Any], str] = {}
         self._procs: dict[int, str] = {}
+        # graph worker tracks: integer tids after every stream's (Perfetto names only int tids)
+        self._workers: dict[tuple[int, str], int] = {}
         self._ends: dict[tuple[int, int], tuple[int, Any, float]] = {}  # (stream id, pos) -> end
         self._flow = 0
         # cuda: operations whose stamps are read once they completed, and per device the first
@@ -55,7 +59,10 @@ class Tracer:
         s = top.stream
         pid = self._pid(s.device)
         if op.parent is not None and not op.thread.startswith("streamrt-cpu"):
-            tid = f"{s.id}/{op.thread}"  # a graph worker thread: a track of its own
+            key = (s.id, op.thread)  # a graph worker thread: a track of its own
+            tid = self._workers.get(key)
+            if tid is None:
+                tid = self._workers[key] = _WORKER_TIDS + len(self._workers)
             self._tracks.setdefault((pid, tid), f"stream {s.name} graph worker {op.thread}")
         else:
             tid = s.id

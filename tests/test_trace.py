@@ -21,12 +21,15 @@ def load(path):
 
 
 def assert_tracks_well_formed(events):
-    """Every pid and (pid, tid) that carries an event is named by metadata, and the slices of a
-    stream, in stream order (``args.position``), start in that order and do not overlap."""
+    """Every pid and tid is an int, every (pid, tid) that carries an event is named by metadata,
+    and the slices of a stream, in stream order (``args.position``), start in that order and do
+    not overlap."""
     procs = {e["pid"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
     threads = {(e["pid"], e["tid"]) for e in events
                if e["ph"] == "M" and e["name"] == "thread_name"}
     for e in events:
+        # integer ids: Perfetto gives a string tid a track but never shows its thread_name
+        assert type(e["pid"]) is int and type(e.get("tid", 0)) is int, e
         if e["ph"] != "M":
             assert e["pid"] in procs, e
         if e["ph"] in "Xsfi":
