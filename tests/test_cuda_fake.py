@@ -132,6 +132,27 @@ def test_pageable_copies_stage_the_source_and_wait_for_the_destination(dev0):
     assert rt.cudaFreeHost(pinned)[0] == E.cudaErrorInvalidValue
 
 
+def test_large_pageable_copies_to_the_device_wait_for_the_stream(dev0):
+    # a small one is staged whole and returns; a large one goes through the driver's staging
+    # buffers and returns about when the stream reaches it (what a real driver may do)
+    s = stream(True)
+    n = 1 << 20
+    d = ok(rt.cudaMalloc(n))
+    kind = rt.cudaMemcpyKind.cudaMemcpyDefault
+    small, large = np.full(1024, 3, np.uint8), np.full(n, 5, np.uint8)
+    hold = Hold(s)
+    ok(rt.cudaMemcpyAsync(d, small.ctypes.data, small.nbytes, kind, s))
+    assert rt.cudaStreamQuery(s)[0] == E.cudaErrorNotReady  # returned with the stream held
+    timer = threading.Timer(0.3, hold.open)
+    timer.start()
+    t0 = time.monotonic()
+    ok(rt.cudaMemcpyAsync(d, large.ctypes.data, n, kind, s))
+    assert time.monotonic() - t0 >= 0.2
+    ok(rt.cudaStreamSynchronize(s))
+    ok(rt.cudaStreamDestroy(s))
+    ok(rt.cudaFree(d))
+
+
 def test_copies_past_an_allocation_and_fills_of_pageable_memory_fail(dev0):
     d = ok(rt.cudaMalloc(256))
     host = np.zeros(512, np.uint8)

@@ -49,6 +49,7 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 
 ALIGN = 512  # cudaMalloc returns at least 256-byte aligned pointers (these are page aligned)
 FILL = 0xFF
+PAGEABLE_STAGED = 64 << 10  # pageable host-to-device copies up to this size return at once
 
 
 def mmap(addr: int, size: int, prot: int, flags: int, fd: int = -1, offset: int = 0) -> int:
@@ -273,10 +274,14 @@ def cudaMemcpyAsync(dst: Any, src: Any, count: int, kind: Any, stream: Any) -> t
             return (res,)
         if skind == "pageable" and dkind == "device":
             staged = ctypes.create_string_buffer(ctypes.string_at(s_, n), n)  # taken now
-            s.enqueue(lambda: _memmove(d, ctypes.addressof(staged), n), "memcpy from pageable")
-            return (SUCCESS,)
-        seq = s.enqueue(lambda: _memmove(d, s_, n), f"memcpy {skind}->{dkind}")
-        wait = dkind != "device" and (skind != "device" or dkind == "pageable")
+            seq = s.enqueue(lambda: _memmove(d, ctypes.addressof(staged), n), "memcpy from pageable")
+            # a small copy is staged whole; a larger one goes through the driver's pinned staging
+            # buffers chunk by chunk, each reused once the stream copied it: the call returns
+            # about when the stream reaches the copy ("might be synchronous", API sync behavior)
+            wait = n > PAGEABLE_STAGED
+        else:
+            seq = s.enqueue(lambda: _memmove(d, s_, n), f"memcpy {skind}->{dkind}")
+            wait = dkind != "device" and (skind != "device" or dkind == "pageable")
     if wait:  # to pageable memory, or host to host: returns once the copy is done
         streams.wait_done(s, seq)
     return (SUCCESS,)
