@@ -99,6 +99,48 @@ def test_pool_release_keeps_chunks_with_live_allocations(dev):
     assert pool.reserved_mem_current == 0
 
 
+
+def test_pool_release_never_unmaps_a_granule_a_live_block_reaches_into(dev):
+    # a 3 MiB block takes the low end of two granules; the free rest, [3 MiB, 4 MiB), lies in
+    # the upper granule, which the live block still uses: a release must not unmap it
+    pool = srt.MemPool(dev)  # threshold 0
+    s = stream(dev)
+    a = s.malloc(3 << 20, pool)
+    s.synchronize()  # a synchronize point with a ready free block in a shared granule
+    assert pool.reserved_mem_current == 2 * BLOCK
+    assert pool.stats()["release_count"] == 0
+    s.memset(a, 7, 3 << 20)  # all of a is still memory
+    s.synchronize()
+    assert (srt.read(a + (3 << 20) - 4096, (4096,), np.uint8) == 7).all()
+    s.free(a)
+    s.synchronize()
+    assert pool.reserved_mem_current == 0
+
+
+@pytest.mark.parametrize("blocking", [False, True])
+def test_pool_threshold_not_applied_at_malloc_or_free(dev, blocking):
+    # DESIGN.md §3: the threshold acts only at a synchronize; a lowered threshold must wait for
+    # one, even when allocations and frees (the slow path of a blocking stream too) happen first
+    pool = srt.MemPool(dev, release_threshold=BIG)
+    s = stream(dev)
+    a, b, c = chunks(pool, s, 3)
+    s.free(a)
+    s.free(c)  # b stays live between them: two ready blocks after the synchronize
+    s.synchronize()
+    assert pool.reserved_mem_current == 3 * BLOCK
+    pool.release_threshold = 0
+    t = srt.Stream(dev, non_blocking=not blocking)
+    x = t.malloc(512, pool)  # from one ready block; its free leaves the other one ready
+    t.memset(x, 1, 512)
+    t.free(x)
+    assert pool.reserved_mem_current == 3 * BLOCK
+    assert pool.stats()["release_count"] == 0
+    dev.synchronize()
+    assert pool.reserved_mem_current == BLOCK  # b's
+    s.free(b)
+    s.synchronize()
+    assert pool.reserved_mem_current == 0
+
 # -- trim_to ---------------------------------------------------------------------------------
 def test_pool_trim_to_keeps_at_least_its_argument_and_wins_over_threshold(dev):
     pool = srt.MemPool(dev, release_threshold=BIG)
@@ -176,6 +218,22 @@ def test_pool_watermarks_reset_only_to_current_value(dev):
     s.free(e)
 
 
+
+def test_pool_used_high_grows_on_exact_size_reuse(dev):
+    # the same-stream exact-size reuse (the pool's fast path) must move the watermark too
+    pool = srt.MemPool(dev)
+    s = stream(dev)
+    p = s.malloc(4096, pool)
+    s.free(p)
+    pool.used_mem_high = 0  # reset to the current value: 0
+    assert pool.used_mem_high == 0
+    before = pool.stats()
+    q = s.malloc(4096, pool)
+    assert q == p and pool.stats()["reuse_same_stream"] == before["reuse_same_stream"] + 1
+    assert pool.used_mem_high == pool.used_mem_current == 4096
+    s.free(q)
+    assert pool.used_mem_high == 4096
+
 # -- OOM and max_size --------------------------------------------------------------------------
 def test_pool_oom_message_and_state(dev):
     limit = 5 << 20
@@ -220,6 +278,35 @@ def test_pool_max_size_respected(dev):
     s.free(b)
     s.free(small)
 
+
+
+def test_pool_max_size_skips_a_block_it_could_not_map_again(dev, gate):
+    # max_size bounds mapped (reserved) bytes, not used ones: a ready block whose granule went
+    # back to the device is usable only if mapping it again fits; if not, the next step serves
+    pool = srt.MemPool(dev, max_size=3 * BLOCK)  # threshold 0
+    s, t = stream(dev), stream(dev)
+    a, b = chunks(pool, s, 2)
+    s.free(a)
+    s.synchronize()  # a's granule is released; its addresses stay a ready free block
+    assert pool.reserved_mem_current == BLOCK
+    g = gate(s)
+    big = s.malloc(2 * BLOCK, pool)  # does not fit a's block: grows to the limit
+    s.memset(big, 1, 2 * BLOCK)
+    s.free(big)  # pending behind the gate
+    st = pool.stats()
+    assert (st["reserved_mem_current"], st["used_mem_current"]) == (3 * BLOCK, BLOCK)
+    before = pool.stats()
+    q = t.malloc(BLOCK, pool)  # a's block would need 2 more MiB mapped: past max_size
+    assert q == big
+    assert [k for k in ("reuse_after_sync", "grow_count", "reuse_internal_dependency")
+            if pool.stats()[k] != before[k]] == ["reuse_internal_dependency"]
+    assert pool.reserved_mem_current == 3 * BLOCK
+    g.open()
+    t.memset(q, 2, BLOCK)  # ordered after big's free by the internal dependency
+    t.free(q)
+    s.free(b)
+    dev.synchronize()
+    assert pool.reserved_mem_current == 0
 
 def test_pool_device_oom_without_pool_limit(dev):
     pool = srt.MemPool(dev)
