@@ -4,7 +4,8 @@ Open the file in https://ui.perfetto.dev or chrome://tracing. Each device is a p
 stream a named thread track; every operation is a slice (kernel name, bytes, arguments) and a
 graph launch contains its nodes as nested slices (nodes run by graph workers get a track of
 their own). A wait enqueued on another stream's work is a flow arrow from the operation it
-waits for (whether or not it had to block there); pool reserved/used bytes are counters; capture begin/end are instant markers.
+waits for (whether or not it had to block there); pool reserved/used bytes are counters;
+capture begin/end are instant markers.
 """
 
 from __future__ import annotations
