@@ -116,6 +116,11 @@ def reset_device(device: Device) -> None:
     for ge in list(device.__dict__.get("_execs", ())):
         if not ge._destroyed:
             ge.destroy()  # before the memory goes: it unmaps and frees its graph memory
+    from .graph import memory as graph_memory
+
+    for ge in list(graph_memory.held):  # destroyed execs kept for live allocations: gone too
+        if any(arena[0] is device for arena in ge._held):
+            ge._release(force=True)
     for s in list(device._streams):
         s._destroy_quiet()
     device._legacy = None

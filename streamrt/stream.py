@@ -320,7 +320,7 @@ class Stream:
         if instrument.listeners and pool is not None:
             instrument.notify("free", self, ptr)
         if pool is None and graph_memory.find(ptr) is not None:
-            graph_memory.free_outside(ptr)  # graph memory, freed outside the graph
+            graph_memory.free_outside(ptr, self)  # graph memory, freed outside the graph
             return
         (pool or pool_of(ptr))._free(self, ptr)
         if instrument.listeners:

@@ -3,6 +3,9 @@ instantiate (footprint), relaunch rules, frees outside the graph, and exec lifet
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -14,7 +17,6 @@ from .conftest import (
     _grid_stride,
     add_one_kernel,
     copy_kernel,
-    cpu_only,
     fill_kernel,
     reentry_lock,
 )
@@ -285,8 +287,70 @@ def test_graph_memory_unmapped_without_live_exec(s):
     ge.launch(s)
     s.synchronize()
     ge.destroy()
+    # CUDA: "graph destruction does not automatically free any live graph-allocated memory"
+    srt.memset(a.ptr, 7, 4)
+    assert srt.Device().graph_mem_info()["used"] >= N * 4
+    with pytest.raises(srt.InvalidValueError):
+        g.instantiate()  # its memory is still held for the live allocation
+    s.free(a.ptr)  # the last live allocation: the destroyed exec's memory goes after it
+    s.synchronize()
     with pytest.raises(srt.InvalidAddressError):
-        srt.memset(a.ptr, 0, 4)  # the exec is gone: so is the backing
+        srt.memset(a.ptr, 0, 4)
+    g.instantiate().destroy()  # the addresses are free to map again
+
+
+def test_graph_memory_of_a_collected_exec_goes_back(s):
+    # an exec dropped without destroy() releases its memory (it used to stay mapped, and
+    # counted as reserved, for the life of the process)
+    dev = s.device
+    before = dev.graph_mem_info()["reserved"]
+    g, _ = _pairs_chain(2, N * 4)
+    ge = g.instantiate()
+    ge.launch(s)
+    s.synchronize()
+    assert dev.graph_mem_info()["reserved"] > before
+    del ge
+    gc.collect()
+    assert dev.graph_mem_info()["reserved"] == before
+    g.instantiate().destroy()  # its addresses are free to map again
+
+
+def test_graph_memory_live_allocation_keeps_its_exec_until_freed(s):
+    g, (a,) = _pairs_chain(1, N * 4, free=False)
+    ge = g.instantiate()
+    ge.launch(s)
+    s.synchronize()
+    ref = weakref.ref(ge)
+    del ge
+    gc.collect()
+    assert ref() is not None  # a live allocation holds its exec: its memory stays valid
+    srt.memset(a.ptr, 1, 4)
+    s.free(a.ptr)
+    s.synchronize()
+    gc.collect()
+    assert ref() is None
+    with pytest.raises(srt.InvalidAddressError):
+        srt.memset(a.ptr, 0, 4)
+
+
+def test_graph_memory_of_a_destroyed_exec_outlives_it_until_freed_in_stream_order(s, out, gate):
+    # a destroyed exec's live allocation is read by later work and freed on a held stream:
+    # the memory stays mapped until that stream passes the free
+    g = srt.Graph()
+    a = g.add_mem_alloc_node(N * 4)
+    g.add_kernel_node(fill_kernel, a.ptr, N, 5.0, deps=a)
+    ge = g.instantiate()
+    ge.launch(s)
+    s.synchronize()
+    ge.destroy()
+    hold = gate(s)
+    s.launch(copy_kernel, out, a.ptr, N)
+    s.free(a.ptr)
+    hold.open()
+    s.synchronize()  # no LaunchError: the copy ran on mapped memory
+    assert (_read(out) == 5.0).all()
+    with pytest.raises(srt.InvalidAddressError):
+        srt.memset(a.ptr, 0, 4)
 
 
 def test_graph_memory_destroy_with_launch_in_flight(s, out, gate):
@@ -308,11 +372,9 @@ def test_graph_memory_destroy_with_launch_in_flight(s, out, gate):
 
 
 def test_graph_memory_reinstantiate_while_a_destroyed_exec_still_runs(s, dev, out, gate):
-    # the destroyed exec's memory goes back when its launch ends; by then a new exec of the
-    # same graph maps the same addresses, and the late release must leave those alone
-    import threading
-
-    cpu_only(dev, "cuMemMap refuses addresses the in-flight exec still maps (INVALID_VALUE)")
+    # the destroyed exec's memory goes back when its launch ends; until then the same
+    # addresses cannot be mapped again (its kernels still use them): a clear refusal on every
+    # backend, and once the launch is over a new exec maps them
     g = srt.Graph()
     a = g.add_mem_alloc_node(N * 4)
     k = g.add_kernel_node(fill_kernel, a.ptr, N, 3.0, deps=a)
@@ -322,14 +384,13 @@ def test_graph_memory_reinstantiate_while_a_destroyed_exec_still_runs(s, dev, ou
     hold = gate(s)
     ge.launch(s)
     ge.destroy()
-    ge2 = g.instantiate()  # the old exec is destroyed: one live exec again
+    with pytest.raises(srt.InvalidValueError, match="synchronize first"):
+        g.instantiate()
     hold.open()
     s.synchronize()
-    for t in threading.enumerate():  # the old exec's deferred release has run
-        if t.name == "streamrt-graph-release":
-            t.join()
+    ge2 = g.instantiate()  # the launch is over: its memory is let go at once
     ge2.launch(s)
-    s.synchronize()  # no LaunchError: the new exec's memory is still mapped
+    s.synchronize()
     assert (_read(out) == 6.0).all()
     ge2.destroy()
 

@@ -30,7 +30,6 @@ from ..errors import (
     InvalidHandleError,
     InvalidTypeError,
     InvalidValueError,
-    StreamRTError,
 )
 from ..kernel import dim3
 from ..memory import device_of
@@ -93,7 +92,14 @@ class GraphExec:
         self._last: tuple[Stream, int, dict[int, int]] | None = None
         self._lock = threading.Lock()
         self._allocs: list[memory.GraphAlloc] = []
-        self._arenas: list[tuple[Any, int, int]] = []
+        self._arenas: list[memory.Arena] = []
+        # once destroyed: the arenas still held, the stream positions they must outlive, and
+        # whether a thread waits for those (all guarded by memory.LOCK)
+        self._held: list[memory.Arena] = []
+        self._after: list[tuple[Stream, int]] = []
+        self._releasing = False
+        self._last_box: list[tuple[Stream, int] | None] = [None]  # for the finalizer
+        self._finalizer: weakref.finalize | None = None
         self.memory_footprint = 0
         self._map_memory()
 
@@ -131,8 +137,13 @@ class GraphExec:
         for device, allocs in by_device.items():
             offsets, footprint = memory.pack(allocs, anc, bit)
             base = memory.map_allocs(self, device, offsets, footprint)
-            self._arenas.append((device, base, footprint))
+            self._arenas.append((device, base, footprint, list(offsets)))
             self.memory_footprint += footprint
+        if self._arenas:
+            # collected without destroy(): the memory goes after the last launch (a live
+            # allocation holds the exec, so none is live then)
+            self._finalizer = weakref.finalize(self, _collected, self._arenas, self._allocs,
+                                               self._last_box)
 
     # -- compile -------------------------------------------------------------------------------
     def _plan(self, stream: Stream) -> Any:
@@ -204,12 +215,12 @@ class GraphExec:
                 if t is NodeType.MEM_ALLOC:
                     a = n._params["alloc"]
                     a.live = True
+                    a.holder = self
                     memory._account(a.device, a.size)
                 elif t is NodeType.MEM_FREE:
-                    a = n._params["alloc"]
-                    a.live = False
-                    memory._account(a.device, -a.size)
+                    memory.freed(n._params["alloc"], stream, stream._pos)
             self._last = (stream, stream._pos, stream._snapshot())
+            self._last_box[0] = (stream, stream._pos)
 
     def _check(self, stream: Any) -> None:
         if self._destroyed:
@@ -236,6 +247,7 @@ class GraphExec:
             for a in self._allocs:
                 if a.live:
                     a.live = False
+                    a.holder = None
                     memory._account(a.device, -a.size)
 
     def upload(self, stream: Stream) -> None:
@@ -256,28 +268,46 @@ class GraphExec:
             self._plans.clear()
             self._has_binds = None
             last = self._last
+        if self._finalizer is not None:
+            self._finalizer.detach()
         if not arenas:
             return
-        if last is None or last[0]._q.done >= last[1]:
-            self._unmap(arenas)
-            return
-        # A launch is still in flight: unmapping now made its kernels fail on their own memory.
-        # As cudaGraphExecDestroy does, let it finish and release the memory asynchronously
-        # (a thread of its own: a pool worker could be needed by that very launch).
-        stream, pos, _ = last
+        with memory.LOCK:
+            self._held = arenas
+            memory.held.add(self)
+            if last is not None:
+                self._after.append((last[0], last[1]))
+        self._release()
 
-        def release() -> None:
+    def _release(self, *, force: bool = False) -> None:
+        """Unmap a destroyed exec's memory once nothing needs it: no allocation of it is live
+        (CUDA: a live graph allocation outlives its exec, until freed) and its last launch and
+        the frees have run. A launch still in flight would fail on its own memory: as
+        cudaGraphExecDestroy does, the memory goes asynchronously, from a thread of its own (a
+        pool worker could be needed by that very launch). ``force``: a device reset."""
+        with memory.LOCK:
+            if not self._held:
+                return
+            if not force:
+                if any(a.live and a.range.exec is self for a in self._allocs):
+                    return  # the allocation's free calls this again
+                self._after = [(s, p) for s, p in self._after if s._q.done < p]
+                if self._after:
+                    if not self._releasing:
+                        self._releasing = True
+                        threading.Thread(target=self._release_later, args=(list(self._after),),
+                                         name="streamrt-graph-release", daemon=True).start()
+                    return
+            arenas, self._held = self._held, []
+            memory.held.discard(self)
+            memory.release_later(arenas, self._allocs, None)
+
+    def _release_later(self, after: list[tuple[Stream, int]]) -> None:
+        for stream, pos in after:
             stream._q.wait_done(pos)
-            self._unmap(arenas)
-
-        threading.Thread(target=release, name="streamrt-graph-release", daemon=True).start()
-
-    def _unmap(self, arenas: list[tuple[Any, int, int]]) -> None:
-        for device, base, footprint in arenas:
-            try:
-                memory.unmap_allocs(self, device, self._allocs, base, footprint)
-            except StreamRTError:
-                pass  # the device was reset meanwhile: its memory is already gone
+        with memory.LOCK:
+            self._releasing = False
+        self._release()
 
     # -- per-node updates ------------------------------------------------------------------------
     def _node(self, node: Any, *types: NodeType) -> Node:
@@ -417,6 +447,12 @@ def _adopt(old: Graph, new: Graph) -> list[Node]:
             o._params = dict(n._params)
             changed.append(o)
     return changed
+
+
+def _collected(arenas: list[memory.Arena], allocs: list[memory.GraphAlloc],
+               last: list[tuple[Stream, int] | None]) -> None:
+    """An exec collected without destroy(): its memory goes once its last launch has run."""
+    memory.release_later(arenas, allocs, last[0])
 
 
 def _execs_of(device: Any) -> weakref.WeakSet:

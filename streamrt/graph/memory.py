@@ -18,28 +18,41 @@ State and invariants:
 - ``live`` is True from a launch that executed the alloc until a free (a MEM_FREE node of any
   graph, or ``s.free``). Launching again while it is live is refused unless the exec was
   instantiated with ``auto_free_on_launch``.
+- As in CUDA, destroying an exec does not free its live allocations: a destroyed exec keeps
+  its arenas (``held``) until none of its allocations is live and the stream positions they
+  must outlive (its last launch, the frees) have passed. Instantiating the graph again while
+  they are held is refused with a clear error. A device reset releases them regardless.
+- A range refers to its exec weakly; a live allocation holds its exec, so an exec is collected
+  only with no live allocation, and its memory then goes with it (after its last launch).
 """
 
 from __future__ import annotations
 
+import threading
 import weakref
 from typing import TYPE_CHECKING, Any
 
 from ..arena import ALIGN
-from ..errors import InvalidAddressError, NotSupportedError, StreamRTError
+from ..errors import InvalidAddressError, InvalidValueError, NotSupportedError, StreamRTError
 
 if TYPE_CHECKING:
     from ..device import Device
     from .node import Node
 
+Arena = tuple[Any, Any, int, list]  # (device, backend handle, footprint, the ranges it backs)
+
 # virtual address -> allocation, for every reserved graph allocation
 _allocs: weakref.WeakValueDictionary[int, GraphAlloc] = weakref.WeakValueDictionary()
+# guards the mapping of ranges (which exec maps each) and destroyed execs' held arenas: frees
+# and releases come from any thread
+LOCK = threading.RLock()
+held: set[Any] = set()  # destroyed execs still holding memory (kept alive until released)
 
 
 class Range:
     """Addresses reserved for graph memory: one large allocation's, or a slab of small ones."""
 
-    __slots__ = ("ptr", "size", "device", "top", "exec", "__weakref__")
+    __slots__ = ("ptr", "size", "device", "top", "_exec", "__weakref__")
 
     def __init__(self, device: Device, size: int) -> None:
         impl = device._impl
@@ -47,14 +60,23 @@ class Range:
         self.size = size
         self.device = device
         self.top = 0  # bytes of a slab handed out
-        self.exec: Any = None  # the GraphExec mapping it, if any
+        self._exec: Any = None  # a weak reference to the GraphExec mapping it, if any
         weakref.finalize(self, impl.reclaim, _release, impl, self.ptr, size)
+
+    @property
+    def exec(self) -> Any:
+        """The GraphExec mapping the range, or None."""
+        return None if self._exec is None else self._exec()
+
+    @exec.setter
+    def exec(self, exec_: Any) -> None:
+        self._exec = None if exec_ is None else weakref.ref(exec_)
 
 
 class GraphAlloc:
     """A graph allocation: fixed addresses in a range that at most one exec maps."""
 
-    __slots__ = ("ptr", "nbytes", "size", "range", "device", "live", "__weakref__")
+    __slots__ = ("ptr", "nbytes", "size", "range", "device", "live", "holder", "__weakref__")
 
     def __init__(self, device: Device, nbytes: int, slabs: dict[Device, Range]) -> None:
         granule = device._impl.graph_granule
@@ -74,6 +96,7 @@ class GraphAlloc:
         self.range = r
         self.device = device
         self.live = False
+        self.holder: Any = None  # while live: the exec whose memory it is (kept alive by it)
         _allocs[self.ptr] = self
 
     def __repr__(self) -> str:
@@ -92,13 +115,26 @@ def find(ptr: int) -> GraphAlloc | None:
     return _allocs.get(ptr)
 
 
-def free_outside(ptr: int) -> None:
+def free_outside(ptr: int, stream: Any) -> None:
     """``s.free`` of graph memory after a launch: the allocation is no longer live."""
     a = _allocs.get(ptr)
     if a is None or not a.live:
         raise InvalidAddressError(f"free of {hex(ptr)}: graph allocation is not live (double free?)")
-    a.live = False
-    _account(a.device, -a.size)
+    freed(a, stream, stream._pos)
+
+
+def freed(a: GraphAlloc, stream: Any, pos: int) -> None:
+    """``a`` is no longer live once ``stream`` passes ``pos``: if a destroyed exec held its
+    memory for it, that exec may now let its memory go (after ``pos``)."""
+    with LOCK:
+        a.live = False
+        a.holder = None
+        _account(a.device, -a.size)
+        owner = a.range.exec
+        if owner is not None and owner._destroyed:
+            owner._after.append((stream, pos))
+    if owner is not None and owner._destroyed:
+        owner._release()
 
 
 def _account(device: Device, delta: int) -> None:
@@ -141,38 +177,74 @@ def pack(allocs: list[tuple[GraphAlloc, Node, Node | None]], ancestors: dict[Nod
 
 def map_allocs(exec_: Any, device: Device, offsets: dict[Range, int], footprint: int) -> Any:
     """Back the ranges with one arena of ``footprint`` bytes; returns the arena's handle."""
-    for r in offsets:
-        if r.exec is not None and r.exec is not exec_ and not r.exec._destroyed:
-            raise NotSupportedError(
-                f"graph memory at {hex(r.ptr)} is already mapped by {r.exec!r}: a graph with "
-                "memory nodes can have only one live executable graph at a time (destroy the "
-                "other one first)"
-            )
-    if not offsets:
-        return None
-    base = device._impl.graph_map([(r.ptr, off, r.size) for r, off in offsets.items()], footprint)
-    for r in offsets:
-        r.exec = exec_
+    with LOCK:
+        for r in offsets:
+            other = r.exec
+            if other is None or other is exec_:
+                continue
+            if not other._destroyed:
+                raise NotSupportedError(
+                    f"graph memory at {hex(r.ptr)} is already mapped by {other!r}: a graph with "
+                    "memory nodes can have only one live executable graph at a time (destroy the "
+                    "other one first)"
+                )
+            other._release()  # a destroyed exec whose memory nobody needs lets go now
+            if r.exec is not None:
+                live = [a for a in other._allocs if a.live and a.range is r]
+                raise InvalidValueError(
+                    f"graph memory at {hex(r.ptr)} is still held by destroyed {other!r}: "
+                    + (f"{live[0]!r} is live (free it first, s.free)" if live else
+                       "its last launch, or a free of its memory, has not run yet (synchronize "
+                       "first)"))
+        if not offsets:
+            return None
+        base = device._impl.graph_map([(r.ptr, off, r.size) for r, off in offsets.items()],
+                                      footprint)
+        for r in offsets:
+            r.exec = exec_
     device.__dict__["_graph_reserved"] = device.__dict__.get("_graph_reserved", 0) + footprint
     device.__dict__.setdefault("_execs", weakref.WeakSet()).add(exec_)  # for device reset
     return base
 
 
-def unmap_allocs(exec_: Any, device: Device, allocs: list[GraphAlloc], base: Any,
-                 footprint: int) -> None:
-    """Destroying an exec: its allocations lose their backing; the arena goes back."""
-    ranges: dict[Range, None] = {}
+def unmap_allocs(arena: Arena, allocs: list[GraphAlloc]) -> None:
+    """An exec's memory goes: its allocations lose their backing (any still live is no longer:
+    a device reset), and the arena goes back. Call holding ``LOCK``."""
+    device, base, footprint, ranges = arena
+    mine = set(ranges)
     for a in allocs:
-        if a.range.exec is exec_ and a.device is device:
-            ranges[a.range] = None
-            if a.live:
-                a.live = False
-                _account(device, -a.size)
+        if a.range in mine and a.live:
+            a.live = False
+            a.holder = None
+            _account(device, -a.size)
     for r in ranges:
         r.exec = None
     if base is not None:
-        device._impl.graph_unmap([(r.ptr, 0, r.size) for r in ranges], base)
         device.__dict__["_graph_reserved"] = device.__dict__.get("_graph_reserved", 0) - footprint
+        device._impl.graph_unmap([(r.ptr, 0, r.size) for r in ranges], base)
+
+
+def release_later(arenas: list[Arena], allocs: list[GraphAlloc], after: tuple[Any, int] | None,
+                  *, name: str = "streamrt-graph-release") -> None:
+    """Unmap ``arenas`` once ``after`` (a stream and position) has run: at once if it has,
+    else from a thread of its own (a pool worker could be needed by that very launch)."""
+    def unmap() -> None:
+        with LOCK:
+            for arena in arenas:
+                try:
+                    unmap_allocs(arena, allocs)
+                except StreamRTError:
+                    pass  # the device was reset meanwhile: its memory is already gone
+
+    if after is None or after[0]._q.done >= after[1]:
+        unmap()
+        return
+
+    def wait_then_unmap() -> None:
+        after[0]._q.wait_done(after[1])
+        unmap()
+
+    threading.Thread(target=wait_then_unmap, name=name, daemon=True).start()
 
 
 def info(device: Device) -> dict[str, int]:
