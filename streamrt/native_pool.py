@@ -98,7 +98,12 @@ class NativeMemPool(MemPool):
                 f"{self!r} cannot serve a stream of {stream.device.name}: pools are per device")
         if stream._capture is not None:
             return stream._capture.add_mem_alloc(stream, self, nbytes)
-        ptr = self._impl.pool_malloc(self._handle, nbytes, stream._q)
+        got: list[int] = []
+        # cudaMallocFromPoolAsync is work of the stream (it may make it wait for another stream's
+        # free): an operation of its queue, so that a synchronize of the stream waits for it
+        stream._submit(lambda: got.append(self._impl.pool_malloc(self._handle, nbytes, stream._q)),
+                       (), "malloc", f"malloc {nbytes} B")
+        ptr = got[0]
         with self._lock:
             self._live.add(ptr)
             _owners[ptr] = self
@@ -113,7 +118,9 @@ class NativeMemPool(MemPool):
         if stream._capture is not None:
             return stream._capture.add_mem_free(stream, ptr)
         self._forget(ptr)
-        self._impl.pool_free(ptr, stream._q)
+        # an operation of the queue (see _malloc): a synchronize of a stream that did nothing but
+        # free must still be one, where the driver applies the release threshold
+        stream._submit(self._impl.pool_free, (ptr, stream._q), "free", f"free {hex(ptr)}")
 
     def _free_now(self, ptr: int) -> None:
         """``srt.free`` of pool memory: the device is already synchronized; returns once freed."""

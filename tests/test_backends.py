@@ -232,6 +232,76 @@ def test_backend_pool_stream_ordered_allocation(bdev):
         bdev.default_mem_pool.destroy()
 
 
+_REUSE_FLAGS = ("reuse_follow_event_dependencies", "reuse_allow_opportunistic",
+                "reuse_allow_internal_dependencies")
+
+
+@pytest.mark.parametrize("off", _REUSE_FLAGS)
+def test_backend_pool_created_with_one_reuse_flag_off(bdev, off):
+    # each constructor flag reaches its own attribute (a native pool sets them by number)
+    pool = srt.MemPool(bdev, **{off: False})
+    for flag in _REUSE_FLAGS:
+        assert pool.get_attr(srt.MemPoolAttr[flag.upper()]) == (flag != off), flag
+    pool.destroy()
+
+
+def test_backend_pool_trim_to_keeps_its_argument(bdev):
+    # cudaMemPoolTrimTo: "the pool will be guaranteed to have at least minBytesToKeep bytes
+    # reserved after the operation"
+    pool = srt.MemPool(bdev, release_threshold=1 << 30)  # synchronize releases nothing
+    s = srt.Stream(bdev, non_blocking=True)
+    for p in [s.malloc(2 << 20, pool) for _ in range(3)]:
+        s.free(p)
+    s.synchronize()
+    assert pool.reserved_mem_current >= 6 << 20
+    pool.trim_to(3 << 20)
+    assert pool.reserved_mem_current >= 3 << 20
+    pool.trim_to(0)
+    assert pool.reserved_mem_current == 0
+    pool.destroy()
+
+
+def test_backend_free_of_pool_memory_is_a_synchronize_of_the_pool(bdev):
+    # srt.free returns once the memory is freed: a synchronize point, where a pool releases
+    # what it holds above its threshold (0 here)
+    pool = srt.MemPool(bdev)
+    s = srt.Stream(bdev, non_blocking=True)
+    p = s.malloc(2 << 20, pool)
+    s.memset(p, 0, 2 << 20)
+    s.synchronize()
+    assert pool.reserved_mem_current >= 2 << 20
+    srt.free(p)
+    assert pool.reserved_mem_current == 0 and pool.used_mem_current == 0
+    pool.destroy()
+
+
+def test_backend_synchronize_of_a_stream_that_only_allocated_and_freed(bdev):
+    # pool allocations and frees are work of their stream: its synchronize is a synchronize
+    # point even when it did nothing else (on cuda it returned at once, so the driver never
+    # released the memory down to the threshold, 0 here)
+    pool = srt.MemPool(bdev)
+    s = srt.Stream(bdev, non_blocking=True)
+    s.free(s.malloc(2 << 20, pool))
+    s.synchronize()
+    assert pool.reserved_mem_current == 0
+    pool.destroy()
+
+
+def test_backend_pool_zero_byte_allocations(bdev):
+    # as malloc(0) in C: distinct live pointers, each freed once (CUDA's allocators may refuse
+    # a size of 0, as cuMemAlloc documents: the backend must not pass it on)
+    pool = srt.MemPool(bdev)
+    s = srt.Stream(bdev, non_blocking=True)
+    a, b = s.malloc(0, pool), s.malloc(0, pool)
+    assert a and b and a != b
+    s.free(a)
+    s.free(b)
+    with pytest.raises(srt.InvalidAddressError):
+        s.free(a)
+    s.synchronize()
+    pool.destroy()
+
+
 def test_backend_pool_limit_raises_out_of_memory(bdev):
     s = srt.Stream(bdev, non_blocking=True)
     pool = srt.MemPool(bdev, max_size=64 << 20)

@@ -258,3 +258,54 @@ def test_synchronize_with_a_host_function_pending_releases_pool_memory(cuda0, mo
     assert opened.is_set()  # the synchronize polled
     assert pool.get_attr(srt.MemPoolAttr.RESERVED_MEM_CURRENT) == 0
     pool.destroy()
+
+
+@pytest.mark.parametrize(("kw", "non_blocking", "priority"), [
+    ({"non_blocking": True, "priority": -3}, True, -3),
+    ({"priority": -1}, False, -1),
+    ({}, False, 0),
+])
+def test_streams_are_created_with_their_flags_and_priority(cuda0, kw, non_blocking, priority):
+    # The frontend orders blocking streams after the legacy stream itself, so a CUDA stream
+    # created with the wrong flags or priority passed every contract test; CUDA must still be
+    # told: the legacy stream also carries other libraries' work, and the scheduler reads priority
+    from streamrt.backends import cuda as backend
+
+    s = srt.Stream(cuda0, **kw)
+    flags = backend.check(backend.rt.cudaStreamGetFlags(s._q.stream))
+    assert bool(int(flags) & backend.rt.cudaStreamNonBlocking) is non_blocking
+    assert backend.check(backend.rt.cudaStreamGetPriority(s._q.stream)) == priority
+
+
+@pytest.mark.parametrize("how", ["query", "synchronize"])
+def test_an_operation_being_handed_to_cuda_is_not_proven_by_an_idle_stream(cuda0, gate,
+                                                                             monkeypatch, how):
+    # Another thread asks how far a stream got while this one has counted an operation but not
+    # yet handed it to CUDA: the stream is idle in CUDA, which proves only the operations before
+    # it (the answer used to cover the operation being enqueued, so its stream read as done)
+    from streamrt.backends import cuda as backend
+
+    s, other = srt.Stream(cuda0, non_blocking=True), srt.Stream(cuda0, non_blocking=True)
+    p = srt.malloc(16, cuda0)
+    g = gate(other)
+    held = other.record()
+    real = backend.rt.cudaMemsetAsync
+
+    def memset(dst, value, nbytes, stream):
+        t = threading.Thread(target=getattr(s, how))
+        t.start()
+        t.join(timeout=30)
+        assert not t.is_alive()
+        with other._q._pinned():  # the memset lands behind the gate, as if it took that long
+            ev = other._q._event_at(held._pos)
+            backend.check(backend.rt.cudaStreamWaitEvent(stream, ev, 0))
+        return real(dst, value, nbytes, stream)
+
+    monkeypatch.setattr(backend.rt, "cudaMemsetAsync", memset)
+    s.memset(p, 0, 16)
+    monkeypatch.undo()
+    assert not s.query()
+    g.open()
+    s.synchronize()
+    assert s.query()
+    srt.free(p)

@@ -57,6 +57,21 @@ def test_event_rerecord_moves_the_marker(s, gate):
     assert e.query()
 
 
+def test_event_wait_follows_that_event_not_an_earlier_one(s, gate):
+    # two records on one stream with pending work between them: a wait for the later one must
+    # not be satisfied by the earlier one, which has completed (a backend marks each record)
+    t = srt.Stream(s.device, non_blocking=True)
+    early = s.record()
+    g = gate(s)
+    late = s.record()
+    t.wait(late)
+    assert early.query() and not late.query()
+    assert not t.record().query()  # t is held by the gate
+    g.open()
+    t.synchronize()
+    assert late.query()
+
+
 def test_event_wait_snapshot_at_call_time(dev, gate):
     # cudaStreamWaitEvent uses the record current at the call; a later re-record does not matter
     a, b = srt.Stream(dev, non_blocking=True), srt.Stream(dev, non_blocking=True)

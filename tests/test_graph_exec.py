@@ -141,6 +141,26 @@ def test_graph_exec_kernel_failure_reported_at_synchronize(s, dev):
     assert isinstance(ei.value.__cause__, RuntimeError)
 
 
+def test_graph_exec_host_node_failure_reported_at_synchronize(s):
+    # every backend: the failure of a host node (here with no dependents, where cpu and CUDA
+    # agree) is raised by the next synchronize covering the launch, and the exec stays usable
+    def bad():
+        raise RuntimeError("host node boom")
+
+    g = srt.Graph()
+    node = g.add_host_node(bad)
+    ge = g.instantiate()
+    ge.launch(s)
+    with pytest.raises(srt.LaunchError) as ei:
+        s.synchronize()
+    assert "host node boom" in str(ei.value.__cause__)
+    log = []
+    ge.set_host_node_params(node, log.append, 1)
+    ge.launch(s)
+    s.synchronize()
+    assert log == [1]
+
+
 def test_graph_exec_failure_in_a_parallel_branch_reported_and_exec_reusable(s, dev):
     cpu_only(dev, "a host function cannot fail in CUDA: a failed host node's dependents still run there")
     def bad():
@@ -198,6 +218,23 @@ def test_graph_exec_set_kernel_params_keeps_launch_shape_unless_given(s, dev):
     ge.launch(s)
     s.synchronize()
     assert seen == [("b", (3, 1, 1), (5, 1, 1)), ("c", (2, 2, 1), (5, 1, 1))]
+
+
+def test_graph_exec_set_host_node_params_same_arity(s):
+    # a new callable with the very same argument objects, then new arguments of the same number:
+    # a backend that updates its graph in place must not keep calling the old ones
+    old, new = [], []
+    tag = "x"
+    g = srt.Graph()
+    host = g.add_host_node(old.append, tag)
+    ge = g.instantiate()
+    ge.launch(s)
+    ge.set_host_node_params(host, new.append, tag)
+    ge.launch(s)
+    ge.set_host_node_params(host, new.append, "y")
+    ge.launch(s)
+    s.synchronize()
+    assert old == ["x"] and new == ["x", "y"]
 
 
 def test_graph_exec_set_memcpy_memset_host_params_later_launches_only(s, bufs, gate):

@@ -224,6 +224,25 @@ def cudaStreamCreateWithPriority(flags: int, priority: int) -> tuple:
     return _create(flags, min(max(int(priority), -5), 0))  # clamped to [greatest, least]
 
 
+@runtime("cudaStreamGetPriority")
+def cudaStreamGetPriority(stream: Any) -> tuple:
+    with LOCK:
+        s = resolve(stream)
+        if s is None:
+            return (E.cudaErrorInvalidResourceHandle, None)
+        return (SUCCESS, s.priority)  # as clamped at creation; the legacy stream's is 0
+
+
+@runtime("cudaStreamGetFlags")
+def cudaStreamGetFlags(stream: Any) -> tuple:
+    with LOCK:
+        s = resolve(stream)
+        if s is None:
+            return (E.cudaErrorInvalidResourceHandle, None)
+        non_blocking = not s.legacy and not s.blocking
+        return (SUCCESS, rt.cudaStreamNonBlocking if non_blocking else rt.cudaStreamDefault)
+
+
 @runtime("cudaStreamDestroy")
 def cudaStreamDestroy(stream: Any) -> tuple:
     with LOCK:
