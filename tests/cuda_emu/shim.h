@@ -1,10 +1,12 @@
 // CPU stand-ins for the CUDA built-ins that the streamrt kernels use (a test aid; see emu.py for
 // what is and is not modelled). The CUDA threads of a block are fibers (ucontext) on the calling
 // OS thread: one runs until it reaches a barrier (__syncthreads, or a warp shuffle) or returns,
-// then the next; a barrier opens once every live thread of its block (warp) waits at it. Blocks
-// run one after another. Launch coordinates and __shared__ arrays are thread-local to the OS
-// thread, so launches on different OS threads (streams) never share them.
+// then the next, in an order chosen per launch (srt_emu_order); a barrier opens once every live
+// thread of its block (warp) waits at it. Blocks run one after another. Launch coordinates and
+// __shared__ arrays are thread-local to the OS thread, so launches on different OS threads
+// (streams) never share them.
 #undef _FORTIFY_SOURCE  // its longjmp check refuses a jump between a fiber's stack and another
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -89,9 +91,136 @@ inline unsigned short srt_emu_f2h(float f) {
   return h;
 }
 
-// Run kernel k over a (gx, gy, gz) grid of (bx, by, bz) blocks; params[i] points at argument i.
-// Returns 0, or 1 when the threads of a block deadlocked (some wait at a barrier others never
-// reach, e.g. __syncthreads in divergent code).
+// The orders the scheduler can run a block's threads and a grid's blocks in (emu.py ORDERS).
+// forward (the default) and reverse make passes over the runnable threads of a block in thread
+// order (reverse order), a barrier opening after a pass: warps move in lockstep from shuffle to
+// shuffle. ahead, behind and random run one warp at a time, opening its shuffles at once, so a
+// warp runs to its next __syncthreads before the next warp starts, as warps may drift apart on a
+// GPU: ahead takes warps in order (warp 0 first), behind in reverse (warp 0 last), random in a
+// seeded random order drawn at each __syncthreads, its lanes in a random order too. Blocks run
+// in grid order, reversed for reverse and behind, shuffled for random.
+enum srt_emu_order {
+  SRT_FORWARD = 0, SRT_REVERSE = 1, SRT_AHEAD = 2, SRT_BEHIND = 3, SRT_RANDOM = 4
+};
+struct srt_emu_rng {  // splitmix64: the same sequence for a seed on every host
+  unsigned long long s;
+  unsigned long long next() {
+    unsigned long long z = (s += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  }
+  template <typename V> void shuffle(V& v) {  // Fisher-Yates (std::shuffle differs per library)
+    for (std::size_t i = v.size(); i > 1; --i) std::swap(v[i - 1], v[next() % i]);
+  }
+};
+
+// Resume fiber f until it parks at a barrier or returns.
+static void srt_emu_resume(srt_emu_fiber& f) {
+  srt_emu_cur = &f;
+  threadIdx = {f.t % blockDim.x, f.t / blockDim.x % blockDim.y, f.t / (blockDim.x * blockDim.y)};
+  if (!_setjmp(srt_emu_sched)) {
+    if (f.started) _longjmp(f.env, 1);
+    f.started = true;
+    setcontext(&f.ctx);
+  }
+}
+
+// Run the threads of the current block to their end in the given order; false when they
+// deadlock (some wait at a barrier others never reach, e.g. __syncthreads in divergent code).
+// Counts per warp (runnable, alive, waiting at a shuffle) keep each scheduling step O(warps).
+static bool srt_emu_block(std::vector<srt_emu_fiber>& fs, int order, srt_emu_rng& rng) {
+  const unsigned n = fs.size(), nw = (n + 31) / 32;
+  std::vector<unsigned> wrun(nw), walive(nw), wwait(nw, 0), lanes, prio(nw);
+  for (unsigned w = 0; w < nw; ++w) wrun[w] = walive[w] = std::min(n, w * 32 + 32) - w * 32;
+  for (unsigned w = 0; w < nw; ++w) prio[w] = order == SRT_BEHIND ? nw - 1 - w : w;  // warp order
+  if (order == SRT_RANDOM) rng.shuffle(prio);
+  unsigned live = n, at_block = 0;
+  auto run = [&](unsigned t) {
+    srt_emu_resume(fs[t]);
+    const unsigned w = t >> 5;
+    --wrun[w];
+    if (fs[t].state == SRT_DONE) --live, --walive[w];
+    else if (fs[t].state == SRT_BLOCK) ++at_block;
+    else ++wwait[w];
+  };
+  auto open_warp = [&](unsigned w) {  // once its live lanes all wait at the shuffle
+    if (!wwait[w] || wwait[w] != walive[w]) return false;
+    for (unsigned t = w * 32; t < std::min(n, w * 32 + 32); ++t)
+      if (fs[t].state == SRT_WARP) fs[t].state = SRT_RUN;
+    wrun[w] = wwait[w];
+    wwait[w] = 0;
+    return true;
+  };
+  auto open_block = [&] {  // once every live thread waits at __syncthreads
+    if (!live || at_block != live) return false;
+    for (auto& f : fs)
+      if (f.state == SRT_BLOCK) f.state = SRT_RUN, ++wrun[f.t >> 5];
+    at_block = 0;
+    if (order == SRT_RANDOM) rng.shuffle(prio);  // a new warp order after each __syncthreads
+    return true;
+  };
+  while (live) {
+    if (order == SRT_FORWARD || order == SRT_REVERSE) {
+      bool ran = false, opened = false;
+      for (unsigned i = 0; i < n; ++i) {
+        const unsigned t = order == SRT_FORWARD ? i : n - 1 - i;
+        if (fs[t].state == SRT_RUN) run(t), ran = true;
+      }
+      for (unsigned w = 0; w < nw; ++w) opened |= open_warp(w);
+      opened |= open_block();
+      if (!ran && !opened) return false;
+      continue;
+    }
+    unsigned w = nw;  // the first warp in prio order that can run
+    for (unsigned p : prio)
+      if (wrun[p]) {
+        w = p;
+        break;
+      }
+    if (w == nw) {
+      if (!open_block()) return false;
+      continue;
+    }
+    lanes.clear();
+    for (unsigned t = w * 32; t < std::min(n, w * 32 + 32); ++t)
+      if (fs[t].state == SRT_RUN) lanes.push_back(t);
+    if (order == SRT_BEHIND) std::reverse(lanes.begin(), lanes.end());
+    if (order == SRT_RANDOM) rng.shuffle(lanes);
+    for (unsigned t : lanes) run(t);
+    open_warp(w);
+    open_block();
+  }
+  return true;
+}
+
+// Bounds checks of fixed-size arrays (__shared__ and local ones): emu.py compiles with
+// -fsanitize=bounds,object-size, whose checks call these handlers (defined here and hidden, so no
+// libubsan is linked). It abandons the launch before the stray access happens (on a GPU it would read or
+// corrupt a neighbouring array silently, or fault), and srt_emu_run returns 2.
+#define SRT_EMU_HANDLER extern "C" __attribute__((visibility("hidden"))) void
+struct srt_emu_src_loc { const char* file; unsigned line, column; };  // ubsan's SourceLocation
+static thread_local jmp_buf srt_emu_abort;
+static thread_local unsigned srt_emu_oob_line;  // of the out-of-bounds index, in the .cpp
+SRT_EMU_HANDLER __ubsan_handle_out_of_bounds(void* data, void*) {
+  srt_emu_oob_line = static_cast<srt_emu_src_loc*>(data)->line;  // data starts with the location
+  _longjmp(srt_emu_abort, 1);
+}
+SRT_EMU_HANDLER __ubsan_handle_out_of_bounds_abort(void* d, void* i) {
+  __ubsan_handle_out_of_bounds(d, i);
+}
+// -fsanitize=object-size: an access past the end of an object whose size the compiler sees, as
+// a __shared__ array passed by pointer into an inlined helper (srt_block_sum's sh)
+SRT_EMU_HANDLER __ubsan_handle_type_mismatch_v1(void* d, void* p) {
+  __ubsan_handle_out_of_bounds(d, p);
+}
+SRT_EMU_HANDLER __ubsan_handle_type_mismatch_v1_abort(void* d, void* p) {
+  __ubsan_handle_out_of_bounds(d, p);
+}
+
+// Run kernel k over a (gx, gy, gz) grid of (bx, by, bz) blocks in the given order (random: from
+// seed); params[i] points at argument i. Returns 0, 1 when the threads of a block deadlocked, or
+// 2 when one indexed a fixed-size array out of its bounds (srt_emu_oob_line says where).
 template <typename... P, std::size_t... I>
 static void srt_emu_call(void (*k)(P...), void** params, std::index_sequence<I...>) {
   k(*static_cast<std::remove_cvref_t<P>*>(params[I])...);
@@ -104,7 +233,7 @@ static void srt_emu_entry() {
 }
 template <typename... P>
 static int srt_emu_run(void (*k)(P...), void** params, unsigned gx, unsigned gy, unsigned gz,
-                       unsigned bx, unsigned by, unsigned bz) {
+                       unsigned bx, unsigned by, unsigned bz, int order, unsigned long long seed) {
   static thread_local void (*kern)(P...);
   static thread_local void** args;
   kern = k;
@@ -118,60 +247,33 @@ static int srt_emu_run(void (*k)(P...), void** params, unsigned gx, unsigned gy,
   gridDim = {gx, gy, gz};
   blockDim = {bx, by, bz};
   srt_emu_warps = warps.data();
-  for (unsigned z = 0; z < gz; ++z)
-    for (unsigned y = 0; y < gy; ++y)
-      for (unsigned x = 0; x < gx; ++x) {
-        blockIdx = {x, y, z};
-        for (unsigned t = 0; t < n; ++t) {
-          srt_emu_fiber& f = fibers[t];
-          f.t = t;
-          f.state = SRT_RUN;
-          f.started = false;
-          getcontext(&f.ctx);
-          f.ctx.uc_stack.ss_sp = stacks.get() + STACK * t;
-          f.ctx.uc_stack.ss_size = STACK;
-          f.ctx.uc_link = nullptr;
-          makecontext(&f.ctx, srt_emu_entry, 0);
-        }
-        for (unsigned live = n; live;) {
-          bool ran = false;
-          for (auto& f : fibers)
-            if (f.state == SRT_RUN) {
-              srt_emu_cur = &f;
-              threadIdx = {f.t % bx, f.t / bx % by, f.t / (bx * by)};
-              if (!_setjmp(srt_emu_sched)) {
-                if (f.started) _longjmp(f.env, 1);
-                f.started = true;
-                setcontext(&f.ctx);
-              }
-              ran = true;
-            }
-          live = 0;
-          unsigned at_block = 0;
-          for (auto& f : fibers) {
-            live += f.state != SRT_DONE;
-            at_block += f.state == SRT_BLOCK;
-          }
-          bool opened = false;
-          for (unsigned w = 0; w * 32 < n; ++w) {  // a warp barrier opens when its live lanes wait
-            unsigned end = std::min(n, w * 32 + 32), waiting = 0, alive = 0;
-            for (unsigned t = w * 32; t < end; ++t) {
-              alive += fibers[t].state != SRT_DONE;
-              waiting += fibers[t].state == SRT_WARP;
-            }
-            if (waiting && waiting == alive) {
-              for (unsigned t = w * 32; t < end; ++t) fibers[t].state = SRT_RUN;
-              opened = true;
-            }
-          }
-          if (!opened && live && at_block == live) {  // every live thread at __syncthreads
-            for (auto& f : fibers)
-              if (f.state == SRT_BLOCK) f.state = SRT_RUN;
-            opened = true;
-          }
-          if (live && !ran && !opened) return 1;
-        }
-      }
+  srt_emu_rng rng{seed};
+  if (_setjmp(srt_emu_abort)) return 2;  // from the bounds-check handler, on a fiber's stack
+  const unsigned long long nblocks = (unsigned long long)gx * gy * gz;
+  std::vector<unsigned long long> perm;  // random: the order of the blocks
+  if (order == SRT_RANDOM) {
+    perm.resize(nblocks);
+    for (unsigned long long i = 0; i < nblocks; ++i) perm[i] = i;
+    rng.shuffle(perm);
+  }
+  for (unsigned long long i = 0; i < nblocks; ++i) {  // x fastest, as CUDA's linear block id
+    const unsigned long long b = order == SRT_RANDOM                          ? perm[i]
+                                 : order == SRT_REVERSE || order == SRT_BEHIND ? nblocks - 1 - i
+                                                                               : i;
+    blockIdx = {unsigned(b % gx), unsigned(b / gx % gy), unsigned(b / gx / gy)};
+    for (unsigned t = 0; t < n; ++t) {
+      srt_emu_fiber& f = fibers[t];
+      f.t = t;
+      f.state = SRT_RUN;
+      f.started = false;
+      getcontext(&f.ctx);
+      f.ctx.uc_stack.ss_sp = stacks.get() + STACK * t;
+      f.ctx.uc_stack.ss_size = STACK;
+      f.ctx.uc_link = nullptr;
+      makecontext(&f.ctx, srt_emu_entry, 0);
+    }
+    if (!srt_emu_block(fibers, order, rng)) return 1;
+  }
   return 0;
 }
 
