@@ -259,7 +259,7 @@ class GraphExec:
                 plan.upload(stream._q)
 
     def destroy(self) -> None:
-        """Release the exec and its graph memory (``cudaGraphExecDestroy``)."""
+        """Release the exec (``cudaGraphExecDestroy``); its memory outlives it while allocated."""
         if self._destroyed:
             raise InvalidHandleError(f"{self!r} was destroyed")
         with self._lock:
