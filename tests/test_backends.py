@@ -52,6 +52,19 @@ def coords(ctx, out, lane):
     ctx.array(lane, shape, np.int32)[...] = (tx + b.x * (ty + b.y * tz)) ^ 1
 
 
+EVERY_TYPE = r"""extern "C" __global__ void every_type(signed char i8, unsigned char u8, short i16,
+    unsigned short u16, int i32, unsigned int u32, long long i64, unsigned long long u64, float f32,
+    double f64, double* out) {
+  out[0] = i8; out[1] = u8; out[2] = i16; out[3] = u16; out[4] = i32; out[5] = u32;
+  out[6] = (double)i64; out[7] = (double)u64; out[8] = f32; out[9] = f64;
+}"""
+
+
+@srt.kernel(cuda=EVERY_TYPE, signature="i8, u8, i16, u16, i32, u32, i64, u64, f32, f64, ptr")
+def every_type(ctx, *args):
+    ctx.array(args[-1], (10,), np.float64)[:] = args[:-1]
+
+
 @srt.kernel
 def python_only(ctx, x):
     pass
@@ -108,6 +121,18 @@ def test_backend_kernels_same_results(bdev):
     s.synchronize()
     assert np.array_equal(srt.read(p, (n,), np.float32), (np.arange(n, dtype=np.float32) + 1) * 0.5)
     srt.free(p)
+
+
+def test_backend_kernel_arguments_of_every_width_and_sign(bdev):
+    # each argument type packed as the kernel's C parameter reads it: the extremes of each width
+    # (a wrong width or signedness shifts the later arguments or flips the sign)
+    values = (-128, 255, -32768, 65535, -(2**31), 2**32 - 1, -(2**53), 2**53, 0.5, -1.25)
+    out = srt.malloc(80, bdev)
+    s = srt.Stream(bdev, non_blocking=True)
+    s.launch(every_type, *values, out)
+    s.synchronize()
+    assert srt.read(out, (10,), np.float64).tolist() == list(values)
+    srt.free(out)
 
 
 def test_backend_kernels_three_dimensional_grid_and_blocks(bdev):
