@@ -296,6 +296,7 @@ def test_an_operation_being_handed_to_cuda_is_not_proven_by_an_idle_stream(cuda0
         t.start()
         t.join(timeout=30)
         assert not t.is_alive()
+        assert s._host < s._pos  # nor does the host claim to have seen it
         with other._q._pinned():  # the memset lands behind the gate, as if it took that long
             ev = other._q._event_at(held._pos)
             backend.check(backend.rt.cudaStreamWaitEvent(stream, ev, 0))
