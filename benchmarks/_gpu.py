@@ -169,12 +169,20 @@ class RawTiny:
         quietly(self._driver.cuStreamDestroy, self.stream)
 
 
-def optional(name: str) -> Any | None:
-    """Import ``cupy`` or ``torch`` if installed and able to see a GPU; None otherwise."""
+NOT_THERE = "not installed or sees no GPU"
+
+
+def optional_peer(name: str) -> tuple[Any | None, str | None]:
+    """``(module, None)`` for ``cupy`` or ``torch`` installed and able to see a GPU, else
+    ``(None, why)``: ``NOT_THERE``, with the exception when an installed library failed."""
     try:
         mod = importlib.import_module(name)
-    except Exception:  # not only ImportError: a broken CUDA library can fail the import itself
-        return None
+    except ModuleNotFoundError as exc:
+        if exc.name == name:
+            return None, NOT_THERE
+        return None, f"{NOT_THERE} (import failed: {type(exc).__name__}: {exc})"
+    except Exception as exc:  # not only ImportError: a broken CUDA library can fail the import itself
+        return None, f"{NOT_THERE} (import failed: {type(exc).__name__}: {exc})"
     try:
         if name == "cupy":
             ok = mod.cuda.runtime.getDeviceCount() > 0
@@ -182,9 +190,9 @@ def optional(name: str) -> Any | None:
             ok = bool(mod.cuda.is_available())
         else:
             ok = True
-    except Exception:
-        ok = False
-    return mod if ok else None
+    except Exception as exc:
+        return None, f"{NOT_THERE} ({type(exc).__name__}: {exc})"
+    return (mod, None) if ok else (None, NOT_THERE)
 
 
 def attempt(fn: Callable[[], Any]) -> tuple[Any, str | None]:

@@ -167,7 +167,8 @@ def _raw_update_replay(nodes: int, launches: int, repeat: int) -> float:
             kp.gridDimX = kp.gridDimY = kp.gridDimZ = 1
             kp.blockDimX, kp.blockDimY, kp.blockDimZ = N_ELEMS, 1, 1
             kp.sharedMemBytes = 0
-            kp.kernelParams = ((*ptrs, N_ELEMS), PTR3_I32)  # packed by cuda-bindings, per call
+            # packed once, here: the struct's setter keeps the void*[] (no packing per update call)
+            kp.kernelParams = ((*ptrs, N_ELEMS), PTR3_I32)
             return kp
 
         a, b, c = raw.ptrs

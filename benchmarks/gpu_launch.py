@@ -31,7 +31,7 @@ from _gpu import (
     errors,
     finish,
     gpu_skip_reason,
-    optional,
+    optional_peer,
     parser,
     quietly,
     report,
@@ -105,9 +105,10 @@ def _raw(n: int, repeat: int) -> dict[str, float]:
 
 def _cupy(cp: Any, n: int, repeat: int) -> float:
     kern = cp.RawKernel(SRC, "tiny_add")
-    a, b = cp.ones(N_ELEMS, cp.float32), cp.ones(N_ELEMS, cp.float32)
-    c = cp.empty(N_ELEMS, cp.float32)
     st = cp.cuda.Stream(non_blocking=True)
+    with st:  # filled on st: a non-blocking stream is not ordered after the legacy default stream
+        a, b = cp.ones(N_ELEMS, cp.float32), cp.ones(N_ELEMS, cp.float32)
+        c = cp.empty(N_ELEMS, cp.float32)
     args = (a, b, c, cp.int32(N_ELEMS))
 
     def loop(k: int) -> None:
@@ -127,7 +128,8 @@ def _torch(torch: Any, n: int, repeat: int) -> float:
     a = torch.ones(N_ELEMS, dtype=torch.float32, device="cuda")
     b = torch.ones(N_ELEMS, dtype=torch.float32, device="cuda")
     c = torch.empty(N_ELEMS, dtype=torch.float32, device="cuda")
-    st = torch.cuda.Stream()
+    st = torch.cuda.Stream()  # a pool stream: non-blocking, not ordered after the default stream
+    torch.cuda.synchronize()  # the fills of a and b, enqueued on the default stream, are done
 
     def loop(k: int) -> None:
         add = torch.add
@@ -166,9 +168,9 @@ def run(n: int = 20000, repeat: int = 5, quick: bool = False) -> dict:
     ]
     for name, fn, claim in (("cupy", _cupy, "eager launch vs CuPy RawKernel"),
                             ("torch", _torch, "eager launch vs torch.add(a, b, out=c)")):
-        mod = optional(name)
+        mod, why = optional_peer(name)
         if mod is None:
-            res["notes"].append(f"{name}: not installed or sees no GPU; peer skipped")
+            res["notes"].append(f"{name}: {why}; peer skipped")
             continue
         peer, peer_err = attempt(lambda fn=fn, mod=mod: fn(mod, n, repeat))
         res[f"{name}_us"] = peer

@@ -19,7 +19,17 @@ from typing import Any
 
 import numpy as np
 from _common import best_us, smoke
-from _gpu import attempt, errors, finish, gpu_skip_reason, optional, parser, quietly, report, row
+from _gpu import (
+    attempt,
+    errors,
+    finish,
+    gpu_skip_reason,
+    optional_peer,
+    parser,
+    quietly,
+    report,
+    row,
+)
 
 import streamrt as srt
 from streamrt import ops
@@ -113,17 +123,17 @@ def run(n: int = 2000, repeat: int = 5, quick: bool = False) -> dict:
         n, repeat = min(n, 300), 3
     if smoke():
         n, repeat = min(n, 2), 1
-    cp = optional("cupy")
+    cp, why = optional_peer("cupy")
     res: dict = {"n": n, "repeat": repeat, "cases": {}, "notes": []}
     if cp is None:
-        res["notes"].append("cupy: not installed or sees no GPU; CuPy peer skipped (rows have no peer)")
+        res["notes"].append(f"cupy: {why}; CuPy peer skipped (rows have no peer)")
     rows = []
     for name in ("reduce_sum", "add"):
         for label, shape in SHAPES.items():
             k = n if label == "tiny" else max(n // 10, min(n, 20))  # a large call runs ~10x longer
             ours, ours_err = attempt(lambda name=name, shape=shape, k=k: _ours(name, shape, k, repeat))
             ours_us = ours["us"] if ours else None
-            peer, peer_err = (None, "not installed or sees no GPU") if cp is None else attempt(
+            peer, peer_err = (None, why) if cp is None else attempt(
                 lambda name=name, shape=shape, k=k: _cupy(cp, name, shape, k, repeat))
             res["cases"][f"{name} {label} {shape}"] = {
                 "calls": k, "ops_run_us": ours_us, "cupy_us": peer,

@@ -29,7 +29,7 @@ from _gpu import (
     errors,
     finish,
     gpu_skip_reason,
-    optional,
+    optional_peer,
     parser,
     quietly,
     raw_context,
@@ -132,9 +132,9 @@ def run(n: int = 20000, repeat: int = 5, sizes: tuple[int, ...] = SIZES, quick: 
     peers: dict[str, tuple[str, dict | None, str | None]] = {}
     raw, raw_err = attempt(lambda: _raw(sizes, n, repeat))
     peers["raw"] = ("raw cudaMallocFromPoolAsync + cudaFreeAsync", raw, raw_err)
-    cp = optional("cupy")
+    cp, why = optional_peer("cupy")
     if cp is None:
-        res["notes"].append("cupy: not installed or sees no GPU; CuPy peers skipped")
+        res["notes"].append(f"cupy: {why}; CuPy peers skipped")
     else:
         for key, label, make in (
             ("cupy_async", "CuPy MemoryAsyncPool", lambda: cp.cuda.MemoryAsyncPool()),
