@@ -85,3 +85,46 @@ def test_cli_demo_trace_writes_the_whole_demo(tmp_path):
     cats = {e.get("cat") for e in events if e["ph"] == "X"}
     assert {"kernel", "memcpy", "graph", "host"} <= cats  # streams, ops, graphs sections
     assert any(e["ph"] == "C" for e in events) and any(e["ph"] == "i" for e in events)
+
+
+def test_cli_demo_exit_status_and_arguments(monkeypatch, tmp_path):
+    # in process, with the demo replaced: failed checks give exit 1, with or without --trace
+    from streamrt import cli, demos
+
+    calls = []
+    result = {"failed": 3}
+
+    def fake_run(device=None, only=None, out=print):
+        calls.append((device, only))
+        return result["failed"]
+
+    monkeypatch.setattr(demos, "run", fake_run)
+    assert cli.main(["demo", "--device", "cpu:1", "--only", "pools"]) == 1
+    assert cli.main(["demo", "--only", "ops", "--trace", str(tmp_path / "t.json")]) == 1
+    result["failed"] = 0
+    assert cli.main(["demo"]) == 0
+    assert cli.main(["demo", "--trace", str(tmp_path / "u.json")]) == 0
+    assert calls == [("cpu:1", "pools"), (None, "ops"), (None, None), (None, None)]
+
+
+def test_cli_bench_exit_status_and_arguments(monkeypatch):
+    from streamrt import bench, cli
+
+    calls = []
+
+    def fake_run_all(**kw):
+        calls.append(kw)
+        return len(calls) % 2  # 1, then 0
+
+    monkeypatch.setattr(bench, "run_all", fake_run_all)
+    assert cli.main(["bench", "--quick", "--json", "a.json", "--markdown", "b.md"]) == 1
+    assert cli.main(["bench"]) == 0
+    assert calls == [dict(quick=True, json_path="a.json", markdown_path="b.md"),
+                     dict(quick=False, json_path=None, markdown_path=None)]
+
+
+def test_cli_info_in_process(capsys):
+    from streamrt import cli
+
+    assert cli.main(["info"]) == 0
+    assert "cpu:0" in capsys.readouterr().out

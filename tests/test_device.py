@@ -185,3 +185,88 @@ def test_device_reset_destroys_graph_execs(any_dev):
     for e in (ge, ge2):
         with pytest.raises(srt.InvalidHandleError):
             e.launch(srt.Stream(d, non_blocking=True))
+
+
+def test_device_backend_without_index_follows_current():
+    # "cpu" names the current device when it is a cpu one (as "cuda" does with cudaGetDevice)
+    with srt.Device("cpu:1"):
+        assert srt.Device("cpu") is srt.Device("cpu:1")
+    with srt.Device("cpu:0"):
+        assert srt.Device("cpu") is srt.Device("cpu:0")
+
+
+def test_device_count_is_per_backend():
+    from streamrt.backends import device_count as backend_count
+
+    assert srt.device_count("cuda") == backend_count("cuda")  # not the cpu count
+
+
+def test_device_synchronize_covers_destroyed_streams_and_reports_once(gate):
+    d = srt.Device("cpu:1")
+    s = srt.Stream(d, non_blocking=True)
+    seen = []
+    g = gate(s)
+    s.launch(boom_kernel)
+    s.launch_host_func(seen.append, 1)
+    s.destroy()  # pending work still completes; the device synchronize waits for it
+    threading.Timer(0.01, g.open).start()  # opened from elsewhere; synchronize must wait for it
+    with pytest.raises(srt.LaunchError, match="boom"):
+        d.synchronize()
+    assert seen == [1]
+    d.synchronize()  # reported once
+
+
+@srt.kernel
+def boom_kernel(ctx):
+    raise RuntimeError("boom")
+
+
+def test_device_reset_waits_then_discards_failures(gate):
+    d = srt.Device("cpu:1")
+    s = srt.Stream(d, non_blocking=True)
+    seen = []
+    g = gate(s)
+    s.launch(boom_kernel)
+    s.launch_host_func(seen.append, 1)
+    raised = []
+
+    def reset():
+        try:
+            d.reset()
+        except BaseException as exc:  # pragma: no cover - the failure this test looks for
+            raised.append(exc)
+
+    t = threading.Thread(target=reset)
+    t.start()
+    t.join(0.2)
+    assert t.is_alive(), "reset returned before the device's work completed"
+    g.open()
+    t.join()
+    assert seen == [1] and raised == []  # a reset discards pending failures
+    d.synchronize()  # the failure went with the reset
+
+
+def test_device_reset_forgets_event_records():
+    d = srt.Device("cpu:1")
+    s = srt.Stream(d, non_blocking=True)
+    a, b = srt.Event(d, timing=True), srt.Event(d, timing=True)
+    s.record(a)
+    s.record(b)
+    s.synchronize()
+    assert a.elapsed_time(b) >= 0
+    d.reset()
+    with pytest.raises(srt.InvalidHandleError, match="not been recorded"):
+        a.elapsed_time(b)
+
+
+def test_device_reset_restores_the_default_pool():
+    d = srt.Device("cpu:1")
+    pool = srt.MemPool(d)
+    d.set_mem_pool(pool)
+    assert d.mem_pool is pool
+    d.reset()
+    assert d.mem_pool is d.default_mem_pool
+    s = srt.Stream(d, non_blocking=True)
+    p = s.malloc(64)  # from the (new) default pool, not the destroyed one
+    s.free(p)
+    s.synchronize()

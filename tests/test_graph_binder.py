@@ -124,3 +124,33 @@ def test_graph_binder_unused_under_the_sanitizer(s):
 def test_graph_binder_must_be_callable():
     with pytest.raises(srt.InvalidTypeError):
         axpy.binder(42)
+
+
+def test_graph_binder_decorator_returns_the_function():
+    def bound(ctx, x, y, a):
+        return lambda: None
+
+    k = srt.kernel(axpy.fn)
+    assert k.binder(bound) is bound and k.bind is bound
+
+
+# ctx.array keeps the view last made at each address: a hit must match shape, dtype and access
+@srt.kernel
+def _views_kernel(ctx, p, n, out):
+    r = ctx.array(p, (n,), np.float32, readonly=True)
+    out.append(r.flags.writeable)
+    w = ctx.array(p, (n,), np.float32)  # same address, shape and dtype, but writable
+    w += 1
+    i = ctx.array(p, (n,), np.int32)  # same address and shape, another dtype
+    out.append(i.dtype)
+
+
+def test_kernel_context_view_cache_respects_access_and_dtype(s):
+    p = srt.malloc(4 * N)
+    srt.write(p, np.zeros(N, np.float32))
+    out = []
+    s.launch(_views_kernel, p, N, out)
+    s.synchronize()
+    assert out == [False, np.dtype(np.int32)]
+    assert np.array_equal(srt.read(p, (N,), np.float32), np.ones(N, np.float32))
+    srt.free(p)
