@@ -107,6 +107,22 @@ def gate_kernel(ctx, event):
         raise TimeoutError("gate never opened")
 
 
+
+def fail_second_launch(monkeypatch) -> list:
+    """Make the second ``Stream.launch`` from now on raise (an enqueue failing midway, until
+    ``monkeypatch.undo()``); returns the kernels launched, for counting."""
+    real = srt.Stream.launch
+    launches: list = []
+
+    def launch(self, kernel, *args, **kwargs):
+        launches.append(kernel)
+        if len(launches) == 2:
+            raise RuntimeError("injected enqueue failure")
+        return real(self, kernel, *args, **kwargs)
+
+    monkeypatch.setattr(srt.Stream, "launch", launch)
+    return launches
+
 FLAG_GATE = r"""extern "C" __global__ void flag_gate_kernel(const volatile int* flag) {
   long long t0 = clock64();
   while (*flag == 0 && clock64() - t0 < 40000000000LL) { }

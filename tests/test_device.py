@@ -201,13 +201,20 @@ def test_device_count_is_per_backend():
     assert srt.device_count("cuda") == backend_count("cuda")  # not the cpu count
 
 
-def test_device_synchronize_covers_destroyed_streams_and_reports_once(gate):
+def _held_failure(gate):
+    """A stream of cpu:1 held by a gate, with a failing kernel and then a host function queued
+    behind it; returns (device, stream, gate, what the host function saw)."""
     d = srt.Device("cpu:1")
     s = srt.Stream(d, non_blocking=True)
-    seen = []
+    seen: list = []
     g = gate(s)
     s.launch(boom_kernel)
     s.launch_host_func(seen.append, 1)
+    return d, s, g, seen
+
+
+def test_device_synchronize_covers_destroyed_streams_and_reports_once(gate):
+    d, s, g, seen = _held_failure(gate)
     s.destroy()  # pending work still completes; the device synchronize waits for it
     threading.Timer(0.01, g.open).start()  # opened from elsewhere; synchronize must wait for it
     with pytest.raises(srt.LaunchError, match="boom"):
@@ -222,12 +229,7 @@ def boom_kernel(ctx):
 
 
 def test_device_reset_waits_then_discards_failures(gate):
-    d = srt.Device("cpu:1")
-    s = srt.Stream(d, non_blocking=True)
-    seen = []
-    g = gate(s)
-    s.launch(boom_kernel)
-    s.launch_host_func(seen.append, 1)
+    d, _, g, seen = _held_failure(gate)
     raised = []
 
     def reset():

@@ -51,6 +51,16 @@ def _pairs_chain(count, nbytes, *, free=True):
     return g, allocs
 
 
+def _fill_use_free(use, out, value):
+    """alloc -> fill with ``value`` -> ``use(out, alloc, N)`` -> free, as one graph."""
+    g = srt.Graph()
+    a = g.add_mem_alloc_node(N * 4)
+    k = g.add_kernel_node(fill_kernel, a.ptr, N, value, deps=a)
+    c = g.add_kernel_node(use, out, a.ptr, N, deps=k)
+    g.add_mem_free_node(a.ptr, deps=c)
+    return g
+
+
 def test_graph_memory_chain_of_pairs_shares_one_allocation(s):
     g, allocs = _pairs_chain(4, UNIT)
     assert len({a.ptr for a in allocs}) == 4  # distinct addresses...
@@ -355,11 +365,7 @@ def test_graph_memory_of_a_destroyed_exec_outlives_it_until_freed_in_stream_orde
 
 def test_graph_memory_destroy_with_launch_in_flight(s, out, gate):
     # cudaGraphExecDestroy of an exec still running: the launch completes on its own memory
-    g = srt.Graph()
-    a = g.add_mem_alloc_node(N * 4)
-    k = g.add_kernel_node(fill_kernel, a.ptr, N, 3.0, deps=a)
-    c = g.add_kernel_node(copy_kernel, out, a.ptr, N, deps=k)
-    g.add_mem_free_node(a.ptr, deps=c)
+    g = _fill_use_free(copy_kernel, out, 3.0)
     ge = g.instantiate()
     hold = gate(s)
     ge.launch(s)
@@ -375,11 +381,7 @@ def test_graph_memory_reinstantiate_while_a_destroyed_exec_still_runs(s, dev, ou
     # the destroyed exec's memory goes back when its launch ends; until then the same
     # addresses cannot be mapped again (its kernels still use them): a clear refusal on every
     # backend, and once the launch is over a new exec maps them
-    g = srt.Graph()
-    a = g.add_mem_alloc_node(N * 4)
-    k = g.add_kernel_node(fill_kernel, a.ptr, N, 3.0, deps=a)
-    c = g.add_kernel_node(add_kernel, out, a.ptr, N, deps=k)
-    g.add_mem_free_node(a.ptr, deps=c)
+    g = _fill_use_free(add_kernel, out, 3.0)
     ge = g.instantiate()
     hold = gate(s)
     ge.launch(s)

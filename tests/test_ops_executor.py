@@ -11,6 +11,8 @@ import streamrt as srt
 from streamrt import ops
 from streamrt.backends.cpu import SPACE
 
+from .conftest import fail_second_launch
+
 F32 = np.float32
 NULLPTR, INVALID, INNER = 161001, 161002, 561000
 
@@ -322,17 +324,8 @@ def test_executor_one_shot_failed_enqueue_is_released_and_refused(s, monkeypatch
     s.synchronize()
     base = live()
     size, ex = ops.softmax.get_workspace_size(x, out)
-    real_launch = srt.Stream.launch
-    launches = []
-
-    def failing_launch(self, kernel, *args, **kwargs):
-        launches.append(kernel)
-        if len(launches) == 2:  # softmax's second kernel cannot be enqueued
-            raise RuntimeError("injected enqueue failure")
-        return real_launch(self, kernel, *args, **kwargs)
-
     ws = s.malloc(size)
-    monkeypatch.setattr(srt.Stream, "launch", failing_launch)
+    launches = fail_second_launch(monkeypatch)  # softmax's second kernel
     with pytest.raises(RuntimeError, match="injected"):
         ops.softmax(ws, size, ex, s)
     monkeypatch.undo()

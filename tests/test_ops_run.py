@@ -14,6 +14,8 @@ import pytest
 import streamrt as srt
 from streamrt import ops
 
+from .conftest import fail_second_launch
+
 F32 = np.float32
 
 
@@ -124,16 +126,7 @@ def test_run_enqueue_failure_midway_releases_everything(s, pools, monkeypatch):
     ws_pool, tp = pools
     before = live()
     x, out = T(s, rnd((16, 8)), tp), T(s, np.zeros((16, 8)), tp)
-    real_launch = srt.Stream.launch
-    launches = []
-
-    def failing_launch(self, kernel, *args, **kwargs):
-        launches.append(kernel)
-        if len(launches) == 2:  # softmax's second kernel cannot be enqueued
-            raise RuntimeError("injected enqueue failure")
-        return real_launch(self, kernel, *args, **kwargs)
-
-    monkeypatch.setattr(srt.Stream, "launch", failing_launch)
+    launches = fail_second_launch(monkeypatch)  # softmax's second kernel
     with pytest.raises(RuntimeError, match="injected"):
         ops.run(ops.softmax, x, out, stream=s)
     monkeypatch.undo()
@@ -150,16 +143,7 @@ def test_run_enqueue_failure_keeps_the_cached_executor_usable(s, pools, monkeypa
     tx, out = T(s, x, tp), T(s, np.zeros((16, 8)), tp)
     s.synchronize()
     base = live()
-    real_launch = srt.Stream.launch
-    launches = []
-
-    def failing_launch(self, kernel, *args, **kwargs):
-        launches.append(kernel)
-        if len(launches) == 2:  # softmax's second kernel cannot be enqueued
-            raise RuntimeError("injected enqueue failure")
-        return real_launch(self, kernel, *args, **kwargs)
-
-    monkeypatch.setattr(srt.Stream, "launch", failing_launch)
+    fail_second_launch(monkeypatch)  # softmax's second kernel
     with pytest.raises(RuntimeError, match="injected"):
         ops.run(ops.softmax, tx, out, stream=s, cache=c)
     monkeypatch.undo()

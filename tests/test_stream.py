@@ -447,18 +447,14 @@ def test_stream_non_blocking_is_not_ordered_with_the_legacy_stream(dev, gate):
     # One side is held by a gate while the other's host function must still run; the bounded
     # wait only limits how long a wrong (ordered) runtime takes to fail, it orders nothing.
     legacy, nb = dev.default_stream, srt.Stream(dev, non_blocking=True)
-    g = gate(legacy)
-    ran = threading.Event()
-    nb.launch_host_func(ran.set)
-    assert ran.wait(timeout=20), "the non-blocking stream waited for the legacy stream"
-    g.open()
-    legacy.synchronize()
-    g2 = gate(nb)
-    ran2 = threading.Event()
-    legacy.launch_host_func(ran2.set)
-    assert ran2.wait(timeout=20), "the legacy stream waited for a non-blocking stream"
-    g2.open()
-    nb.synchronize()
+    for held, other, what in ((legacy, nb, "the non-blocking stream waited for the legacy stream"),
+                              (nb, legacy, "the legacy stream waited for a non-blocking stream")):
+        g = gate(held)
+        ran = threading.Event()
+        other.launch_host_func(ran.set)
+        assert ran.wait(timeout=20), what
+        g.open()
+        held.synchronize()
 
 
 def test_stream_record_on_blocking_or_legacy_stream_covers_the_other_side(dev, gate):
