@@ -118,9 +118,9 @@ def reset_device(device: Device) -> None:
             ge.destroy()  # before the memory goes: it unmaps and frees its graph memory
     from .graph import memory as graph_memory
 
-    for ge in list(graph_memory.held):  # destroyed execs kept for live allocations: gone too
-        if any(arena[0] is device for arena in ge._held):
-            ge._release(force=True)
+    for mem in list(graph_memory.held):  # retired memory kept for live allocations: gone too
+        if any(arena[0] is device for arena in mem.arenas):
+            mem.release(force=True)
     for s in list(device._streams):
         s._destroy_quiet()
     device._legacy = None

@@ -325,7 +325,10 @@ def test_graph_memory_of_a_collected_exec_goes_back(s):
     g.instantiate().destroy()  # its addresses are free to map again
 
 
-def test_graph_memory_live_allocation_keeps_its_exec_until_freed(s):
+def test_graph_memory_live_allocation_outlives_its_collected_exec_until_freed(s):
+    # collected without destroy(): as destroyed, its live allocation stays valid until freed
+    dev = s.device
+    before = dev.graph_mem_info()["reserved"]
     g, (a,) = _pairs_chain(1, N * 4, free=False)
     ge = g.instantiate()
     ge.launch(s)
@@ -333,14 +336,34 @@ def test_graph_memory_live_allocation_keeps_its_exec_until_freed(s):
     ref = weakref.ref(ge)
     del ge
     gc.collect()
-    assert ref() is not None  # a live allocation holds its exec: its memory stays valid
-    srt.memset(a.ptr, 1, 4)
+    assert ref() is None
+    srt.memset(a.ptr, 1, 4)  # still mapped
+    assert dev.graph_mem_info()["reserved"] > before
     s.free(a.ptr)
     s.synchronize()
-    gc.collect()
-    assert ref() is None
+    assert dev.graph_mem_info()["reserved"] == before
     with pytest.raises(srt.InvalidAddressError):
         srt.memset(a.ptr, 0, 4)
+
+
+def test_graph_memory_reinstantiate_while_a_collected_exec_still_runs(s, out, gate):
+    # dropped with its launch queued: its memory is not mapped again under that launch
+    g = _fill_use_free(add_kernel, out, 3.0)
+    ge = g.instantiate()
+    hold = gate(s)
+    ge.launch(s)
+    del ge
+    gc.collect()
+    with pytest.raises((srt.InvalidValueError, srt.NotSupportedError)):
+        g.instantiate()
+    hold.open()
+    s.synchronize()
+    gc.collect()
+    ge2 = g.instantiate()
+    ge2.launch(s)
+    s.synchronize()
+    assert (_read(out) == 6.0).all()
+    ge2.destroy()
 
 
 def test_graph_memory_of_a_destroyed_exec_outlives_it_until_freed_in_stream_order(s, out, gate):

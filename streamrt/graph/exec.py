@@ -91,13 +91,8 @@ class GraphExec:
         # the next launch, so what the previous launch waited for stays known to be ordered)
         self._last: tuple[Stream, int, dict[int, int]] | None = None
         self._lock = threading.Lock()
-        self._allocs: list[memory.GraphAlloc] = []
-        self._arenas: list[memory.Arena] = []
-        # once destroyed: the arenas still held, the stream positions they must outlive, and
-        # whether a thread waits for those (all guarded by memory.LOCK)
-        self._held: list[memory.Arena] = []
-        self._after: list[tuple[Stream, int]] = []
-        self._releasing = False
+        self._mem = memory.ExecMemory(repr(self))
+        self._allocs = self._mem.allocs
         self._last_box: list[tuple[Stream, int] | None] = [None]  # for the finalizer
         self._finalizer: weakref.finalize | None = None
         self.memory_footprint = 0
@@ -136,14 +131,12 @@ class GraphExec:
             self._allocs.append(a)
         for device, allocs in by_device.items():
             offsets, footprint = memory.pack(allocs, anc, bit)
-            base = memory.map_allocs(self, device, offsets, footprint)
-            self._arenas.append((device, base, footprint, list(offsets)))
+            self._mem.map(device, offsets, footprint)
             self.memory_footprint += footprint
-        if self._arenas:
-            # collected without destroy(): the memory goes after the last launch (a live
-            # allocation holds the exec, so none is live then)
-            self._finalizer = weakref.finalize(self, _collected, self._arenas, self._allocs,
-                                               self._last_box)
+            _execs_of(device).add(self)  # a device reset destroys it (and unmaps its memory)
+        if self._mem.arenas:
+            # collected without destroy(): its memory retires as by destroy()
+            self._finalizer = weakref.finalize(self, _collected, self._mem, self._last_box)
 
     # -- compile -------------------------------------------------------------------------------
     def _plan(self, stream: Stream) -> Any:
@@ -215,7 +208,6 @@ class GraphExec:
                 if t is NodeType.MEM_ALLOC:
                     a = n._params["alloc"]
                     a.live = True
-                    a.holder = self
                     memory._account(a.device, a.size)
                 elif t is NodeType.MEM_FREE:
                     memory.freed(n._params["alloc"], stream, stream._pos)
@@ -247,7 +239,6 @@ class GraphExec:
             for a in self._allocs:
                 if a.live:
                     a.live = False
-                    a.holder = None
                     memory._account(a.device, -a.size)
 
     def upload(self, stream: Stream) -> None:
@@ -264,50 +255,12 @@ class GraphExec:
             raise InvalidHandleError(f"{self!r} was destroyed")
         with self._lock:
             self._destroyed = True
-            arenas, self._arenas = self._arenas, []
             self._plans.clear()
             self._has_binds = None
             last = self._last
         if self._finalizer is not None:
             self._finalizer.detach()
-        if not arenas:
-            return
-        with memory.LOCK:
-            self._held = arenas
-            memory.held.add(self)
-            if last is not None:
-                self._after.append((last[0], last[1]))
-        self._release()
-
-    def _release(self, *, force: bool = False) -> None:
-        """Unmap a destroyed exec's memory once nothing needs it: no allocation of it is live
-        (CUDA: a live graph allocation outlives its exec, until freed) and its last launch and
-        the frees have run. A launch still in flight would fail on its own memory: as
-        cudaGraphExecDestroy does, the memory goes asynchronously, from a thread of its own (a
-        pool worker could be needed by that very launch). ``force``: a device reset."""
-        with memory.LOCK:
-            if not self._held:
-                return
-            if not force:
-                if any(a.live and a.range.exec is self for a in self._allocs):
-                    return  # the allocation's free calls this again
-                self._after = [(s, p) for s, p in self._after if s._q.done < p]
-                if self._after:
-                    if not self._releasing:
-                        self._releasing = True
-                        threading.Thread(target=self._release_later, args=(list(self._after),),
-                                         name="streamrt-graph-release", daemon=True).start()
-                    return
-            arenas, self._held = self._held, []
-            memory.held.discard(self)
-            memory.release_later(arenas, self._allocs, None)
-
-    def _release_later(self, after: list[tuple[Stream, int]]) -> None:
-        for stream, pos in after:
-            stream._q.wait_done(pos)
-        with memory.LOCK:
-            self._releasing = False
-        self._release()
+        self._mem.retire(None if last is None else (last[0], last[1]))
 
     # -- per-node updates ------------------------------------------------------------------------
     def _node(self, node: Any, *types: NodeType) -> Node:
@@ -449,10 +402,9 @@ def _adopt(old: Graph, new: Graph) -> list[Node]:
     return changed
 
 
-def _collected(arenas: list[memory.Arena], allocs: list[memory.GraphAlloc],
-               last: list[tuple[Stream, int] | None]) -> None:
-    """An exec collected without destroy(): its memory goes once its last launch has run."""
-    memory.release_later(arenas, allocs, last[0])
+def _collected(mem: memory.ExecMemory, last: list[tuple[Stream, int] | None]) -> None:
+    """An exec collected without destroy(): its memory retires as by destroy()."""
+    mem.retire(last[0])
 
 
 def _execs_of(device: Any) -> weakref.WeakSet:

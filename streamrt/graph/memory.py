@@ -18,12 +18,12 @@ State and invariants:
 - ``live`` is True from a launch that executed the alloc until a free (a MEM_FREE node of any
   graph, or ``s.free``). Launching again while it is live is refused unless the exec was
   instantiated with ``auto_free_on_launch``.
-- As in CUDA, destroying an exec does not free its live allocations: a destroyed exec keeps
-  its arenas (``held``) until none of its allocations is live and the stream positions they
-  must outlive (its last launch, the frees) have passed. Instantiating the graph again while
-  they are held is refused with a clear error. A device reset releases them regardless.
-- A range refers to its exec weakly; a live allocation holds its exec, so an exec is collected
-  only with no live allocation, and its memory then goes with it (after its last launch).
+- An exec's memory is an :class:`ExecMemory`, which its ranges refer to (not the exec). As in
+  CUDA, destroying an exec does not free its live allocations: its memory, *retired*, stays
+  mapped (in ``held``) until none of its allocations is live and the stream positions it must
+  outlive (the last launch, the frees) have passed. An exec collected without ``destroy()``
+  retires its memory the same way. Instantiating the graph again while its memory is held is
+  refused with a clear error. A device reset releases it regardless.
 """
 
 from __future__ import annotations
@@ -46,13 +46,13 @@ _allocs: weakref.WeakValueDictionary[int, GraphAlloc] = weakref.WeakValueDiction
 # guards the mapping of ranges (which exec maps each) and destroyed execs' held arenas: frees
 # and releases come from any thread
 LOCK = threading.RLock()
-held: set[Any] = set()  # destroyed execs still holding memory (kept alive until released)
+held: set[ExecMemory] = set()  # retired memory still mapped (kept alive until released)
 
 
 class Range:
     """Addresses reserved for graph memory: one large allocation's, or a slab of small ones."""
 
-    __slots__ = ("ptr", "size", "device", "top", "_exec", "__weakref__")
+    __slots__ = ("ptr", "size", "device", "top", "owner", "__weakref__")
 
     def __init__(self, device: Device, size: int) -> None:
         impl = device._impl
@@ -60,23 +60,14 @@ class Range:
         self.size = size
         self.device = device
         self.top = 0  # bytes of a slab handed out
-        self._exec: Any = None  # a weak reference to the GraphExec mapping it, if any
+        self.owner: ExecMemory | None = None  # the exec memory mapping it, if any
         weakref.finalize(self, impl.reclaim, _release, impl, self.ptr, size)
-
-    @property
-    def exec(self) -> Any:
-        """The GraphExec mapping the range, or None."""
-        return None if self._exec is None else self._exec()
-
-    @exec.setter
-    def exec(self, exec_: Any) -> None:
-        self._exec = None if exec_ is None else weakref.ref(exec_)
 
 
 class GraphAlloc:
     """A graph allocation: fixed addresses in a range that at most one exec maps."""
 
-    __slots__ = ("ptr", "nbytes", "size", "range", "device", "live", "holder", "__weakref__")
+    __slots__ = ("ptr", "nbytes", "size", "range", "device", "live", "__weakref__")
 
     def __init__(self, device: Device, nbytes: int, slabs: dict[Device, Range]) -> None:
         granule = device._impl.graph_granule
@@ -96,7 +87,6 @@ class GraphAlloc:
         self.range = r
         self.device = device
         self.live = False
-        self.holder: Any = None  # while live: the exec whose memory it is (kept alive by it)
         _allocs[self.ptr] = self
 
     def __repr__(self) -> str:
@@ -124,17 +114,15 @@ def free_outside(ptr: int, stream: Any) -> None:
 
 
 def freed(a: GraphAlloc, stream: Any, pos: int) -> None:
-    """``a`` is no longer live once ``stream`` passes ``pos``: if a destroyed exec held its
-    memory for it, that exec may now let its memory go (after ``pos``)."""
+    """``a`` is no longer live once ``stream`` passes ``pos``: retired memory held for it may now
+    go (after ``pos``)."""
     with LOCK:
         a.live = False
-        a.holder = None
         _account(a.device, -a.size)
-        owner = a.range.exec
-        if owner is not None and owner._destroyed:
-            owner._after.append((stream, pos))
-    if owner is not None and owner._destroyed:
-        owner._release()
+        owner = a.range.owner
+        if owner is not None and owner.retired:
+            owner.after.append((stream, pos))
+            owner.release()
 
 
 def _account(device: Device, delta: int) -> None:
@@ -175,76 +163,111 @@ def pack(allocs: list[tuple[GraphAlloc, Node, Node | None]], ancestors: dict[Nod
     return offsets, footprint
 
 
-def map_allocs(exec_: Any, device: Device, offsets: dict[Range, int], footprint: int) -> Any:
-    """Back the ranges with one arena of ``footprint`` bytes; returns the arena's handle."""
-    with LOCK:
-        for r in offsets:
-            other = r.exec
-            if other is None or other is exec_:
-                continue
-            if not other._destroyed:
-                raise NotSupportedError(
-                    f"graph memory at {hex(r.ptr)} is already mapped by {other!r}: a graph with "
-                    "memory nodes can have only one live executable graph at a time (destroy the "
-                    "other one first)"
-                )
-            other._release()  # a destroyed exec whose memory nobody needs lets go now
-            if r.exec is not None:
-                live = [a for a in other._allocs if a.live and a.range is r]
-                raise InvalidValueError(
-                    f"graph memory at {hex(r.ptr)} is still held by destroyed {other!r}: "
-                    + (f"{live[0]!r} is live (free it first, s.free)" if live else
-                       "its last launch, or a free of its memory, has not run yet (synchronize "
-                       "first)"))
-        if not offsets:
-            return None
-        base = device._impl.graph_map([(r.ptr, off, r.size) for r, off in offsets.items()],
-                                      footprint)
-        for r in offsets:
-            r.exec = exec_
-    device.__dict__["_graph_reserved"] = device.__dict__.get("_graph_reserved", 0) + footprint
-    device.__dict__.setdefault("_execs", weakref.WeakSet()).add(exec_)  # for device reset
-    return base
+class ExecMemory:
+    """The graph memory one exec maps: its arenas and allocations, and once the exec is destroyed
+    or collected (*retired*), the stream positions the memory must outlive."""
 
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.arenas: list[Arena] = []
+        self.allocs: list[GraphAlloc] = []
+        self.retired = False
+        self.after: list[tuple[Any, int]] = []
+        self.releasing = False  # a thread waits for ``after``
 
-def unmap_allocs(arena: Arena, allocs: list[GraphAlloc]) -> None:
-    """An exec's memory goes: its allocations lose their backing (any still live is no longer:
-    a device reset), and the arena goes back. Call holding ``LOCK``."""
-    device, base, footprint, ranges = arena
-    mine = set(ranges)
-    for a in allocs:
-        if a.range in mine and a.live:
-            a.live = False
-            a.holder = None
-            _account(device, -a.size)
-    for r in ranges:
-        r.exec = None
-    if base is not None:
-        device.__dict__["_graph_reserved"] = device.__dict__.get("_graph_reserved", 0) - footprint
-        device._impl.graph_unmap([(r.ptr, 0, r.size) for r in ranges], base)
+    def __repr__(self) -> str:
+        return f"<graph memory of {self.name}{' (retired)' if self.retired else ''}>"
 
-
-def release_later(arenas: list[Arena], allocs: list[GraphAlloc], after: tuple[Any, int] | None,
-                  *, name: str = "streamrt-graph-release") -> None:
-    """Unmap ``arenas`` once ``after`` (a stream and position) has run: at once if it has,
-    else from a thread of its own (a pool worker could be needed by that very launch)."""
-    def unmap() -> None:
+    def map(self, device: Device, offsets: dict[Range, int], footprint: int) -> None:
+        """Back the ranges with one arena of ``footprint`` bytes."""
         with LOCK:
+            for r in offsets:
+                other = r.owner
+                if other is None or other is self:
+                    continue
+                if not other.retired:
+                    raise NotSupportedError(
+                        f"graph memory at {hex(r.ptr)} is already mapped by {other!r}: a graph "
+                        "with memory nodes can have only one live executable graph at a time "
+                        "(destroy the other one first)")
+                other.release()  # retired memory nobody needs any more goes now
+                if r.owner is not None:
+                    live = [a for a in other.allocs if a.live and a.range is r]
+                    raise InvalidValueError(
+                        f"graph memory at {hex(r.ptr)} is still held by {other!r}: "
+                        + (f"{live[0]!r} is live (free it first, s.free)" if live else
+                           "its last launch, or a free of its memory, has not run yet "
+                           "(synchronize first)"))
+            if not offsets:
+                return
+            base = device._impl.graph_map([(r.ptr, off, r.size) for r, off in offsets.items()],
+                                          footprint)
+            for r in offsets:
+                r.owner = self
+            self.arenas.append((device, base, footprint, list(offsets)))
+        device.__dict__["_graph_reserved"] = device.__dict__.get("_graph_reserved", 0) + footprint
+
+    def retire(self, last: tuple[Any, int] | None) -> None:
+        """The exec is destroyed or collected: the memory goes once nothing needs it."""
+        with LOCK:
+            if self.retired:
+                return
+            self.retired = True
+            if not self.arenas:
+                return
+            held.add(self)
+            if last is not None:
+                self.after.append(last)
+            self.release()
+
+    def release(self, *, force: bool = False) -> None:
+        """Unmap retired memory once no allocation of it is live (CUDA: a live graph allocation
+        outlives its exec, until freed) and its last launch and the frees have run. A launch
+        still in flight would fail on its own memory: as cudaGraphExecDestroy does, the memory
+        then goes from a thread of its own (a pool worker could be needed by that very launch).
+        ``force``: a device reset."""
+        with LOCK:
+            if not self.arenas:
+                return
+            if not force:
+                if any(a.live for a in self.allocs):
+                    return  # the allocation's free calls this again
+                self.after = [(s, p) for s, p in self.after if s._q.done < p]
+                if self.after:
+                    if not self.releasing:
+                        self.releasing = True
+                        threading.Thread(target=self._release_later, args=(list(self.after),),
+                                         name="streamrt-graph-release", daemon=True).start()
+                    return
+            arenas, self.arenas = self.arenas, []
+            held.discard(self)
             for arena in arenas:
                 try:
-                    unmap_allocs(arena, allocs)
+                    self._unmap(arena)
                 except StreamRTError:
                     pass  # the device was reset meanwhile: its memory is already gone
 
-    if after is None or after[0]._q.done >= after[1]:
-        unmap()
-        return
+    def _release_later(self, after: list[tuple[Any, int]]) -> None:
+        for stream, pos in after:
+            stream._q.wait_done(pos)
+        with LOCK:
+            self.releasing = False
+            self.release()
 
-    def wait_then_unmap() -> None:
-        after[0]._q.wait_done(after[1])
-        unmap()
-
-    threading.Thread(target=wait_then_unmap, name=name, daemon=True).start()
+    def _unmap(self, arena: Arena) -> None:
+        # the allocations lose their backing (any still live is no longer: a device reset)
+        device, base, footprint, ranges = arena
+        mine = set(ranges)
+        for a in self.allocs:
+            if a.range in mine and a.live:
+                a.live = False
+                _account(device, -a.size)
+        for r in ranges:
+            r.owner = None
+        if base is not None:
+            device.__dict__["_graph_reserved"] = (
+                device.__dict__.get("_graph_reserved", 0) - footprint)
+            device._impl.graph_unmap([(r.ptr, 0, r.size) for r in ranges], base)
 
 
 def info(device: Device) -> dict[str, int]:
