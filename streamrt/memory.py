@@ -66,6 +66,12 @@ from .reuse import ReuseMixin
 
 _addr = attrgetter("addr")
 
+
+def _absorbs(b: _Block, nb: _Block) -> bool:
+    """Whether free ``b`` takes its neighbour ``nb`` when coalescing: a free one that is ready, or
+    pending on ``b``'s stream (a merged block never makes a later free look earlier)."""
+    return not nb.live and (nb.stream is None or nb.stream is b.stream)
+
 if TYPE_CHECKING:
     from .stream import Stream
 
@@ -362,8 +368,7 @@ class MemPool(ArenaMixin, ReuseMixin):
                 continue
             size = b.size
             for nb, step in ((b.prev, "prev"), (b.next, "next")):
-                while (nb is not None and not nb.live and nb not in taken
-                       and (nb.stream is None or nb.stream is b.stream)):
+                while nb is not None and nb not in taken and _absorbs(b, nb):
                     size += nb.size
                     taken.add(nb)
                     nb = getattr(nb, step)
@@ -378,7 +383,7 @@ class MemPool(ArenaMixin, ReuseMixin):
         may have one freed on F beyond it."""
         while True:
             for nb in (b.prev, b.next):
-                if nb is not None and not nb.live and (nb.stream is b.stream or nb.stream is None):
+                if nb is not None and _absorbs(b, nb):
                     break
             else:
                 return b
