@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..arena import ALIGN
 from ..errors import InvalidAddressError, InvalidValueError, NotSupportedError, StreamRTError
+from ..hooks import sync_listeners
 
 if TYPE_CHECKING:
     from ..device import Device
@@ -173,7 +174,6 @@ class ExecMemory:
         self.allocs: list[GraphAlloc] = []
         self.retired = False
         self.after: list[tuple[Any, int]] = []
-        self.releasing = False  # a thread waits for ``after``
 
     def __repr__(self) -> str:
         return f"<graph memory of {self.name}{' (retired)' if self.retired else ''}>"
@@ -222,10 +222,10 @@ class ExecMemory:
 
     def release(self, *, force: bool = False) -> None:
         """Unmap retired memory once no allocation of it is live (CUDA: a live graph allocation
-        outlives its exec, until freed) and its last launch and the frees have run. A launch
-        still in flight would fail on its own memory: as cudaGraphExecDestroy does, the memory
-        then goes from a thread of its own (a pool worker could be needed by that very launch).
-        ``force``: a device reset."""
+        outlives its exec, until freed) and its last launch and the frees have run. Work still in
+        flight would fail on that memory: as cudaGraphExecDestroy does, it then goes later, at
+        the host synchronize that proves that work (a ``sync_listeners`` hook, as pools release
+        memory), so a program that synchronized never sees it mapped. ``force``: a reset."""
         with LOCK:
             if not self.arenas:
                 return
@@ -234,11 +234,7 @@ class ExecMemory:
                     return  # the allocation's free calls this again
                 self.after = [(s, p) for s, p in self.after if s._q.done < p]
                 if self.after:
-                    if not self.releasing:
-                        self.releasing = True
-                        threading.Thread(target=self._release_later, args=(list(self.after),),
-                                         name="streamrt-graph-release", daemon=True).start()
-                    return
+                    return  # a later synchronize calls this again
             arenas, self.arenas = self.arenas, []
             held.discard(self)
             for arena in arenas:
@@ -246,13 +242,6 @@ class ExecMemory:
                     self._unmap(arena)
                 except StreamRTError:
                     pass  # the device was reset meanwhile: its memory is already gone
-
-    def _release_later(self, after: list[tuple[Any, int]]) -> None:
-        for stream, pos in after:
-            stream._q.wait_done(pos)
-        with LOCK:
-            self.releasing = False
-            self.release()
 
     def _unmap(self, arena: Arena) -> None:
         # the allocations lose their backing (any still live is no longer: a device reset)
@@ -268,6 +257,16 @@ class ExecMemory:
             device.__dict__["_graph_reserved"] = (
                 device.__dict__.get("_graph_reserved", 0) - footprint)
             device._impl.graph_unmap([(r.ptr, 0, r.size) for r in ranges], base)
+
+
+def _on_sync(device: Device) -> None:
+    """A host synchronize: retired memory whose work it proved goes now."""
+    if held:
+        for mem in list(held):
+            mem.release()
+
+
+sync_listeners.append(_on_sync)
 
 
 def info(device: Device) -> dict[str, int]:
