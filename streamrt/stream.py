@@ -188,8 +188,7 @@ class Stream:
 
     def _refresh(self) -> None:
         """Recompute whether launches must leave the fast path (blocking, captured, destroyed)."""
-        self._slow = (not self.non_blocking or self._capture is not None or self._destroyed
-                      or not self._q.inline)
+        self._slow = not self.non_blocking or self._capture is not None or self._destroyed
 
     def _submit(self, fn: Callable[..., Any], args: tuple, kind: str = "op", name: str = "",
                 accesses: tuple = (), extra: dict | None = None) -> None:
@@ -219,11 +218,16 @@ class Stream:
         if self._slow or _global_slow or type(kernel) is not Kernel:
             return self._launch_slow(kernel, ctx, args)
         # the hottest path of the runtime: a non-blocking stream with no capture or hooks
-        self._pos += 1
         q = self._q
-        q._ops.append((kernel.fn, (ctx,) + args))
-        if q._idle:
-            q.wake()
+        if q.inline:
+            self._pos += 1
+            q._ops.append((kernel.fn, (ctx,) + args))
+            if q._idle:
+                q.wake()
+            return
+        fn, a = q.op_launch(kernel, ctx, args)  # a refused argument raises before counting
+        self._pos += 1
+        q.submit(fn, a)
 
     def _context(self, grid: Any, block: Any) -> KernelContext:
         ctx = KernelContext(dim3(grid, "grid"), dim3(block, "block"), self.device, self)

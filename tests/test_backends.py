@@ -478,3 +478,24 @@ def test_cuda_sanitizer_refuses_cuda_streams_clearly():
         srt.sanitizer.disable()
     s.launch_host_func(lambda: None)  # and nothing was left half-enqueued
     s.synchronize()
+
+
+def test_backend_refused_launch_leaves_the_stream_as_it_was(bdev):
+    # cuda checks arguments at launch: a refused one enqueues nothing and counts nothing, so
+    # the stream still reads idle, and its later work and events are tracked as before
+    s = srt.Stream(bdev, non_blocking=True)
+    p = _dev_f32(bdev, np.zeros(256))
+    if bdev.backend == "cuda":
+        for bad in ((p, 1.5), (p, 2**31), (p,), (-1, 256)):
+            with pytest.raises((srt.InvalidTypeError, srt.InvalidValueError)):
+                s.launch(add_one, *bad, grid=1, block=256)
+        with pytest.raises(srt.NotSupportedError, match="no CUDA body"):
+            s.launch(python_only, 0)
+    assert s.query()
+    s.synchronize()
+    s.launch(add_one, p, 256, grid=1, block=256)
+    e = s.record()
+    e.synchronize()
+    assert e.query() and s.query()
+    assert np.array_equal(srt.read(p, (256,), np.float32), np.ones(256, np.float32))
+    srt.free(p)

@@ -6,6 +6,8 @@ import ctypes
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import streamrt as srt
 from streamrt import errors
@@ -331,3 +333,52 @@ def test_compile_module_gives_ptx_for_a_compute_target():
         srt_nvrtc.compile_module(SAXPY, "saxpy.cu", "ptx_90")
     with pytest.raises(srt.InvalidValueError, match="sm_90"):
         srt_nvrtc.compile_cubin(SAXPY, "saxpy.cu", f"compute_{newest}")  # a CUBIN needs a real SM
+
+
+
+_EDGE = [True, False, None, "1", 1.0, 0.5, -0.0, float("nan"), float("inf"), -float("inf"), 1e300,
+         np.int32(7), np.uint64(2**64 - 1), np.float32(1.5), np.float64(2.5)]
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+def _edges(tok):
+    """Arguments at and just past the edges of ``tok``'s C type."""
+    t = srt_nvrtc._SIG_TYPES[tok]
+    if t in srt_nvrtc._FLOATS:
+        return [_F32_MAX, -_F32_MAX, float(np.nextafter(_F32_MAX, np.inf)), -3.4028235677973366e38,
+                3.5e38, 0, -7]
+    lo, hi = (0, srt_nvrtc._PTR_MAX) if t is ctypes.c_void_p else srt_nvrtc._INT_RANGES[t]
+    return [lo - 1, lo, hi, hi + 1]
+
+
+def _value_for(tok):
+    """An argument for a ``tok`` parameter: mostly near its edges, else anything."""
+    edges = st.sampled_from(_edges(tok) + _EDGE)
+    return st.one_of(edges, edges, edges, st.integers(), st.floats())
+
+
+def _outcome(fn, *args):
+    try:
+        values, types = fn(*args)
+    except errors.StreamRTError as exc:
+        return type(exc), str(exc)
+    return tuple((type(v), repr(v)) for v in values), types  # repr: NaN equals itself
+
+
+@pytest.mark.parametrize("tok", sorted(srt_nvrtc._SIG_TYPES))
+def test_packer_packs_each_edge_as_pack_args(tok):
+    types = srt_nvrtc.parse_signature(tok)
+    for v in _edges(tok) + _EDGE:
+        assert _outcome(srt_nvrtc.packer(types), (v,)) == _outcome(srt_nvrtc.pack_args, types, (v,)), v
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(sorted(srt_nvrtc._SIG_TYPES)), max_size=5).flatmap(
+    lambda toks: st.tuples(st.just(toks), st.tuples(*map(_value_for, toks)),
+                           st.sampled_from([0, 0, 0, -1, 1]))))
+def test_packer_packs_exactly_as_pack_args(case):
+    # the launch hot path's generated test must never accept what pack_args converts or refuses
+    toks, args, extra = case
+    args = args[:len(args) - 1] if extra < 0 else args + (1,) * extra
+    types = srt_nvrtc.parse_signature(", ".join(toks))
+    assert _outcome(srt_nvrtc.packer(types), args) == _outcome(srt_nvrtc.pack_args, types, args)

@@ -221,6 +221,8 @@ class CudaQueue(Queue):
                  legacy: bool) -> None:
         self.name = name
         self.dev = dev
+        self._index = dev.index
+        self._functions = dev._functions  # loaded kernels: read on every launch
         self.pos = 0
         self._done = 0
         self._enqueuing = 0  # submits between counting an operation and handing it to CUDA
@@ -374,17 +376,18 @@ class CudaQueue(Queue):
 
     # -- operations: each pair is the enqueue call --------------------------------------------
     def op_launch(self, kernel: Any, ctx: Any, args: tuple) -> tuple[Callable[..., Any], tuple]:
-        fn, types = self.dev.function(kernel)
-        from .nvrtc import pack_args
-
-        params = pack_args(types, args)
-        g, b = ctx.grid, ctx.block
-        return self._launch, (fn, g.x, g.y, g.z, b.x, b.y, b.z, params)
+        # the eager hot path on cuda: a dict hit, one generated argument test, no attribute walk
+        fn, pack = self._functions.get(kernel) or self.dev.function(kernel)
+        (gx, gy, gz), (bx, by, bz) = ctx.grid, ctx.block
+        return self._launch, (fn, gx, gy, gz, bx, by, bz, pack(args))
 
     def _launch(self, fn: Any, gx: int, gy: int, gz: int, bx: int, by: int, bz: int,
                 params: Any) -> None:
-        _activate(self.dev.index)
-        check(drv.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, 0, self._cu_stream, params, 0))
+        if getattr(_tls, "device", None) != self._index:
+            _activate(self._index)
+        err, = drv.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, 0, self._cu_stream, params, 0)
+        if err != 0:
+            check((err,))
 
     def op_copy(self, dst: Any, src: Any, nbytes: int) -> tuple[Callable[..., Any], tuple]:
         # keep host views referenced by the pair: pinned or pageable, CUDA reads them in order
@@ -572,8 +575,9 @@ class CudaDevice(DeviceImpl):
         return ptr
 
     # -- kernels -----------------------------------------------------------------------------
-    def function(self, kernel: Any) -> tuple[Any, tuple]:
-        """The loaded ``CUfunction`` of ``kernel`` on this device and its argument types."""
+    def function(self, kernel: Any) -> tuple[Any, Callable[[tuple], Any]]:
+        """The loaded ``CUfunction`` of ``kernel`` on this device and its argument packer
+        (:func:`~.nvrtc.packer`)."""
         hit = self._functions.get(kernel)
         if hit is not None:
             return hit
@@ -581,7 +585,7 @@ class CudaDevice(DeviceImpl):
             raise NotSupportedError(
                 f"kernel {kernel.name!r} has no CUDA body: declare it with "
                 "@srt.kernel(cuda=SOURCE, signature='ptr, i32, ...') to launch it on cuda")
-        from .nvrtc import compile_module, parse_signature, target_for
+        from .nvrtc import compile_module, packer, parse_signature, target_for
 
         types = parse_signature(kernel.signature)
         if self._target is None:
@@ -591,7 +595,7 @@ class CudaDevice(DeviceImpl):
             _activate(self.index)
             module = check(drv.cuModuleLoadData(image))
             fn = check(drv.cuModuleGetFunction(module, kernel.name.encode()))
-            hit = self._functions[kernel] = (fn, types)
+            hit = self._functions[kernel] = (fn, packer(types))
         return hit
 
     def graph_exec(self, flat: list[tuple[Any, list[int]]]) -> Any:

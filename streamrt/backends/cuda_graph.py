@@ -113,16 +113,14 @@ class NativeGraph:
         return int(made)
 
     def _kernel_params(self, p: dict[str, Any]) -> Any:
-        from .nvrtc import pack_args
-
-        fn, types = self.dev.function(p["kernel"])
+        fn, pack = self.dev.function(p["kernel"])
         kp = drv.CUDA_KERNEL_NODE_PARAMS()
         kp.func = fn
         g, b = p["grid"], p["block"]
         kp.gridDimX, kp.gridDimY, kp.gridDimZ = g.x, g.y, g.z
         kp.blockDimX, kp.blockDimY, kp.blockDimZ = b.x, b.y, b.z
         kp.sharedMemBytes = 0
-        kp.kernelParams = pack_args(types, tuple(p["args"]))
+        kp.kernelParams = pack(tuple(p["args"]))
         return kp
 
     def _endpoints(self, p: dict[str, Any]) -> list[Any]:

@@ -16,7 +16,7 @@ import os
 import re
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ __all__ = [
     "compile_module",
     "nvrtc_available",
     "pack_args",
+    "packer",
     "parse_signature",
     "target_for",
 ]
@@ -322,3 +323,34 @@ def pack_args(types: Sequence[type], args: Sequence[Any]) -> tuple[tuple[Any, ..
     # only for that call, which is enough: the driver copies parameters at launch. An empty
     # signature gives ((), ()), which cuda-bindings passes as NULL.
     return values, types
+
+
+_F32_MAX = float.fromhex("0x1.fffffep+127")
+
+
+def _plain(ctype: type, v: str) -> str:
+    """A Python test that argument ``v`` is already what :func:`_pack_one` would return for it."""
+    if ctype is ctypes.c_double:
+        return f"type({v}) is float"
+    if ctype is ctypes.c_float:  # in range: no overflow to check (NaN and inf take the slow path)
+        return f"type({v}) is float and {-_F32_MAX!r} <= {v} <= {_F32_MAX!r}"
+    lo, hi = (0, _PTR_MAX) if ctype is ctypes.c_void_p else _INT_RANGES[ctype]
+    return f"type({v}) is int and {lo} <= {v} <= {hi}"  # bool is not int here: the slow path
+
+
+@functools.lru_cache(maxsize=256)
+def packer(types: tuple[type, ...]) -> Callable[[tuple], tuple[tuple[Any, ...], tuple[type, ...]]]:
+    """:func:`pack_args` for one signature, as a function of the argument tuple.
+
+    Eager launches are the hot path: arguments that are plain ints and floats in range are
+    passed on as they are after one generated test (a chain of ``type(a[i]) is int and ...``,
+    built once per signature from the table above, never from user text); anything else goes
+    through :func:`pack_args`, which converts or raises exactly as before.
+    """
+    types = tuple(types)
+    for t in types:
+        if t not in _TOKEN_OF:
+            return functools.partial(pack_args, types)  # raises its clear error at launch
+    test = " and ".join(_plain(t, f"a[{i}]") for i, t in enumerate(types)) or "True"
+    src = f"lambda a: (a, types) if len(a) == {len(types)} and {test} else pack_args(types, a)"
+    return eval(src, {"types": types, "pack_args": pack_args})  # our own text, see above
