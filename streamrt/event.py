@@ -61,12 +61,12 @@ class Event:
         """Block until the recorded work has completed (``cudaEventSynchronize``)."""
         self._check_alive()
         self._check_capture("synchronize")
-        s = self._stream
+        s, pos, clock = self._stream, self._pos, self._clock  # once: another thread may re-record
         if s is None:
             return
-        s._q.wait_done(self._pos)
-        proved(s, self._pos, self._clock)
-        after_sync(self.device, covered(self._clock))
+        s._q.wait_done(pos)
+        proved(s, pos, clock)
+        after_sync(self.device, covered(clock))
 
     def elapsed_time(self, end: Event) -> float:
         """Milliseconds from this event to ``end``; both must be timing events, recorded, complete."""

@@ -95,15 +95,19 @@ def synchronize_device(device: Device, *, skip_capturing: bool = False) -> None:
     if not skip_capturing:
         check_device_sync(device)
     streams = [s for s in device._streams if not (skip_capturing and s._capture is not None)]
-    for s in streams:
-        s._q.wait_done(s._pos)
+    # each stream's clock, then position, read before waiting (see Stream.synchronize): work
+    # other threads enqueue meanwhile is not proved
+    live = [(s, s._clock.copy(), s._pos) for s in streams]
+    dead = [(s, s._clock.copy(), s._pos) for s in list(device.__dict__.get("_dead_streams", ()))]
+    for s, _clock, pos in live:
+        s._q.wait_done(pos)
     retired = device.__dict__.get("_retired", [])
-    for q in list(retired):
+    for q in list(retired):  # destroyed streams' queues: all their work
         q.drain()
-    for s in streams + list(device.__dict__.get("_dead_streams", ())):
-        proved(s, s._pos, s._clock)
+    for s, clock, pos in live + dead:
+        proved(s, pos, clock)
     device.__dict__["_retired"] = [q for q in retired if q._errors]
-    after_sync(device, [(s, s._pos) for s in streams], extra=retired)
+    after_sync(device, [(s, pos) for s, _clock, pos in live], extra=retired)
 
 
 def reset_device(device: Device) -> None:

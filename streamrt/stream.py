@@ -270,8 +270,9 @@ class Stream:
                      tuple((int(p), n, w) for p, w in ((dst, True), (src, False))
                            if isinstance(p, int | np.integer)), {"bytes": n})
         if not isinstance(dst, int | np.integer):  # pageable destination: synchronous
-            self._q.wait_done(self._pos)
-            proved(self, self._pos, self._clock)  # the host saw the stream get this far
+            clock, pos = self._clock.copy(), self._pos  # this copy, not later work (see synchronize)
+            self._q.wait_done(pos)
+            proved(self, pos, clock)  # the host saw the stream get this far
 
     def memset(self, ptr: int, value: int, nbytes: int) -> None:
         """Enqueue a byte fill (``cudaMemsetAsync``)."""
@@ -423,7 +424,11 @@ class Stream:
 
             illegal_sync(self, "synchronize")
         self._check_legacy_capture()
-        pos, clock = self._pos, self._clock
+        # what is proved is read before waiting, the clock first: a wait another thread enqueues
+        # meanwhile counts itself in _pos before it merges into _clock, so it is either in both
+        # or in neither (the live dict would claim streams this synchronize never waited for)
+        clock = self._clock.copy()
+        pos = self._pos
         q = self._q
         q.wait_done(pos)
         if q.done < pos:

@@ -101,6 +101,56 @@ def test_pool_reuse_after_sync_whatever_the_flags(dev, flags):
     assert served(pool, before) == ["reuse_after_sync"]
 
 
+def _entered(queue, monkeypatch) -> threading.Event:
+    """Set once a thread blocks in ``queue.wait_done`` (its synchronize has read what it waits for)."""
+    inside = threading.Event()
+    real = queue.wait_done
+
+    def wait_done(pos):
+        inside.set()
+        real(pos)
+
+    monkeypatch.setattr(queue, "wait_done", wait_done)
+    return inside
+
+
+@pytest.mark.parametrize("how", ["stream", "device", "memcpy", "event"])
+def test_pool_sync_does_not_prove_work_enqueued_while_it_waited(dev, gate, monkeypatch, how):
+    # While a synchronize of s (of its device, a copy into pageable memory, an event of s)
+    # blocks, another thread orders s after b's pending free (or records the event on b). The
+    # synchronize never waited for b, so b's free is not "after sync" for a third stream. Each
+    # once proved what it read after waiting: the stream's live clock, the event's new record.
+    other = srt.Device("cpu:1")
+    pool = pool_with(other, False)
+    s = stream(other if how == "event" else dev)  # an event is recorded on its own device only
+    b, c = stream(other), stream(other)
+    g_s, g_b = gate(s), gate(b)
+    p = used_then_freed(pool, b)
+    src = srt.malloc(16, device=dev)
+    ev = s.record()
+    inside = _entered(s._q, monkeypatch)
+    sync = {"stream": s.synchronize, "device": dev.synchronize, "event": ev.synchronize,
+            "memcpy": lambda: s.memcpy(np.empty(16, np.uint8), src, 16)}[how]
+    t = threading.Thread(target=sync)
+    t.start()
+    assert inside.wait(timeout=30)
+    if how == "event":
+        b.record(ev)
+    else:
+        s.wait(b.record())
+    g_s.open()
+    t.join(timeout=30)
+    assert not t.is_alive()
+    c.synchronize()  # an idle stream of b's device: the pool looks at what the host saw
+    before = pool.stats()
+    q = c.malloc(BLOCK, pool)
+    assert q != p  # b is still held by its gate: its free cannot have run
+    assert served(pool, before) == ["grow_count"]
+    g_b.open()
+    other.synchronize()
+    srt.free(src)
+
+
 def test_pool_completed_but_unsynchronized_free_is_not_after_sync(dev):
     pool = pool_with(dev, False)
     a, b = stream(dev), stream(dev)
@@ -279,7 +329,8 @@ def test_pool_reuse_internal_dependency(dev, gate, on):
         q = a.malloc(BLOCK, pool)
         assert q == p
         assert served(pool, before) == ["reuse_internal_dependency"]
-        assert a._pos == pos + 1  # a real wait was enqueued on a
+        markers = srt.sanitizer.enabled()  # the sanitizer gives each malloc a position too
+        assert a._pos == pos + 1 + markers  # a real wait was enqueued on a
     else:
         with pytest.raises(srt.OutOfMemoryError):
             a.malloc(BLOCK, pool)
@@ -475,9 +526,11 @@ def test_pool_free_coalesces_through_an_absorbed_ready_block(dev):
     pool = pool_with(dev, reuse_allow_opportunistic=False, reuse_allow_internal_dependencies=False)
     a, f = stream(dev), stream(dev)
     x = a.malloc(512, pool)  # the top of a first granule; the rest of it is a ready block
+    f.wait(a.record())  # (f may use what a allocated)
     f.memset(x, 0, 512)
     f.free(x)  # the first granule: one block, pending on f
     y = a.malloc(512, pool)  # a may not reuse it: the top of a second granule
+    f.wait(a.record())
     f.memset(y, 0, 512)
     f.free(y)  # absorbs the ready rest of the second granule, then the first granule
     assert pool.stats()["largest_free_block"] == 2 * BLOCK
