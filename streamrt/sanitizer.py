@@ -304,14 +304,6 @@ class Sanitizer:
         self.findings.append(f)
         return f
 
-    def check_workspace(self, op_name: str, ptr: int | None, size: int, usable: int | None) -> None:
-        """Phase 2 was given a workspace smaller than phase 1 asked for."""
-        if size and (ptr is None or usable is None or usable < size):
-            with self._lock:
-                self._find("workspace", ptr or 0, size, None, None,
-                           f"{op_name}: workspace {hex(ptr or 0)} holds {usable} bytes, phase 1 "
-                           f"asked for {size}")
-
     # -- listener interface ----------------------------------------------------------------------
     def on_enqueue(self, op: OpInfo) -> None:
         with self._lock:

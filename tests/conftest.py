@@ -22,6 +22,19 @@ from streamrt.graph import capture
 BUF_N = 16  # float32 elements of the ``buf``/``out`` fixtures
 
 
+@pytest.fixture(autouse=True)
+def _sanitizer_as_found():
+    """A test that switches the sanitizer leaves it as it found it: on for the rest of a
+    STREAMRT_SANITIZE run (a test's own enable/disable once turned it off for every later test)."""
+    was, mode = srt.sanitizer.enabled(), srt.sanitizer._SAN.mode
+    yield
+    if srt.sanitizer.enabled() != was or srt.sanitizer._SAN.mode != mode:
+        if was:
+            srt.sanitizer.enable(mode)
+        else:
+            srt.sanitizer.disable()
+
+
 @pytest.fixture
 def dev():
     """cpu:0, synchronized and checked clean after the test."""
@@ -77,6 +90,15 @@ def backend_device(backend: str) -> srt.Device:
         if reason is not None:
             pytest.skip(f"no usable CUDA device here: {reason}")
     return srt.Device(f"{backend}:0")
+
+
+def no_sanitizer(why: str) -> None:
+    """Skip a test while the sanitizer is on (a STREAMRT_SANITIZE run), saying why it cannot hold."""
+    if srt.sanitizer.enabled():
+        pytest.skip(f"not with the sanitizer on: {why}")
+
+
+BAD_ACCESS = "it makes a bad access on purpose, which the sanitizer reports as a finding first"
 
 
 def cpu_only(dev: srt.Device, why: str) -> None:

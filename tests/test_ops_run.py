@@ -14,7 +14,7 @@ import pytest
 import streamrt as srt
 from streamrt import ops
 
-from .conftest import fail_second_launch
+from .conftest import BAD_ACCESS, fail_second_launch, no_sanitizer
 
 F32 = np.float32
 
@@ -158,6 +158,7 @@ def test_run_enqueue_failure_keeps_the_cached_executor_usable(s, pools, monkeypa
 
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # the op's 2nd kernel
 def test_run_kernel_failure_still_releases(s, pools):
+    no_sanitizer(BAD_ACCESS)
     ws_pool, tp = pools
     before = live()
     small = srt.malloc(512)  # its own allocation: views are bounds-checked against it

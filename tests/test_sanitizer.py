@@ -205,11 +205,14 @@ def test_sanitizer_out_of_bounds_stops_the_kernel(dev, san):
 
 def test_sanitizer_invalid_address(dev, san):
     s, = streams(dev, 1)
-    p = s.malloc(512)
+    pool = srt.MemPool(dev)  # its own: other tests' blocks of the default pool may live there
+    p = s.malloc(512, pool)
     s.launch(write_k, p + 8192, 4, 1.0)  # inside the pool chunk, never allocated
     s.synchronize()
     assert kinds(san.report()) == ["invalid-address"]
     s.free(p)
+    s.synchronize()
+    pool.destroy()
 
 
 def test_sanitizer_raise_mode_raises_at_synchronize(dev, san):
@@ -245,6 +248,37 @@ def test_sanitizer_workspace_freed_too_early(dev, san, gate):
     assert rep and rep[0].kind == "workspace" and "softmax" in rep[0].message
     x.free(a)
     y.free(a)
+
+
+def test_sanitizer_refused_workspace_is_an_error_not_a_finding(dev, san):
+    # phase 2 refuses it before anything is enqueued: a finding too would raise it again, as a
+    # SanitizerError, at the next synchronize of a program that handled the ExecutorError
+    s, = streams(dev, 1)
+    x = srt.Tensor.from_numpy(np.ones((256, 8), np.float32), stream=s)
+    y = srt.Tensor.empty((256, 8), np.float32, stream=s)
+    size, ex = ops.softmax.get_workspace_size(x, y)
+    assert size >= 2048  # half of it is a smaller block: pool blocks are 512-byte multiples
+    small = s.malloc(size // 2)
+    with pytest.raises(srt.ExecutorError, match="holds"):
+        ops.softmax(small, size, ex, s)
+    s.synchronize()
+    assert san.report() == []
+    ex.destroy()
+    s.free(small)
+    x.free(s)
+    y.free(s)
+
+
+def test_sanitizer_keeps_the_name_of_a_failing_operation(dev, san):
+    # the sanitizer wraps each operation; a failure still names the function that raised
+    s, = streams(dev, 1)
+
+    def failing_host_fn():
+        raise KeyError("x")
+
+    s.launch_host_func(failing_host_fn)
+    with pytest.raises(srt.LaunchError, match="failing_host_fn"):
+        s.synchronize()
 
 
 def test_sanitizer_leaks(dev, san):

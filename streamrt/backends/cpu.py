@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 from sortedcontainers import SortedDict
 
+from .. import instrument
 from ..errors import InvalidAddressError, InvalidValueError, NotReadyError, OutOfMemoryError
 from ..reclaim import Reclaim
 from .base import Backend, DeviceImpl, Queue
@@ -385,6 +386,8 @@ class CpuQueue(Queue):
 
 def describe(fn: Callable[..., Any], args: tuple) -> str:
     """A human label for a queued operation (used only when it failed)."""
+    if fn is instrument.run and len(args) == 3:  # wrapped by the sanitizer or tracer: the op inside
+        return describe(args[1], args[2])
     label = getattr(fn, "__self__", None)
     if label is not None and hasattr(label, "name"):  # a bound Kernel method
         return f"kernel {label.name!r}"

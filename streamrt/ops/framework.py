@@ -258,10 +258,10 @@ def _check_workspace(name: str, ws: Any, size: int, ex: Executor) -> None:
     have = usable_bytes(ws)
     from .. import sanitizer
 
-    if sanitizer.enabled():  # a finding as well as the error: the sanitizer's report names it
-        sanitizer._SAN.check_workspace(name, ws, size, have)
-        if have is not None and have >= size:
-            sanitizer._SAN.tag(ws, f"workspace of {name}")
+    # a workspace refused below is an error, not a sanitizer finding too: nothing was enqueued,
+    # and a finding would raise again at the next synchronize an error the caller handled
+    if sanitizer.enabled() and have is not None and have >= size:
+        sanitizer._SAN.tag(ws, f"workspace of {name}")  # names it in later findings
     if have is None:
         raise _bad(name, f"workspace {hex(ws)} is not a live device allocation (freed, never "
                          "allocated, or an interior pointer of a pool block)")
