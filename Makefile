@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-emu test-fake test-bindings gpu-check-fake bench clean
+.PHONY: demo test test-emu test-fake test-sanitize test-bindings gpu-check-fake bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -37,6 +37,10 @@ test-emu: $(VENV)/.installed-test
 # every test with the cuda backend on the fake CUDA runtime (no GPU needed; about 2 minutes)
 test-fake: $(VENV)/.installed-test
 	STREAMRT_CUDA_FAKE=1 $(BIN)/python -m pytest -q -p no:cacheprovider
+
+# every test with the sanitizer on in raise mode (about 2 minutes): a finding fails its test
+test-sanitize: $(VENV)/.installed-test
+	STREAMRT_SANITIZE=1 $(BIN)/python -m pytest -q -p no:cacheprovider
 
 # the cuda tests on the fake runtime under the oldest cuda-bindings of each extra (cuda12, cuda),
 # each in its own venv: the backend's calls are checked against those versions' signatures
