@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import threading
 import time
 
@@ -74,13 +75,37 @@ def delay():
 BACKENDS = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 
 
+_poisoned: list[str] = []  # why the CUDA context is unusable: a test left a sticky error
+
+
 def cuda_reason() -> str | None:
     """Why ``cuda:0`` cannot be used here (None: it can)."""
+    if _poisoned:
+        return _poisoned[0]
     try:
         srt.Device("cuda:0")
     except srt.StreamRTError as exc:
         return str(exc)
     return None
+
+
+@pytest.fixture(autouse=True)
+def _cuda_context_still_usable(request):
+    """After a cuda test, check the context. A sticky error (a kernel fault, an illegal address)
+    makes every later CUDA call in the process fail: the later cuda tests then skip naming the
+    test that left it, instead of each failing on its own (gpu_check.sh reports skip reasons)."""
+    yield
+    if _poisoned or request.node.get_closest_marker("cuda") is None:
+        return
+    if "streamrt.backends.cuda" not in sys.modules or srt.device_count("cuda") == 0:
+        return  # no CUDA context was made: nothing to check
+    from cuda.bindings import runtime as rt
+
+    err = rt.cudaMemGetInfo()[0]  # cheap, and any CUDA call returns a sticky error
+    if err != rt.cudaError_t.cudaSuccess:
+        _poisoned.append(f"the CUDA context is unusable since {request.node.nodeid} left "
+                         f"{getattr(err, 'name', err)} (a sticky error); later cuda tests cannot run "
+                         "in this process")
 
 
 def backend_device(backend: str) -> srt.Device:

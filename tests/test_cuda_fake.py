@@ -347,3 +347,44 @@ def test_freed_memory_is_refused_and_the_legacy_stream_follows_the_current_devic
     finally:
         ok(rt.cudaSetDevice(0))
         hold.open()
+
+
+INNER = '''
+import pytest
+import streamrt as srt
+from tests.conftest import backend_device, cuda_reason
+
+
+@pytest.mark.cuda
+def test_a_leaves_a_sticky_error():
+    assert cuda_reason() is None
+    srt.Device("cuda:0")
+    from cuda.bindings import runtime as rt
+    # as after a kernel fault: every later CUDA call returns the error
+    rt.cudaMemGetInfo = lambda: (rt.cudaError_t.cudaErrorIllegalAddress, 0, 0)
+
+
+@pytest.mark.cuda
+def test_b_runs_later():
+    backend_device("cuda")
+
+
+def test_c_cpu_still_runs():
+    backend_device("cpu")
+'''
+
+
+def test_fake_sticky_error_skips_later_cuda_tests_naming_its_test(tmp_path):
+    # the conftest check that a real GPU run relies on: one poisoned context, one clear reason
+    (tmp_path / "test_inner.py").write_text(INNER)
+    (tmp_path / "conftest.py").write_text("from tests.conftest import _cuda_context_still_usable  # noqa\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, STREAMRT_CUDA_FAKE="1", PYTHONPATH=root)
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+                        "-o", "markers=cuda", "--rootdir", str(tmp_path), str(tmp_path)],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert "2 passed, 1 skipped" in r.stdout, r.stdout + r.stderr
+    assert "test_a_leaves_a_sticky_error left cudaErrorIllegalAddress" in r.stdout, r.stdout
