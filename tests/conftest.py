@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import sys
 import threading
@@ -19,6 +20,7 @@ import pytest
 import streamrt as srt
 from streamrt.backends import cpu
 from streamrt.graph import capture
+from streamrt.kernel import Kernel
 
 BUF_N = 16  # float32 elements of the ``buf``/``out`` fixtures
 
@@ -210,22 +212,85 @@ class Gate:
         if stream.device.backend == "cpu":
             stream.launch(gate_kernel, self.event)
         else:
+            _install_gate_guard()
             self.flag = HostFlag(stream.device)
             self.device = stream.device
             stream.launch(flag_gate_kernel, self.flag.ptr)
+            _closed_gates[self] = stream.device.index
 
     def open(self) -> None:
         self.event.set()
         if self.flag is not None:
             self.flag.set()
+        _closed_gates.pop(self, None)
+
+
+# -- what the host must not do while a GPU gate is closed ---------------------------------------
+# The gate is opened by the test's own thread, later: a CUDA call that waits for the device in
+# between waits for the gate, and the host hangs until the gate kernel gives up (about 20 s),
+# after which "not yet complete" no longer holds. The fake CUDA runtime never blocks in these
+# calls; a GPU may: the CUDA Programming Guide (stream-ordered allocator) says cudaMalloc and
+# cudaFree "cause the GPU to synchronize across all executing CUDA streams", its Implicit
+# Synchronization section lists page-locked and device memory allocations, and under lazy loading
+# (the default since CUDA 12.2) "loading kernels might require context synchronization", with a
+# spinning kernel as its deadlock example. So while a cuda gate is closed, those calls fail the
+# test at once, on the fake too, and the ``gate`` fixture loads the test module's kernels first.
+_closed_gates: dict[Gate, int] = {}  # closed cuda gates -> their device index
+_guard_installed = False
+
+GATED_CALL = ("while a gate holds cuda:{dev}: on a GPU it may wait for the whole device, so for the "
+              "gate, which this thread opens only later (do it before closing the gate)")
+
+
+def _install_gate_guard() -> None:
+    """Wrap the cuda backend's kernel loading, ``cudaMalloc``, ``cudaMallocHost`` and graph-memory
+    mapping (``cuMemCreate``) to refuse them while a gate of their device is closed (once)."""
+    global _guard_installed
+    if _guard_installed:
+        return
+    from streamrt.backends import cuda
+
+    def guard(cls: type, name: str, what: str, applies=lambda impl, *args: True) -> None:
+        real = getattr(cls, name)
+
+        @functools.wraps(real)
+        def call(self, *args, **kwargs):
+            index = getattr(self, "index", None)  # None: the backend (pinned memory), any device
+            held = [d for d in _closed_gates.values() if index is None or d == index]
+            if held and applies(self, *args):
+                raise AssertionError(f"{what} {GATED_CALL.format(dev=held[0])}")
+            return real(self, *args, **kwargs)
+
+        setattr(cls, name, call)
+
+    guard(cuda.CudaDevice, "function", "a first launch of a kernel (it loads its module)",
+          lambda impl, kernel: kernel not in impl._functions)
+    guard(cuda.CudaDevice, "malloc", "srt.malloc (cudaMalloc)")
+    guard(cuda.CudaDevice, "graph_map", "mapping graph memory (cuMemCreate)")
+    guard(cuda.CudaBackend, "malloc_host", "srt.malloc_host (cudaMallocHost)")
+    _guard_installed = True
+
+
+def _load_kernels(dev: srt.Device, *modules) -> None:
+    """Load every module-level kernel with a CUDA body of ``modules`` on ``dev`` (a cuda device)."""
+    for module in modules:
+        for value in list(vars(module).values()):
+            if isinstance(value, Kernel) and value.cuda_source and value.signature is not None:
+                dev._impl.function(value)
 
 
 @pytest.fixture
-def gate():
-    """``gate(stream)`` blocks ``stream`` until the returned gate is opened (auto-opened at teardown)."""
+def gate(request):
+    """``gate(stream)`` blocks ``stream`` until the returned gate is opened (auto-opened at teardown).
+    On cuda, the kernels of the test's module and of this file are loaded before the first gate
+    closes, and calls that may wait for the device fail while it is closed (see GATED_CALL)."""
     gates: list[Gate] = []
+    loaded: set[srt.Device] = set()
 
     def make(stream: srt.Stream) -> Gate:
+        if stream.device.backend != "cpu" and stream.device not in loaded and not _closed_gates:
+            _load_kernels(stream.device, sys.modules[__name__], request.module)
+            loaded.add(stream.device)
         g = Gate(stream)
         gates.append(g)
         return g

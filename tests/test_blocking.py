@@ -15,6 +15,14 @@ def dev(any_dev):
     return any_dev
 
 
+def assert_nothing_allocated(dev, free_before: int) -> None:
+    """Refused calls took no device memory. On cpu the free bytes are exact; on cuda they are the
+    whole GPU's (cudaMemGetInfo), which the driver may grow meanwhile (a failed allocation may make
+    it release cached pool memory), so only a decrease, an allocation left behind, is a failure."""
+    free = dev.memory_info()[0]
+    assert free == free_before if dev.backend == "cpu" else free >= free_before
+
+
 def test_blocking_malloc_alignment_and_nonzero(dev):
     align = 512 if dev.backend == "cpu" else 256  # cudaMalloc guarantees 256 bytes
     ptrs = [srt.malloc(n) for n in (0, 1, 511, 512, 513, 100000)]
@@ -70,7 +78,7 @@ def test_blocking_free_errors_leave_state(dev):
         srt.free(987654321)
     with pytest.raises(srt.InvalidTypeError):
         srt.free("p")
-    assert dev.memory_info()[0] == free_before
+    assert_nothing_allocated(dev, free_before)
     srt.write(p, np.ones(4, np.uint8))  # still alive
     srt.free(p)
     with pytest.raises(srt.InvalidAddressError):
@@ -88,7 +96,7 @@ def test_blocking_malloc_bad_sizes(dev, nbytes, err):
         srt.malloc(nbytes)
     with pytest.raises(err):
         srt.malloc_host(nbytes)
-    assert dev.memory_info()[0] == free_before
+    assert_nothing_allocated(dev, free_before)
 
 
 def test_blocking_oom_message(dev):

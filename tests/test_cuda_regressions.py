@@ -151,7 +151,9 @@ def test_device_reset_frees_pool_memory(cuda0):
     s.synchronize()
     assert cuda0.memory_info()[0] <= free_before - 20 * (1 << 20)
     cuda0.reset()  # live pool allocations and the created pool go with the reset
-    assert cuda0.memory_info()[0] >= free_before
+    # cudaMemGetInfo counts the whole GPU: the driver may keep a little for itself meanwhile (page
+    # tables of the mappings it made), never a whole granule (2 MiB) of the 20 MiB freed here
+    assert cuda0.memory_info()[0] > free_before - (2 << 20)
     assert ptrs and pool.reserved_mem_current == 0
 
 
@@ -166,8 +168,9 @@ def test_destroyed_pool_keeps_its_attributes_readable(cuda0):
 def test_pool_out_of_memory_says_how_much(cuda0):
     s = srt.Stream(cuda0, non_blocking=True)
     pool = srt.MemPool(cuda0, max_size=4 << 20)
-    with pytest.raises(srt.OutOfMemoryError, match=r"of 8388608 bytes failed: the pool reserves"):
-        s.malloc(8 << 20, pool)
+    # far past the limit: a driver may round maxSize up to its own allocation granularity
+    with pytest.raises(srt.OutOfMemoryError, match=r"of 67108864 bytes failed: the pool reserves"):
+        s.malloc(64 << 20, pool)
     pool.destroy()
 
 

@@ -382,11 +382,11 @@ def test_stream_legacy_default_orders_blocking_streams(dev, gate, delay):
     nb = srt.Stream(dev, non_blocking=True)
     n = 16
     p = srt.malloc(n * 4)
+    q = srt.malloc(n * 4)  # before the gate: on a GPU cudaMalloc may wait for the device
     g = gate(legacy)
     legacy.launch(fill_kernel, p, n, 5.0)
     b.launch(add_one_kernel, p, n)  # implicitly after the legacy stream's work
     out = np.empty(n, np.float32)
-    q = srt.malloc(n * 4)
     nb.launch(fill_kernel, q, n, 9.0)  # non-blocking: not held by the legacy stream
     nb.synchronize()
     assert not b.query()

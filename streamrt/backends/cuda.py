@@ -673,7 +673,9 @@ class CudaDevice(DeviceImpl):
         props.allocType = rt.cudaMemAllocationType.cudaMemAllocationTypePinned
         props.location.type = rt.cudaMemLocationType.cudaMemLocationTypeDevice
         props.location.id = self.index
-        props.maxSize = min(max_size, _SIZE_MAX)  # above: no limit beyond the device's
+        # a limit at or past the device's memory is none: 0, the driver's own maximum (a larger
+        # maxSize, up to SIZE_MAX, is a value the documentation never promises to accept)
+        props.maxSize = max_size if max_size < self.capacity else 0
         pool = check(rt.cudaMemPoolCreate(props))
         self._pools[int(pool)] = pool
         return pool
@@ -690,6 +692,9 @@ class CudaDevice(DeviceImpl):
     def pool_malloc(self, pool: Any, nbytes: int, q: CudaQueue) -> int:
         """``cudaMallocFromPoolAsync`` on the queue's stream."""
         _too_big(nbytes, f"cuda:{self.index}: cudaMallocFromPoolAsync")
+        if nbytes > self.capacity:  # which error the driver gives for it is undocumented
+            raise OutOfMemoryError(f"cuda:{self.index}: cudaMallocFromPoolAsync of {nbytes} bytes: "
+                                   f"more than the device's {self.capacity} bytes")
         _activate(self.index)
         try:
             ptr = int(check(rt.cudaMallocFromPoolAsync(max(nbytes, 1), pool, q.stream)))

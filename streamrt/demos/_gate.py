@@ -16,7 +16,7 @@ import numpy as np
 from ..backends import cpu
 from ..blocking import free_host, malloc_host
 from ..device import Device
-from ..kernel import kernel
+from ..kernel import Kernel, kernel
 from ..stream import Stream
 
 # 40e9 clock cycles is about 20 s on a 2 GHz GPU: long enough for any demo step, and a demo that
@@ -49,8 +49,14 @@ class HostGate:
             self._flag = np.ctypeslib.as_array((ctypes.c_int32 * 1).from_address(self.ptr))
         self._flag[0] = 0
 
-    def hold(self, stream: Stream) -> None:
-        """Hold ``stream`` until :meth:`open`: its later work is certainly not complete before."""
+    def hold(self, stream: Stream, *then: Kernel) -> None:
+        """Hold ``stream`` until :meth:`open`: its later work is certainly not complete before.
+        ``then``: kernels launched while it is held, loaded first. On cuda a kernel's first launch
+        loads its module, and loading "might require context synchronization" (CUDA's lazy
+        loading), which would wait for this gate, that only the caller opens."""
+        load = getattr(stream.device._impl, "function", None)  # the cuda backend's loader
+        for k in then if load is not None else ():
+            load(k)
         stream.launch(gate_kernel, self.ptr)
 
     def open(self) -> None:

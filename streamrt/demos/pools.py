@@ -73,7 +73,7 @@ def _demo_seed(dev: Device, out: Callable[[str], None], failures: list[str]) -> 
         s.memcpy(p2, np.array([2], np.uint64), 8)
         # hold the stream so that "not yet complete" is real; only after the pageable copies,
         # since CUDA may make a copy from pageable memory wait for its stream (and so the gate)
-        gate.hold(s)
+        gate.hold(s, add_custom)
         s.launch(add_custom, p0, grid=32)
         for p in (p0, p1, p2):
             s.free(p)  # no synchronize needed: the free is ordered after the kernel
