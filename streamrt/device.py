@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .backends import BACKENDS, get_backend
 from .backends import device_count as _backend_device_count
@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from .memory import MemPool
     from .stream import Stream
 
+_T = TypeVar("_T")
 _registry: dict[tuple[str, int], Device] = {}
 _registry_lock = threading.RLock()
 _tls = threading.local()
@@ -199,6 +200,16 @@ def device_count(backend: str = "cpu") -> int:
     if backend not in BACKENDS:
         raise InvalidDeviceError(f"unknown backend {backend!r}: known are {', '.join(BACKENDS)}")
     return _backend_device_count(backend)
+
+
+def members(ws: weakref.WeakSet[_T] | None) -> list[_T]:
+    """The live members of ``ws`` (none for None), read at once. Iterating a WeakSet runs Python
+    code between items, where another thread may add or discard a member (a stream or pool
+    created or destroyed): "RuntimeError: Set changed size during iteration". Copying its set of
+    references is one C call, which no other thread interrupts."""
+    if ws is None:
+        return []
+    return [x for r in list(ws.data) if (x := r()) is not None]
 
 
 def devices() -> list[Device]:

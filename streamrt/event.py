@@ -13,31 +13,39 @@ if TYPE_CHECKING:
 
 __all__ = ["Event"]
 
+Record = tuple["Stream | None", int, dict[int, int], Any]
+UNRECORDED: Record = (None, 0, {}, None)  # its clock is shared: records are never changed in place
+
 
 class Event:
     """A marker in a stream (``cudaEvent_t``); ``timing=True`` lets it measure elapsed time."""
 
-    __slots__ = (
-        "device", "timing", "_stream", "_pos", "_clock", "_stamp", "_destroyed", "_capture",
-        "_nodes", "__weakref__",
-    )
+    __slots__ = ("device", "timing", "_rec", "_destroyed", "_capture", "_nodes", "__weakref__")
 
     def __init__(self, device: Any = None, *, timing: bool = False) -> None:
         if not isinstance(timing, bool):
             raise InvalidTypeError("timing must be a bool")
         self.device = Device(device)
         self.timing = timing
-        self._stream: Stream | None = None
-        self._pos = 0
-        self._clock: dict[int, int] = {}
-        self._stamp: list | None = None
+        # the record: (stream, position, clock, timing stamp), replaced whole by each record and
+        # read once by each use, as another thread may re-record the event meanwhile
+        self._rec: Record = UNRECORDED
         self._destroyed = False
         self._capture = None  # the capture that recorded it, while that capture lasts
         self._nodes: tuple = ()  # captured node set
         self.device._events.add(self)
 
+    @property
+    def _stream(self) -> Stream | None:
+        return self._rec[0]
+
+    @property
+    def _pos(self) -> int:
+        return self._rec[1]
+
     def __repr__(self) -> str:
-        state = "unrecorded" if self._stream is None else f"at {self._stream.name}@{self._pos}"
+        s, pos = self._rec[:2]
+        state = "unrecorded" if s is None else f"at {s.name}@{pos}"
         return f"<Event {self.device.name} {state}{' timing' if self.timing else ''}>"
 
     def _check_alive(self) -> None:
@@ -54,14 +62,14 @@ class Event:
         """True when the recorded work has completed, or the event was never recorded."""
         self._check_alive()
         self._check_capture("query")
-        s = self._stream
-        return s is None or s._q.done >= self._pos
+        s, pos = self._rec[:2]
+        return s is None or s._q.done >= pos
 
     def synchronize(self) -> None:
         """Block until the recorded work has completed (``cudaEventSynchronize``)."""
         self._check_alive()
         self._check_capture("synchronize")
-        s, pos, clock = self._stream, self._pos, self._clock  # once: another thread may re-record
+        s, pos, clock, _stamp = self._rec
         if s is None:
             return
         s._q.wait_done(pos)
@@ -72,16 +80,17 @@ class Event:
         """Milliseconds from this event to ``end``; both must be timing events, recorded, complete."""
         if not isinstance(end, Event):
             raise InvalidTypeError(f"elapsed_time needs an Event, not {type(end).__name__}")
-        for e in (self, end):
+        recs = self._rec, end._rec
+        for e, (s, _pos, _clock, stamp) in zip((self, end), recs, strict=True):
             e._check_alive()
             if not e.timing:
                 raise InvalidHandleError(
                     f"{e!r} was created without timing=True; it cannot measure elapsed time"
                 )
-            if e._stream is None or e._stamp is None:
+            if s is None or stamp is None:
                 raise InvalidHandleError(f"{e!r} has not been recorded")
         try:
-            return self._stream._q.elapsed_ms(self._stamp, end._stamp)
+            return recs[0][0]._q.elapsed_ms(recs[0][3], recs[1][3])
         except NotReadyError:
             pending = self if not self.query() else end
             raise NotReadyError(f"{pending!r} has not completed yet") from None

@@ -9,10 +9,12 @@ to live streams, for clocks that name them.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from typing import TYPE_CHECKING, Any
 
 from . import instrument
+from .device import members
 from .errors import LaunchError, SanitizerError, StreamRTError
 from .hooks import sync_listeners
 
@@ -94,20 +96,27 @@ def synchronize_device(device: Device, *, skip_capturing: bool = False) -> None:
 
     if not skip_capturing:
         check_device_sync(device)
-    streams = [s for s in device._streams if not (skip_capturing and s._capture is not None)]
+    streams = [s for s in members(device._streams)
+               if not (skip_capturing and s._capture is not None)]
     # each stream's clock, then position, read before waiting (see Stream.synchronize): work
     # other threads enqueue meanwhile is not proved
     live = [(s, s._clock.copy(), s._pos) for s in streams]
-    dead = [(s, s._clock.copy(), s._pos) for s in list(device.__dict__.get("_dead_streams", ()))]
+    dead = [(s, s._clock.copy(), s._pos) for s in members(device.__dict__.get("_dead_streams"))]
     for s, _clock, pos in live:
         s._q.wait_done(pos)
     retired = device.__dict__.get("_retired", [])
-    for q in list(retired):  # destroyed streams' queues: all their work
+    drained = list(retired)  # destroyed streams' queues: all their work
+    for q in drained:
         q.drain()
     for s, clock, pos in live + dead:
         proved(s, pos, clock)
-    device.__dict__["_retired"] = [q for q in retired if q._errors]
-    after_sync(device, [(s, pos) for s, _clock, pos in live], extra=retired)
+    for q in drained:
+        if not q._errors:
+            # in place: a queue another thread retires meanwhile was not drained and stays,
+            # with the failures it may still report
+            with contextlib.suppress(ValueError):  # another synchronize removed it first
+                retired.remove(q)
+    after_sync(device, [(s, pos) for s, _clock, pos in live], extra=drained)
 
 
 def reset_device(device: Device) -> None:
@@ -117,7 +126,7 @@ def reset_device(device: Device) -> None:
         synchronize_device(device)
     except StreamRTError:
         pass  # a reset discards pending failures along with everything else
-    for ge in list(device.__dict__.get("_execs", ())):
+    for ge in members(device.__dict__.get("_execs")):
         if not ge._destroyed:
             ge.destroy()  # before the memory goes: it unmaps and frees its graph memory
     from .graph import memory as graph_memory
@@ -125,13 +134,15 @@ def reset_device(device: Device) -> None:
     for mem in list(graph_memory.held):  # retired memory kept for live allocations: gone too
         if any(arena[0] is device for arena in mem.arenas):
             mem.release(force=True)
-    for s in list(device._streams):
+    for s in members(device._streams):
         s._destroy_quiet()
     device._legacy = None
     device.__dict__["_retired"] = []
-    for e in list(device._events):
-        e._stream = None
-    for pool in list(device._pools):
+    from .event import UNRECORDED
+
+    for e in members(device._events):
+        e._rec = UNRECORDED
+    for pool in members(device._pools):
         pool._reset()
     device._default_pool = None
     device._pool = None

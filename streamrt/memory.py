@@ -49,7 +49,7 @@ from sortedcontainers import SortedDict
 
 from . import instrument
 from .arena import ALIGN, SMALL_REQUEST, ArenaMixin
-from .device import Device
+from .device import Device, members
 from .errors import (
     InvalidAddressError,
     InvalidHandleError,
@@ -421,8 +421,9 @@ class MemPool(ArenaMixin, ReuseMixin):
                     b.live = False
                     b.stream = stream
                     b.pos = stream._pos
-                    if instrument.listeners:
-                        b.clock = stream._snapshot()
+                    if instrument.listeners:  # the clock's own position (see _release_block)
+                        b.clock = clock = stream._snapshot()
+                        b.pos = clock[stream.id]
                     self._used -= b.size
                     self._fast_frees += 1  # free_count, see stats()
                     fl = self._pending.get(stream.id)
@@ -461,8 +462,11 @@ class MemPool(ArenaMixin, ReuseMixin):
             del _owners[ptr]
             b.live = False
             b.stream = stream
-            b.pos = pos
-            b.clock = stream._snapshot() if stream is not None and instrument.listeners else None
+            clock = stream._snapshot() if stream is not None and instrument.listeners else None
+            # with a clock, the position is the clock's own (a later one: the free waits no less);
+            # ``pos`` read apart may precede a wait the clock already merged (see Stream._snapshot)
+            b.pos = pos if clock is None else clock[stream.id]
+            b.clock = clock
             self._used -= b.size
             self._stats["free_count"] += 1
             self._insert_free(self._coalesce(b))
@@ -544,7 +548,7 @@ class MemPool(ArenaMixin, ReuseMixin):
 
 def _on_any_sync(device: Device) -> None:
     # A synchronize of one device can prove frees of streams of another (events carry clocks).
-    for pool in list(_pools):
+    for pool in members(_pools):  # another thread may create or drop a pool meanwhile
         if pool._pending or pool._destroyed or pool._reserved > pool._threshold:
             pool._on_sync()
 
@@ -566,7 +570,7 @@ def usable_bytes(ptr: int) -> int | None:
         return None if dev is None else dev._impl.usable(ptr)
     if alloc.device < 0:
         return None
-    for p in _pools:  # a pool's arena is not itself an allocation the user owns
+    for p in members(_pools):  # a pool's arena is not itself an allocation the user owns
         if alloc.base == p._arena:
             return None
     return alloc.end - ptr

@@ -33,6 +33,7 @@ from typing import Any
 from sortedcontainers import SortedList
 
 from . import instrument
+from .device import members
 from .errors import InvalidValueError, SanitizerError
 from .instrument import OpInfo
 
@@ -291,7 +292,7 @@ class Sanitizer:
         from .memory import _pools
 
         alloc = SPACE.find(ptr)
-        return alloc is not None and any(alloc.base in p._chunks for p in list(_pools))
+        return alloc is not None and any(alloc.base in p._chunks for p in members(_pools))
 
     def _find(self, kind: str, ptr: int, nbytes: int, op: Any, other: Any, msg: str) -> Finding:
         key = (kind, ptr, nbytes, id(op), id(other))  # ids stay valid: the finding holds both

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from . import hostsync, instrument
-from .device import Device, current_device
+from .device import Device, current_device, members
 from .errors import (
     InvalidHandleError,
     InvalidTypeError,
@@ -140,6 +140,10 @@ class Stream:
 
     # -- ordering bookkeeping --------------------------------------------------------------
     def _snapshot(self) -> dict[int, int]:
+        """The clock with ``[self] = _pos``. The clock is copied before the position is read: a
+        wait another thread enqueues meanwhile counts itself in ``_pos`` before it merges into
+        ``_clock``, so the copy never claims more than the position. Take a published position
+        from here (``snap[self.id]``), never from ``_pos`` read apart."""
         snap = self._clock.copy()
         snap[self.id] = self._pos
         return snap
@@ -165,13 +169,15 @@ class Stream:
                 from .graph.capture import check_legacy
 
                 check_legacy(self)
-            for b in list(dev._blocking):
+            for b in members(dev._blocking):
                 if b._pos > self._clock.get(b.id, 0):
-                    self._order_after(b, b._pos, b._snapshot())
+                    snap = b._snapshot()  # position and clock of one moment (see _snapshot)
+                    self._order_after(b, snap[b.id], snap)
         else:
             legacy = dev._legacy
             if legacy is not None and legacy._pos > self._clock.get(legacy.id, 0):
-                self._order_after(legacy, legacy._pos, legacy._snapshot())
+                snap = legacy._snapshot()
+                self._order_after(legacy, snap[legacy.id], snap)
 
     def _check_legacy_capture(self) -> None:
         """Any use of the legacy stream (a synchronize, a query, a wait too, not only an enqueue)
@@ -345,16 +351,18 @@ class Stream:
             )
         if self._capture is not None:
             return self._capture.record(self, event)
+        stamp = None
         if event.timing:
             fn, args, stamp = self._q.op_stamp()
             self._submit(fn, args, "record", "timing event")
-            event._stamp = stamp
         elif not self.non_blocking:
             self._implicit()
         self._q.mark()
-        event._stream = self
-        event._pos = self._pos
-        event._clock = self._snapshot()
+        # published whole, its position taken from the clock snapshot: a reader on another
+        # thread must never pair this stream with an older record's clock, nor a position with
+        # a clock that already merged a wait enqueued after it (see _snapshot)
+        clock = self._snapshot()
+        event._rec = (self, clock[self.id], clock, stamp)
         event._capture = None
         return event
 
@@ -369,12 +377,12 @@ class Stream:
 
             return capture_wait(self, event)
         self._check_legacy_capture()
-        other = event._stream
+        other, pos, clock, _stamp = event._rec  # once: another thread may re-record it
         if other is None or other is self:
             return  # never recorded: a no-op, as in CUDA
-        if self._clock.get(other.id, 0) >= event._pos:
+        if self._clock.get(other.id, 0) >= pos:
             return  # already ordered: no new dependency needed
-        self._order_after(other, event._pos, event._clock)
+        self._order_after(other, pos, clock)
 
     # -- capture -------------------------------------------------------------------------------
     def begin_capture(self, mode: Any = None) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from . import instrument
+from .device import members
 from .instrument import OpInfo
 
 __all__ = ["trace", "Tracer"]
@@ -132,7 +133,7 @@ class Tracer:
         self._count(pool)
 
     def on_sync(self, device: Any) -> None:
-        for pool in list(device._pools):
+        for pool in members(device._pools):
             self._count(pool)
 
     def _pool_counter(self, ptr: int) -> None:
@@ -189,7 +190,7 @@ def _drain() -> None:
     from .device import devices
 
     for dev in devices():
-        for s in list(dev._streams):
+        for s in members(dev._streams):
             s._q.wait_done(s._pos)
 
 

@@ -25,6 +25,7 @@ class Queue(ABC):
 
     done: int  # number of submitted operations that have completed
     name: str
+    _errors: list[tuple[int, BaseException, str]]  # failures: (position, exception, what)
     inline: bool = False  # True when launches may bypass ``op_launch`` (the cpu fast path)
 
     @abstractmethod
@@ -71,9 +72,25 @@ class Queue(ABC):
     def wait_done(self, pos: int) -> None:
         """Block the calling host thread until ``done >= pos``."""
 
-    @abstractmethod
     def take_errors(self, upto: int | None = None) -> list[tuple[int, BaseException, str]]:
-        """Remove and return the failures of operations at positions ``<= upto`` (all if None)."""
+        """Remove and return the failures of operations at positions ``<= upto`` (all if None).
+
+        Worker threads append to ``_errors`` while host threads take from it, maybe two at once:
+        the list is changed in place only (a list built anew dropped a failure appended while it
+        was built), and each failure goes to the caller whose removal of it succeeds (two
+        synchronizes filtering the shared list both reported it)."""
+        errors = self._errors
+        if not errors:
+            return []
+        taken = []
+        for e in list(errors):  # one C call: a copy no other thread changes halfway
+            if upto is None or e[0] <= upto:
+                try:
+                    errors.remove(e)
+                except ValueError:  # another synchronize took it
+                    continue
+                taken.append(e)
+        return taken
 
     @abstractmethod
     def close(self) -> None:

@@ -370,14 +370,6 @@ class CpuQueue(Queue):
             finally:
                 self._targets.remove(pos)
 
-    def take_errors(self, upto: int | None = None) -> list[tuple[int, BaseException, str]]:
-        if not self._errors:
-            return []
-        taken = [e for e in self._errors if upto is None or e[0] <= upto]
-        if taken:
-            self._errors = [e for e in self._errors if e not in taken]
-        return taken
-
     def close(self) -> None:
         with self._work:
             self._closed = True

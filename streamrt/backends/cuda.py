@@ -356,13 +356,6 @@ class CudaQueue(Queue):
         finally:
             self._enqueuing -= 1
 
-    def take_errors(self, upto: int | None = None) -> list[tuple[int, BaseException, str]]:
-        if not self._errors:
-            return []
-        taken = [e for e in self._errors if upto is None or e[0] <= upto]
-        self._errors = [e for e in self._errors if e not in taken]
-        return taken
-
     def close(self) -> None:
         if getattr(_driver, "on", False):  # the stream's finalizer, run in the trampoline
             _deferred.append((self.close, ()))

@@ -25,6 +25,7 @@ import threading
 from enum import Enum
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from ..device import members
 from ..errors import (
     CapturedEventError,
     CaptureImplicitError,
@@ -332,7 +333,7 @@ def check_device_sync(device: Device) -> None:
 
 def check_legacy(stream: Stream) -> None:
     """Work on the legacy default stream while a blocking stream of its device captures."""
-    for b in list(stream.device._blocking):
+    for b in members(stream.device._blocking):
         cap = b._capture
         if cap is not None:
             cap.invalidate(f"the legacy default stream was used while {b!r} captures")

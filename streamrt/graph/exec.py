@@ -211,8 +211,9 @@ class GraphExec:
                     memory._account(a.device, a.size)
                 elif t is NodeType.MEM_FREE:
                     memory.freed(n._params["alloc"], stream, stream._pos)
-            self._last = (stream, stream._pos, stream._snapshot())
-            self._last_box[0] = (stream, stream._pos)
+            snap = stream._snapshot()  # position and clock of one moment (see Stream._snapshot)
+            self._last = (stream, snap[stream.id], snap)
+            self._last_box[0] = self._last[:2]
 
     def _check(self, stream: Any) -> None:
         if self._destroyed:

@@ -1,0 +1,356 @@
+"""One stream, event, pool or device used from several host threads (the CUDA runtime is
+thread-safe): what one thread publishes while another reads it must be one consistent state.
+
+Each interleaving is forced, never waited for by time: a hook at the point where the runtime
+can switch threads (a call into ``Stream._snapshot``, a read of a stream attribute, the end of an
+iteration over a queue's failures) runs the other thread's action there, inline when that action
+does not block, else in a thread that the main one follows until it has finished or blocked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import streamrt as srt
+from tests.test_pool_reuse import BLOCK, executed, pool_with, served, stream, used_then_freed
+
+
+@srt.kernel
+def fail_kernel(ctx, why):
+    """Fails at once."""
+    raise RuntimeError(why)
+
+
+@srt.kernel
+def fail_after_kernel(ctx, go, why):
+    """Fails once ``go`` is set."""
+    if not go.wait(timeout=30):
+        raise TimeoutError("never released")
+    raise RuntimeError(why)
+
+
+class Background:
+    """``fn()`` on a thread; ``settled`` is set when it returns or raises."""
+
+    def __init__(self, fn: Callable[[], Any], settled: threading.Event) -> None:
+        self.exc: BaseException | None = None
+
+        def run() -> None:
+            try:
+                fn()
+            except BaseException as exc:  # re-raised by join, or inspected
+                self.exc = exc
+            finally:
+                settled.set()
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def join(self) -> BaseException | None:
+        self.thread.join(timeout=30)
+        assert not self.thread.is_alive()
+        return self.exc
+
+
+def blocked_on(q: Any, settled: threading.Event, monkeypatch) -> threading.Event:
+    """Set ``settled`` (and the event returned) when a thread asks ``q`` for a position it has
+    not reached: that thread is blocked on q's pending work (a worker's wait op binds
+    ``q.wait_done`` when enqueued: patch before)."""
+    blocked = threading.Event()
+    real = q.wait_done
+
+    def wait_done(pos: int) -> None:
+        if q.done < pos:
+            blocked.set()
+            settled.set()
+        real(pos)
+
+    monkeypatch.setattr(q, "wait_done", wait_done)
+    return blocked
+
+
+def before_snapshot(monkeypatch, s: srt.Stream, action: Callable[[], None]) -> list[bool]:
+    """Run ``action`` once, at the next call of ``s._snapshot()``, before it reads anything: what
+    another thread does while the caller switches out there. Returns ``[armed]``."""
+    real = srt.Stream._snapshot
+    armed = [True]
+
+    def snapshot(self: srt.Stream) -> dict[int, int]:
+        if armed[0] and self is s:
+            armed[0] = False
+            action()
+        return real(self)
+
+    monkeypatch.setattr(srt.Stream, "_snapshot", snapshot)
+    return armed
+
+
+def on_read(monkeypatch, name: str, s: srt.Stream, action: Callable[[], None]) -> list[bool]:
+    """Run ``action`` once, at the next read of the slot ``s.<name>`` (before the value is
+    returned). Returns ``[armed]``."""
+    member = srt.Stream.__dict__[name]
+    armed = [True]
+
+    def get(self: srt.Stream) -> Any:
+        if armed[0] and self is s:
+            armed[0] = False
+            action()
+        return member.__get__(self, srt.Stream)
+
+    monkeypatch.setattr(srt.Stream, name, property(get, member.__set__))
+    return armed
+
+
+# -- a published position covers the clock published with it ---------------------------------
+PUBLISHERS = ["record", "graph launch", "legacy ordering", "free (instrumented)"]
+
+
+@pytest.mark.parametrize("publisher", PUBLISHERS)
+def test_stream_published_position_covers_its_clock(dev, gate, monkeypatch, tmp_path, publisher):
+    # A stream a's position and clock are published together: by an event record, by a graph
+    # launch (the next launch, on another stream, follows it), by the legacy stream's implicit
+    # ordering after a blocking stream, by a free (an instrumented run keeps the clock, which a
+    # stream taking the block by an internal dependency merges). If the position is read before
+    # the clock, a wait that another thread enqueues on a in between (on x's free, still pending
+    # behind a gate) is in the clock but not waited for: whoever follows the publication claims
+    # x's free, and a synchronize of it made the pool hand that block to a third stream.
+    with contextlib.ExitStack() as cleanup:
+        if publisher == "free (instrumented)":
+            cleanup.enter_context(srt.trace(tmp_path / "trace.json"))
+        pool = pool_with(dev, False)  # reuse only on the same stream or after a host synchronize
+        x = stream(dev)
+        g_x = gate(x)
+        cleanup.callback(g_x.open)  # before the trace ends, which waits for every stream
+        p = used_then_freed(pool, x)
+        x_event = x.record()
+        a = srt.Stream(dev) if publisher == "legacy ordering" else stream(dev)
+        executed(a)
+        settled = threading.Event()
+        blocked = blocked_on(a._q, settled, monkeypatch)
+        if publisher == "graph launch":
+            g = srt.Graph()
+            g.add_empty_node()
+            ge = g.instantiate()
+        elif publisher == "free (instrumented)":
+            one = srt.MemPool(dev, max_size=BLOCK, reuse_follow_event_dependencies=False,
+                              reuse_allow_opportunistic=False)  # then internal dependencies
+            m = a.malloc(BLOCK, one)
+
+        def other_thread() -> None:  # a's position so far complete, then a waits on x's free
+            executed(a)
+            a.wait(x_event)
+
+        armed = before_snapshot(monkeypatch, a, other_thread)
+        c = stream(dev)
+        if publisher == "record":
+            follower = a.record().synchronize
+        elif publisher == "graph launch":
+            ge.launch(a)
+            ge.launch(c)  # c follows a's launch
+            follower = c.synchronize
+        elif publisher == "legacy ordering":
+            legacy = dev.default_stream
+            legacy.launch_host_func(lambda: None)  # ordered after the blocking stream a
+            follower = legacy.synchronize
+        else:
+            a.free(m)
+            m = c.malloc(BLOCK, one)  # the pool is full: c waits for a's free
+            follower = c.synchronize
+        assert not armed[0]
+        t = Background(follower, settled)  # blocks on a's wait (fixed), or proves x's free (bug)
+        assert settled.wait(timeout=30)
+        d = stream(dev)
+        d.synchronize()
+        before = pool.stats()
+        q = d.malloc(BLOCK, pool)
+        assert q != p  # x's free is still behind its gate
+        assert served(pool, before) == ["grow_count"]
+        assert blocked.is_set()
+        g_x.open()
+        assert t.join() is None
+        d.free(q)
+        if publisher == "free (instrumented)":
+            c.free(m)
+
+
+# -- an event's record is read whole --------------------------------------------------------
+def test_event_synchronize_reads_a_record_whole(dev, gate, monkeypatch):
+    # Thread A re-records an event on y while thread B synchronizes it. Writing the stream and
+    # position first and the clock after a call, A let B read y's position with the clock of
+    # the old record on x: B waited for y and proved x's pending free complete.
+    pool = pool_with(dev, False)
+    x, y = stream(dev), stream(dev)
+    g_x = gate(x)
+    p = used_then_freed(pool, x)
+    ev = x.record()
+    executed(y)
+    settled = threading.Event()
+    blocked = blocked_on(x._q, settled, monkeypatch)
+    threads: list[Background] = []
+
+    def synchronize_meanwhile() -> None:
+        threads.append(Background(ev.synchronize, settled))
+        assert settled.wait(timeout=30)  # it blocked on the old record, or proved what it read
+
+    before_snapshot(monkeypatch, y, synchronize_meanwhile)
+    y.record(ev)
+    d = stream(dev)
+    d.synchronize()
+    before = pool.stats()
+    q = d.malloc(BLOCK, pool)
+    assert q != p
+    assert served(pool, before) == ["grow_count"]
+    assert blocked.is_set()
+    g_x.open()
+    assert threads[0].join() is None
+    d.free(q)
+
+
+def test_stream_wait_reads_an_event_record_whole(dev, gate, monkeypatch):
+    # Thread B waits on an event recorded on x while thread A re-records it on y. B read the
+    # stream (x), then, after a call, the position and clock: those of y's record. It waited on
+    # x and claimed y's clock, so the pool gave B a block whose free y had not yet run.
+    pool = pool_with(dev, reuse_follow_event_dependencies=True, reuse_allow_opportunistic=False,
+                     reuse_allow_internal_dependencies=False)  # reuse by the clock, not by luck
+    x, y, c = stream(dev), stream(dev), stream(dev)
+    executed(x)
+    executed(x)  # x at 2: a wait for x@2 completes
+    ev = x.record()
+    g_y = gate(y)
+    p = used_then_freed(pool, y)  # freed on y at 2, behind y's gate
+    armed = on_read(monkeypatch, "id", x, lambda: y.record(ev))
+    c.wait(ev)
+    assert not armed[0]
+    before = pool.stats()
+    q = c.malloc(BLOCK, pool)
+    assert q != p  # c follows x's record, not y's
+    assert served(pool, before) == ["grow_count"]
+    g_y.open()
+    c.free(q)
+
+
+# -- failures: each reported once, none lost ------------------------------------------------
+class NextFailure(list):
+    """A queue's failure list that, each time the main thread has iterated it to the end (a
+    snapshot just taken), releases the next failing operation and waits until the worker has
+    appended its failure: the worst moment for it to land."""
+
+    def __init__(self, gates: list[threading.Event]) -> None:
+        super().__init__()
+        self.gates = gates
+        self.appended = threading.Semaphore(0)
+        self.main = threading.current_thread()
+
+    def __iter__(self):
+        yield from list.__iter__(self)
+        if self.gates and threading.current_thread() is self.main:
+            self.gates.pop(0).set()
+            assert self.appended.acquire(timeout=30)
+
+    def append(self, item: Any) -> None:
+        super().append(item)
+        self.appended.release()
+
+
+def test_event_synchronize_keeps_a_failure_the_worker_reports_meanwhile(dev):
+    # A synchronize takes the failures up to its position while the worker runs later
+    # operations: one that failed just after the list of remaining failures was built was lost.
+    s = stream(dev)
+    go2, go3 = threading.Event(), threading.Event()
+    s._q._errors = NextFailure([go2, go3])
+    s.launch(fail_kernel, "one")
+    e1 = s.record()
+    s.launch(fail_after_kernel, go2, "two")
+    e2 = s.record()
+    s.launch(fail_after_kernel, go3, "three")
+    e3 = s.record()
+    with pytest.raises(srt.LaunchError, match="one"):
+        e1.synchronize()
+    go2.set()
+    go3.set()
+    with pytest.raises(srt.LaunchError, match="two"):
+        e2.synchronize()
+    with pytest.raises(srt.LaunchError, match="three"):
+        e3.synchronize()
+    s.synchronize()
+
+
+class PauseTaker(list):
+    """A queue's failure list whose first iteration by ``thread`` pauses at its end."""
+
+    def __init__(self, items: list) -> None:
+        super().__init__(items)
+        self.thread: threading.Thread | None = None
+        self.inside, self.resume = threading.Event(), threading.Event()
+
+    def __iter__(self):
+        yield from list.__iter__(self)
+        if threading.current_thread() is self.thread and not self.inside.is_set():
+            self.inside.set()
+            assert self.resume.wait(timeout=30)
+
+
+def test_stream_synchronize_reports_a_failure_once_to_concurrent_callers(dev):
+    # Two threads synchronize one stream: each built its list of failures to report from the
+    # shared list before either removed them, so both raised the same failure.
+    s = stream(dev)
+    s.launch(fail_kernel, "once")
+    executed(s)
+    errors = s._q._errors = PauseTaker(s._q._errors)
+
+    def first() -> None:
+        errors.thread = threading.current_thread()
+        s.synchronize()
+
+    t = Background(first, threading.Event())
+    assert errors.inside.wait(timeout=30)  # it has read the failure, not yet taken it
+    with pytest.raises(srt.LaunchError, match="once"):
+        s.synchronize()
+    errors.resume.set()
+    assert t.join() is None  # the failure was reported once: to the main thread
+
+
+def test_device_synchronize_keeps_failures_of_a_stream_destroyed_meanwhile(dev, gate, monkeypatch):
+    # A device synchronize drains destroyed streams' queues, then kept only those with failures.
+    # A stream destroyed meanwhile (its failure still to come) was dropped unreported.
+    s1 = stream(dev)
+    g1 = gate(s1)
+    s1.destroy()
+    inside = threading.Event()
+    real = s1._q.drain
+
+    def drain() -> None:
+        inside.set()
+        real()
+
+    monkeypatch.setattr(s1._q, "drain", drain)
+    settled = threading.Event()
+    t = Background(dev.synchronize, settled)
+    assert inside.wait(timeout=30)
+    s2 = stream(dev)
+    g2 = gate(s2)
+    s2.launch(fail_kernel, "late")
+    s2.destroy()
+    g1.open()
+    assert t.join() is None
+    g2.open()
+    with pytest.raises(srt.LaunchError, match="late"):
+        dev.synchronize()
+
+
+# -- a device's streams and pools, created and destroyed meanwhile ----------------------------
+def test_device_synchronize_survives_a_stream_created_meanwhile(dev, monkeypatch):
+    # A device synchronize iterated the device's set of streams while another thread created
+    # one: "RuntimeError: Set changed size during iteration".
+    s = stream(dev)
+    created: list[srt.Stream] = []
+    ptr = srt.malloc(16, device=dev)
+    armed = on_read(monkeypatch, "_capture", s,
+                    lambda: created.append(srt.Stream(dev, non_blocking=True)))
+    srt.free(ptr)  # synchronizes the device, skipping capturing streams
+    assert not armed[0] and created
