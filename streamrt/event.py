@@ -72,7 +72,11 @@ class Event:
         s, pos, clock, _stamp = self._rec
         if s is None:
             return
-        s._q.wait_done(pos)
+        q = s._q
+        q.wait_done(pos)
+        if q.done < pos:  # another thread counted an operation it is still handing to CUDA: the
+            pos = q.done  # event covers it, the backend proved only what came before
+            clock = {s.id: pos}
         proved(s, pos, clock)
         after_sync(self.device, covered(clock))
 

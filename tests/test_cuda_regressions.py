@@ -280,7 +280,7 @@ def test_streams_are_created_with_their_flags_and_priority(cuda0, kw, non_blocki
     assert backend.check(backend.rt.cudaStreamGetPriority(s._q.stream)) == priority
 
 
-@pytest.mark.parametrize("how", ["query", "synchronize"])
+@pytest.mark.parametrize("how", ["query", "synchronize", "event"])
 def test_an_operation_being_handed_to_cuda_is_not_proven_by_an_idle_stream(cuda0, gate,
                                                                              monkeypatch, how):
     # Another thread asks how far a stream got while this one has counted an operation but not
@@ -295,7 +295,8 @@ def test_an_operation_being_handed_to_cuda_is_not_proven_by_an_idle_stream(cuda0
     real = backend.rt.cudaMemsetAsync
 
     def memset(dst, value, nbytes, stream):
-        t = threading.Thread(target=getattr(s, how))
+        ask = (lambda: s.record().synchronize()) if how == "event" else getattr(s, how)
+        t = threading.Thread(target=ask)
         t.start()
         t.join(timeout=30)
         assert not t.is_alive()
