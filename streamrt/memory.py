@@ -255,8 +255,9 @@ class MemPool(ArenaMixin, ReuseMixin):
             raise InvalidValueError(
                 f"{self!r} cannot serve a stream of {stream.device.name}: pools are per device"
             )
-        if stream._capture is not None:
-            return stream._capture.add_mem_alloc(stream, self, nbytes)
+        cap = stream._capture  # once: another thread may end the capture
+        if cap is not None:
+            return cap.add_mem_alloc(stream, self, nbytes)
         size = _round(nbytes)
         if not stream.non_blocking:
             # The allocation is a stream operation, as the free is (see ``_free``): legacy
@@ -441,8 +442,9 @@ class MemPool(ArenaMixin, ReuseMixin):
                 f"{hex(ptr)} belongs to a pool of {self.device.name}; free it on a stream of "
                 f"that device, not {stream.device.name}"
             )
-        if stream._capture is not None:
-            return stream._capture.add_mem_free(stream, ptr)
+        cap = stream._capture  # once: another thread may end the capture
+        if cap is not None:
+            return cap.add_mem_free(stream, ptr)
         if not stream.non_blocking:
             stream._implicit()  # the free is a stream operation: legacy ordering applies
         self._release_block(ptr, stream, stream._pos)

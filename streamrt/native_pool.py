@@ -96,8 +96,9 @@ class NativeMemPool(MemPool):
         if stream.device is not self.device:
             raise InvalidValueError(
                 f"{self!r} cannot serve a stream of {stream.device.name}: pools are per device")
-        if stream._capture is not None:
-            return stream._capture.add_mem_alloc(stream, self, nbytes)
+        cap = stream._capture  # once: another thread may end the capture
+        if cap is not None:
+            return cap.add_mem_alloc(stream, self, nbytes)
         got: list[int] = []
         # cudaMallocFromPoolAsync is work of the stream (it may make it wait for another stream's
         # free): an operation of its queue, so that a synchronize of the stream waits for it
@@ -115,8 +116,9 @@ class NativeMemPool(MemPool):
             raise InvalidValueError(
                 f"{hex(ptr)} belongs to a pool of {self.device.name}; free it on a stream of "
                 f"that device, not {stream.device.name}")
-        if stream._capture is not None:
-            return stream._capture.add_mem_free(stream, ptr)
+        cap = stream._capture  # once: another thread may end the capture
+        if cap is not None:
+            return cap.add_mem_free(stream, ptr)
         self._forget(ptr)
         # an operation of the queue (see _malloc): a synchronize of a stream that did nothing but
         # free must still be one, where the driver applies the release threshold

@@ -77,7 +77,7 @@ class Stream:
 
     __slots__ = (
         "device", "id", "priority", "non_blocking", "_legacy", "_q", "_pos", "_clock", "_host",
-        "_destroyed", "_ctxs", "_ctx1", "_capture", "_slow", "__weakref__",
+        "_destroyed", "_ctxs", "_ctx1", "_capture", "_slow", "_lock", "__weakref__",
     )
 
     def __init__(
@@ -113,6 +113,9 @@ class Stream:
         self._ctxs: dict[Any, KernelContext] = {}
         self._ctx1 = self._context(1, 1)
         self._capture = None
+        # held by an instrumented enqueue on a cpu queue from its count to its submit, so
+        # another thread's operation can neither share its label nor come between them
+        self._lock = threading.Lock()
         self._refresh()
         device._streams.add(self)
         if not non_blocking and not legacy:
@@ -150,12 +153,26 @@ class Stream:
 
     def _order_after(self, other: Stream, pos: int, clock: dict[int, int]) -> None:
         """Enqueue a real wait for ``other`` to reach ``pos`` and merge its clock."""
-        self._pos += 1
-        fn, args = self._q.op_wait(other._q, pos)
+        q = self._q
         if _global_slow and instrument.listeners:
-            fn, args = instrument.wrap(self, fn, args, "wait",
+            if q.inline:  # label, clock and queue order as one step (see _submit)
+                with self._lock:
+                    self._pos += 1
+                    fn, args = instrument.wrap(self, *q.op_wait(other._q, pos), "wait",
+                                               f"wait {other.name}@{pos}", extra={"on": (other, pos)})
+                    q.submit(fn, args)
+                    self._merge(clock)
+                return
+            self._pos += 1
+            fn, args = instrument.wrap(self, *q.op_wait(other._q, pos), "wait",
                                        f"wait {other.name}@{pos}", extra={"on": (other, pos)})
-        self._q.submit(fn, args)
+        else:
+            self._pos += 1
+            fn, args = q.op_wait(other._q, pos)
+        q.submit(fn, args)
+        self._merge(clock)
+
+    def _merge(self, clock: dict[int, int]) -> None:
         mine = self._clock
         for sid, p in clock.items():
             if p > mine.get(sid, 0):
@@ -204,10 +221,23 @@ class Stream:
             instrument.check_backend(self)
         if not self.non_blocking:
             self._implicit()
-        self._pos += 1
+        q = self._q
         if _global_slow and instrument.listeners:
-            fn, args = instrument.wrap(self, fn, args, kind, name or kind, accesses, extra)
-        self._q.submit(fn, args)
+            if q.inline:
+                # the label (position) and clock the operation is checked with are read after a
+                # call: another thread enqueuing on this stream meanwhile would share the label,
+                # or come first in the queue with a later one. A cpu queue's submit never blocks,
+                # so the count, the label and the submit are one step under the stream's lock
+                # (not on cuda, whose enqueue may wait for work that needs this stream)
+                with self._lock:
+                    self._pos += 1
+                    q.submit(*instrument.wrap(self, fn, args, kind, name or kind, accesses, extra))
+            else:
+                self._pos += 1
+                q.submit(*instrument.wrap(self, fn, args, kind, name or kind, accesses, extra))
+        else:
+            self._pos += 1
+            q.submit(fn, args)
         if _launch_blocking:
             self.synchronize()
 
@@ -248,8 +278,9 @@ class Stream:
         if type(kernel) is not Kernel:
             raise InvalidTypeError(f"launch needs an @srt.kernel, not {type(kernel).__name__}")
         self._check_alive()
-        if self._capture is not None:
-            return self._capture.add_kernel(self, kernel, args, ctx.grid, ctx.block)
+        cap = self._capture  # once: another thread may end the capture
+        if cap is not None:
+            return cap.add_kernel(self, kernel, args, ctx.grid, ctx.block)
         fn, a = self._q.op_launch(kernel, ctx, args)
         self._submit(fn, a, "kernel", kernel.name,
                      extra={"grid": tuple(ctx.grid), "block": tuple(ctx.block)})
@@ -262,8 +293,9 @@ class Stream:
         (``srt.malloc_host``) is fully asynchronous.
         """
         n = check_size(nbytes)
-        if self._capture is not None:  # graph memory may have no backing yet: not resolved here
-            return self._capture.add_memcpy(self, dst, src, n)
+        cap = self._capture  # once: another thread may end the capture
+        if cap is not None:  # graph memory may have no backing yet: not resolved here
+            return cap.add_memcpy(self, dst, src, n)
         impl = self.device._impl
         dst_view = _endpoint(impl, dst, n, writable=True)
         src_view = _endpoint(impl, src, n, writable=False)
@@ -285,8 +317,9 @@ class Stream:
         n = check_size(nbytes)
         ptr = check_ptr(ptr)
         value = check_byte(value)
-        if self._capture is not None:  # validated by the capture; graph memory may be unmapped
-            return self._capture.add_memset(self, ptr, value, n)
+        cap = self._capture  # once: another thread may end the capture
+        if cap is not None:  # validated by the capture; graph memory may be unmapped
+            return cap.add_memset(self, ptr, value, n)
         view = self.device._impl.endpoint(ptr, n)
         if n:
             fn, args = self._q.op_fill(view, int(value), n)
@@ -297,8 +330,9 @@ class Stream:
         """Enqueue ``fn(*args)`` to run on a host thread in stream order (``cudaLaunchHostFunc``)."""
         if not callable(fn):
             raise InvalidTypeError(f"launch_host_func needs a callable, not {type(fn).__name__}")
-        if self._capture is not None:
-            return self._capture.add_host(self, fn, args)
+        cap = self._capture  # once: another thread may end the capture
+        if cap is not None:
+            return cap.add_host(self, fn, args)
         op, a = self._q.op_host(fn, args)
         self._submit(op, a, "host", getattr(fn, "__qualname__", repr(fn)))
 
@@ -326,8 +360,9 @@ class Stream:
         if pool is not None and not (self._slow or _global_slow):
             return pool._free(self, ptr)
         self._check_alive()
-        if self._capture is not None:
-            return self._capture.add_mem_free(self, ptr)
+        cap = self._capture  # once: another thread may end the capture
+        if cap is not None:
+            return cap.add_mem_free(self, ptr)
         if instrument.listeners and pool is not None:
             instrument.notify("free", self, ptr)
         if pool is None and graph_memory.find(ptr) is not None:
@@ -349,8 +384,9 @@ class Stream:
             raise InvalidHandleError(
                 f"event of {event.device.name} cannot be recorded on a stream of {self.device.name}"
             )
-        if self._capture is not None:
-            return self._capture.record(self, event)
+        cap = self._capture  # once: another thread may end the capture
+        if cap is not None:
+            return cap.record(self, event)
         stamp = None
         if event.timing:
             fn, args, stamp = self._q.op_stamp()
@@ -372,10 +408,11 @@ class Stream:
         if not isinstance(event, Event):
             raise InvalidTypeError(f"wait needs an Event, not {type(event).__name__}")
         event._check_alive()
-        if self._capture is not None or event._capture is not None:
+        ce = event._capture  # once: another thread's record may reset it
+        if self._capture is not None or ce is not None:
             from .graph.capture import capture_wait
 
-            return capture_wait(self, event)
+            return capture_wait(self, event, ce)
         self._check_legacy_capture()
         other, pos, clock, _stamp = event._rec  # once: another thread may re-record it
         if other is None or other is self:
@@ -390,8 +427,9 @@ class Stream:
         from .graph import capture
 
         global _capturing
-        capture.begin(self, capture.CaptureMode.GLOBAL if mode is None else mode)
+        # before the capture is visible: another thread's legacy-stream use must not miss it
         _capturing = True
+        capture.begin(self, capture.CaptureMode.GLOBAL if mode is None else mode)
         if instrument.listeners:
             instrument.notify("capture", self, "begin")
 

@@ -14,9 +14,13 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 
 import streamrt as srt
+from streamrt import instrument
+from streamrt import stream as stream_module
+from streamrt.graph import capture
 from tests.test_pool_reuse import BLOCK, executed, pool_with, served, stream, used_then_freed
 
 
@@ -90,19 +94,23 @@ def before_snapshot(monkeypatch, s: srt.Stream, action: Callable[[], None]) -> l
     return armed
 
 
-def on_read(monkeypatch, name: str, s: srt.Stream, action: Callable[[], None]) -> list[bool]:
-    """Run ``action`` once, at the next read of the slot ``s.<name>`` (before the value is
-    returned). Returns ``[armed]``."""
-    member = srt.Stream.__dict__[name]
-    armed = [True]
+def on_read(monkeypatch, name: str, s: Any, action: Callable[[], None], skip: int = 0) -> list[bool]:
+    """Run ``action`` once, at the read of the slot ``s.<name>`` (a stream's or an event's) after
+    the next ``skip`` ones, before the value is returned. Returns ``[armed]``."""
+    cls = type(s)
+    member = cls.__dict__[name]
+    armed, left = [True], [skip]
 
-    def get(self: srt.Stream) -> Any:
+    def get(self: Any) -> Any:
         if armed[0] and self is s:
-            armed[0] = False
-            action()
-        return member.__get__(self, srt.Stream)
+            if left[0]:
+                left[0] -= 1
+            else:
+                armed[0] = False
+                action()
+        return member.__get__(self, cls)
 
-    monkeypatch.setattr(srt.Stream, name, property(get, member.__set__))
+    monkeypatch.setattr(cls, name, property(get, member.__set__))
     return armed
 
 
@@ -354,3 +362,191 @@ def test_device_synchronize_survives_a_stream_created_meanwhile(dev, monkeypatch
                     lambda: created.append(srt.Stream(dev, non_blocking=True)))
     srt.free(ptr)  # synchronizes the device, skipping capturing streams
     assert not armed[0] and created
+
+
+# -- the sanitizer's labels: two threads enqueue on one stream --------------------------------
+@srt.kernel
+def write_noting_label(ctx, p, labels):
+    """Writes 4 floats at ``p``; notes its operation's label (stream position) in run order."""
+    labels.append(instrument.current().pos)
+    ctx.array(p, (4,), np.float32)[:] = 1
+
+
+class Contended:
+    """A lock that sets ``waiting`` when a thread has to wait for it."""
+
+    def __init__(self, lock: Any, waiting: threading.Event) -> None:
+        self.lock, self.waiting = lock, waiting
+
+    def __enter__(self) -> Contended:
+        if not self.lock.acquire(blocking=False):
+            self.waiting.set()
+            self.lock.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.release()
+
+
+def test_stream_labels_operations_of_two_threads_in_queue_order(dev, monkeypatch):
+    # Two threads launch on one stream under the sanitizer. The operation's label (its
+    # position) was counted, then read again after a call (instrument.wrap): the other thread's
+    # launch counted itself there, so both operations got one label, each one's clock claimed
+    # neither before the other, and the sanitizer reported a race within one stream.
+    srt.sanitizer.enable("collect")  # the autouse fixture restores the previous setting
+    seen = len(srt.sanitizer.report())
+    s = stream(dev)
+    p = srt.malloc(16, device=dev)
+    labels: list[int] = []
+    settled = threading.Event()
+    s._lock = Contended(s._lock, settled)  # a thread that has to wait for it has settled
+    real = instrument.wrap
+    armed, threads = [True], []
+
+    def wrap(stream: srt.Stream, *args: Any, **kwargs: Any) -> Any:
+        if armed[0] and stream is s:  # the first launch, counted, about to be labelled
+            armed[0] = False
+            threads.append(Background(lambda: s.launch(write_noting_label, p, labels), settled))
+            assert settled.wait(timeout=30)  # the other launch enqueued, or waits for this one
+        return real(stream, *args, **kwargs)
+
+    monkeypatch.setattr(instrument, "wrap", wrap)
+    s.launch(write_noting_label, p, labels)
+    assert threads[0].join() is None
+    s.synchronize()
+    srt.free(p)
+    assert srt.sanitizer.report()[seen:] == []
+    assert labels == [1, 2]  # one label each, in queue order
+
+
+# -- capture while other threads use its streams ----------------------------------------------
+@srt.kernel
+def note_kernel(ctx, out, what):
+    """Appends ``what`` to ``out`` where it runs."""
+    out.append(what)
+
+
+def test_stream_begin_capture_by_two_threads_one_captures(dev, monkeypatch):
+    # Two threads begin a capture on one stream: both saw it idle, the second one's capture
+    # replaced the first, which stayed active forever (every later srt.malloc refused, GLOBAL).
+    s = stream(dev)
+    real, armed = capture.Capture, [True]
+
+    class Hooked(real):
+        def __init__(self, *args: Any) -> None:
+            if armed[0]:  # checked idle, about to capture: the other thread begins meanwhile
+                armed[0] = False
+                s.begin_capture()
+            super().__init__(*args)
+
+    monkeypatch.setattr(capture, "Capture", Hooked)
+    with pytest.raises(srt.IllegalStateError, match="already capturing"):
+        s.begin_capture()
+    assert [c.origin for c in capture._active] == [s]
+    assert len(s.end_capture()._nodes) == 0
+    assert not capture._active
+    p = srt.malloc(16, device=dev)  # no capture left to refuse it
+    srt.free(p)
+
+
+def test_stream_launch_while_its_capture_ends_runs_on_the_stream(dev, monkeypatch):
+    # A launch read its stream's capture, then the capture ended (on another thread): the node
+    # went into the graph end_capture had already returned, and the kernel never ran.
+    s = stream(dev)
+    out: list[str] = []
+    graphs: list[srt.Graph] = []
+    s.begin_capture()
+    armed = on_read(monkeypatch, "device", s, lambda: graphs.append(s.end_capture()))
+    s.launch(note_kernel, out, "after the end")
+    assert not armed[0]
+    s.synchronize()
+    assert out == ["after the end"]
+    assert len(graphs[0]._nodes) == 0
+
+
+def test_stream_wait_while_the_capture_ends_does_not_join_it(dev, monkeypatch):
+    # A stream waited on a captured event while the capture ended: it joined the ended capture
+    # and stayed in it, every later call on it captured into a graph nobody would run.
+    o, s2 = stream(dev), stream(dev)
+    out: list[str] = []
+    o.begin_capture()
+    o.launch(note_kernel, out, "captured")
+    ev = o.record()
+    armed = on_read(monkeypatch, "_legacy", s2, o.end_capture)
+    s2.wait(ev)
+    assert not armed[0]
+    assert not s2.is_capturing() and s2._capture is None
+    s2.launch(note_kernel, out, "eager")
+    s2.synchronize()
+    assert out == ["eager"]
+
+
+def test_stream_wait_on_an_event_rerecorded_meanwhile(dev, monkeypatch):
+    # A stream waited on a captured event while another thread recorded it again outside the
+    # capture: read twice, the event was captured at the first read and not at the second, and
+    # the wait failed an internal assertion. It takes one of the two records.
+    o, s2, x = stream(dev), stream(dev), stream(dev)
+    out: list[str] = []
+    o.begin_capture()
+    o.launch(note_kernel, out, "captured")
+    ev = o.record()
+    armed = on_read(monkeypatch, "_capture", s2, lambda: x.record(ev), skip=1)
+    s2.wait(ev)  # read the event while captured: forks into the capture
+    assert not armed[0]
+    assert s2.is_capturing()
+    s2.launch(note_kernel, out, "forked")
+    o.wait(s2.record())
+    g = o.end_capture()
+    assert len(g._nodes) == 2
+    g.instantiate().launch(o)
+    o.synchronize()
+    assert out == ["captured", "forked"]
+
+
+def test_capture_two_threads_launch_on_one_stream_in_order(dev, monkeypatch):
+    # Two threads launch on one capturing stream. Each read the stream's dependencies, added its
+    # node after them and replaced them: the second read before the first replaced, so the two
+    # nodes were unordered (and one unjoined: end_capture failed).
+    s = stream(dev)
+    out: list[str] = []
+    s.begin_capture()
+    cap = s._capture
+    settled = threading.Event()
+    cap._lock = Contended(cap._lock, settled)
+    real_add, armed, threads = cap.graph._add, [True], []
+
+    def add(*args: Any) -> Any:
+        if armed[0]:  # the first node's dependencies read: the other launch comes now
+            armed[0] = False
+            threads.append(Background(lambda: s.launch(note_kernel, out, "b"), settled))
+            assert settled.wait(timeout=30)
+        return real_add(*args)
+
+    monkeypatch.setattr(cap.graph, "_add", add)
+    s.launch(note_kernel, out, "a")
+    assert threads[0].join() is None
+    g = s.end_capture()
+    first, second = g._nodes
+    assert second._deps == [first]
+
+
+def test_stream_legacy_use_while_a_capture_begins_is_refused(dev, monkeypatch):
+    # The flag that enables the legacy-stream check was set after the capture had begun: a
+    # legacy-stream call made meanwhile (another thread) was not refused, though it would
+    # implicitly synchronize with the capturing blocking stream.
+    monkeypatch.setattr(stream_module, "_capturing", False)  # as before any capture
+    b = srt.Stream(dev)  # blocking
+    errors: list[BaseException] = []
+
+    def use_legacy() -> None:
+        try:
+            dev.default_stream.launch_host_func(lambda: None)
+        except srt.CaptureImplicitError as exc:
+            errors.append(exc)
+
+    armed = on_read(monkeypatch, "non_blocking", b, use_legacy)
+    b.begin_capture()
+    assert not armed[0]
+    assert len(errors) == 1
+    with pytest.raises(srt.CaptureInvalidatedError):
+        b.end_capture()

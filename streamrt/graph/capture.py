@@ -12,6 +12,11 @@ State and invariants:
 - Status is ACTIVE until a violation invalidates it; an invalidated capture refuses further
   work and ``end_capture`` raises. Ending (successfully or not) makes every joined stream leave
   the capture and forgets the captured events.
+- Host threads: a capture's state (its graph, ``deps``, status, joined streams) changes only
+  under its ``_lock``, so two threads enqueuing on its streams each extend what the other left,
+  and ending is one step. A call that read a stream's capture just before another thread ended
+  it finds the capture ended (status NONE) and runs as the call after the end that it is: on the
+  stream, not into the graph already returned.
 - Unsafe synchronous calls are gated by the calling thread's interaction mode (default GLOBAL,
   see :func:`exchange_capture_mode`): GLOBAL is refused if this thread has a non-relaxed capture
   or any thread has a GLOBAL capture; THREAD_LOCAL only if this thread has a non-relaxed
@@ -94,53 +99,69 @@ class Capture:
         self.deps: dict[Stream, tuple[Node, ...]] = {origin: ()}
         self.events: list[Event] = []
         self.reason = ""
+        self._lock = threading.RLock()  # see the module docstring (host threads)
 
     def __repr__(self) -> str:
         return f"<Capture #{self.id} {self.mode.name} {self.status.name} on {self.origin!r}>"
 
     # -- state ------------------------------------------------------------------------------
     def invalidate(self, reason: str) -> None:
-        if self.status is CaptureStatus.ACTIVE:
-            self.status = CaptureStatus.INVALIDATED
-            self.reason = reason
+        with self._lock:
+            if self.status is CaptureStatus.ACTIVE:
+                self.status = CaptureStatus.INVALIDATED
+                self.reason = reason
 
-    def join(self, stream: Stream, deps: tuple[Node, ...]) -> None:
-        self.deps[stream] = deps
-        stream._capture = self
-        stream._refresh()
+    def join(self, stream: Stream, deps: tuple[Node, ...]) -> bool:
+        """``stream`` joins; False if the capture ended meanwhile (it must not join then)."""
+        with self._lock:
+            if self.status is CaptureStatus.NONE:
+                return False
+            self.deps[stream] = deps
+            stream._slow = True  # before the capture is visible: no fast path past it
+            stream._capture = self
+            stream._refresh()
+            return True
 
     def finish(self) -> None:
         """Every joined stream leaves the capture; captured events are forgotten."""
-        with _lock:
-            _active.discard(self)
-        for s in self.deps:
-            s._capture = None
-            s._refresh()
-        for e in self.events:
-            if e._capture is self:
-                e._capture = None
-                e._nodes = ()
-        self.status = CaptureStatus.NONE
+        with self._lock:
+            self.status = CaptureStatus.NONE  # first: a call that read the capture sees it ended
+            with _lock:
+                _active.discard(self)
+            for s in self.deps:
+                s._capture = None
+                s._refresh()
+            for e in self.events:
+                if e._capture is self:
+                    e._capture = None
+                    e._nodes = ()
 
     # -- capturing work ---------------------------------------------------------------------
-    def add(self, stream: Stream, type: Any, params: dict[str, Any]) -> Node:
-        if self.status is CaptureStatus.INVALIDATED:
-            raise CaptureInvalidatedError(f"{self!r} was invalidated: {self.reason}")
-        node = self.graph._add(type, params, self.deps[stream])
-        self.deps[stream] = (node,)
-        return node
+    def add(self, stream: Stream, type: Any, params: dict[str, Any]) -> Node | None:
+        """Add a node after the stream's dependencies; None if the capture ended meanwhile
+        (the caller then runs the call on the stream: it came after the end)."""
+        with self._lock:  # the dependencies read and replaced at once (two threads, one stream)
+            if self.status is CaptureStatus.NONE:
+                return None
+            if self.status is CaptureStatus.INVALIDATED:
+                raise CaptureInvalidatedError(f"{self!r} was invalidated: {self.reason}")
+            node = self.graph._add(type, params, self.deps[stream])
+            self.deps[stream] = (node,)
+            return node
 
     def add_kernel(self, stream: Stream, kernel: Any, args: tuple, grid: Any, block: Any) -> None:
         from .node import NodeType
 
-        self.add(stream, NodeType.KERNEL, {"kernel": kernel, "args": tuple(args), "grid": grid,
-                                           "block": block, "device": stream.device})
+        if self.add(stream, NodeType.KERNEL, {"kernel": kernel, "args": tuple(args), "grid": grid,
+                                              "block": block, "device": stream.device}) is None:
+            stream.launch(kernel, *args, grid=tuple(grid), block=tuple(block))
 
     def add_memcpy(self, stream: Stream, dst: Any, src: Any, nbytes: int) -> None:
         from .graph import memcpy_params
         from .node import NodeType
 
-        self.add(stream, NodeType.MEMCPY, memcpy_params(dst, src, nbytes))
+        if self.add(stream, NodeType.MEMCPY, memcpy_params(dst, src, nbytes)) is None:
+            stream.memcpy(dst, src, nbytes)
 
     def add_memset(self, stream: Stream, ptr: int, value: int, nbytes: int) -> None:
         from .graph import memset_params
@@ -148,22 +169,28 @@ class Capture:
 
         # validated here as add_memcpy does (graph memory, unmapped while capturing, is checked
         # against its reserved range only), not only by the caller's eager-path checks
-        self.add(stream, NodeType.MEMSET, memset_params(ptr, value, nbytes))
+        if self.add(stream, NodeType.MEMSET, memset_params(ptr, value, nbytes)) is None:
+            stream.memset(ptr, value, nbytes)
 
     def add_host(self, stream: Stream, fn: Any, args: tuple) -> None:
         from .node import NodeType
 
-        self.add(stream, NodeType.HOST, {"fn": fn, "args": tuple(args)})
+        if self.add(stream, NodeType.HOST, {"fn": fn, "args": tuple(args)}) is None:
+            stream.launch_host_func(fn, *args)
 
     def add_mem_alloc(self, stream: Stream, pool: Any, nbytes: int) -> int:
         from .memory import GraphAlloc
         from .node import NodeType
 
-        if self.status is CaptureStatus.INVALIDATED:
-            raise CaptureInvalidatedError(f"{self!r} was invalidated: {self.reason}")
-        alloc = GraphAlloc(stream.device, nbytes, self.graph._slabs)
-        self.add(stream, NodeType.MEM_ALLOC, {"nbytes": nbytes, "ptr": alloc.ptr, "alloc": alloc})
-        return alloc.ptr
+        with self._lock:  # no graph memory reserved for a capture that ended meanwhile
+            if self.status is not CaptureStatus.NONE:
+                if self.status is CaptureStatus.INVALIDATED:
+                    raise CaptureInvalidatedError(f"{self!r} was invalidated: {self.reason}")
+                alloc = GraphAlloc(stream.device, nbytes, self.graph._slabs)
+                self.add(stream, NodeType.MEM_ALLOC,
+                         {"nbytes": nbytes, "ptr": alloc.ptr, "alloc": alloc})
+                return alloc.ptr
+        return pool._malloc(stream, nbytes)  # ended meanwhile: the caller reports it as eager
 
     def add_mem_free(self, stream: Stream, ptr: int) -> None:
         from . import memory
@@ -175,9 +202,12 @@ class Capture:
                 f"{hex(ptr)} was not allocated by a graph: memory allocated outside the capture "
                 "cannot be freed inside it"
             )
-        self.add(stream, NodeType.MEM_FREE, {"ptr": ptr, "alloc": alloc})
+        if self.add(stream, NodeType.MEM_FREE, {"ptr": ptr, "alloc": alloc}) is None:
+            stream.free(ptr)
 
-    def add_graph(self, stream: Stream, graph: Graph) -> None:
+    def add_graph(self, stream: Stream, graph: Graph) -> bool:
+        """Add ``graph`` as a child graph node; False if the capture ended meanwhile (the caller
+        launches it on the stream)."""
         from .node import NodeType
 
         # the same rule as Graph.add_child_graph_node: graph memory cannot live in a child graph
@@ -187,15 +217,18 @@ class Capture:
                 "an executable graph with memory allocation or free nodes cannot be launched into "
                 "a capture (it would become a child graph)"
             )
-        self.add(stream, NodeType.GRAPH, {"graph": graph.clone()})
+        return self.add(stream, NodeType.GRAPH, {"graph": graph.clone()}) is not None
 
     def record(self, stream: Stream, event: Event) -> Event:
-        if self.status is CaptureStatus.INVALIDATED:
-            raise CaptureInvalidatedError(f"{self!r} was invalidated: {self.reason}")
-        event._capture = self
-        event._nodes = self.deps[stream]
-        self.events.append(event)
-        return event
+        with self._lock:
+            if self.status is not CaptureStatus.NONE:
+                if self.status is CaptureStatus.INVALIDATED:
+                    raise CaptureInvalidatedError(f"{self!r} was invalidated: {self.reason}")
+                event._nodes = self.deps[stream]  # before _capture: a reader of it gets these
+                event._capture = self
+                self.events.append(event)
+                return event
+        return stream.record(event)  # ended meanwhile: recorded on the stream
 
 
 # -- stream entry points ---------------------------------------------------------------------
@@ -206,12 +239,14 @@ def begin(stream: Stream, mode: Any) -> None:
     stream._check_alive()
     if stream._legacy:
         raise CaptureUnsupportedError("the legacy default stream cannot be captured; use a Stream")
-    if stream._capture is not None:
-        raise IllegalStateError(f"{stream!r} is already capturing ({stream._capture!r})")
     cap = Capture(stream, mode)
-    with _lock:
+    with _lock:  # checked and set at once: of two threads beginning on it, one captures
+        other = stream._capture
+        if other is not None:
+            raise IllegalStateError(f"{stream!r} is already capturing ({other!r})")
         _active.add(cap)
-    stream._capture = cap
+        stream._slow = True  # before the capture is visible: no fast path past it
+        stream._capture = cap
     stream._refresh()
 
 
@@ -229,11 +264,14 @@ def end(stream: Stream) -> Graph:
         raise CaptureWrongThreadError(
             f"{cap!r} was begun by another thread; a {cap.mode.name} capture must be ended by it"
         )
-    if cap.status is CaptureStatus.INVALIDATED:
+    with cap._lock:  # one step: no node added, nor invalidation, between the checks and the end
+        if cap.status is CaptureStatus.NONE:  # a RELAXED capture ended by another thread
+            raise IllegalStateError(f"{stream!r} is not capturing")
+        if cap.status is CaptureStatus.INVALIDATED:
+            cap.finish()
+            raise CaptureInvalidatedError(f"capture invalidated: {cap.reason}")
+        unjoined = _unjoined(cap)
         cap.finish()
-        raise CaptureInvalidatedError(f"capture invalidated: {cap.reason}")
-    unjoined = _unjoined(cap)
-    cap.finish()
     if unjoined:
         raise CaptureUnjoinedError(
             f"{len(unjoined)} captured node(s) are not joined back into the origin stream, e.g. "
@@ -270,20 +308,23 @@ def update_dependencies(stream: Stream, nodes: Any, replace: bool) -> None:
     if cap.status is CaptureStatus.INVALIDATED:
         raise CaptureInvalidatedError(f"{cap!r} was invalidated: {cap.reason}")
     new = cap.graph._as_nodes(nodes, "nodes")
-    base = () if replace else cap.deps[stream]
-    cap.deps[stream] = tuple(dict.fromkeys((*base, *new)))
+    with cap._lock:
+        base = () if replace else cap.deps[stream]
+        cap.deps[stream] = tuple(dict.fromkeys((*base, *new)))
 
 
-def capture_wait(stream: Stream, event: Event) -> None:
-    """``s.wait(event)`` when the stream or the event takes part in a capture."""
-    cs, ce = stream._capture, event._capture
+def capture_wait(stream: Stream, event: Event, ce: Capture | None) -> None:
+    """``s.wait(event)`` when the stream or ``ce``, the event's capture as the caller read it
+    once, takes part in a capture (read again, another thread's record could have reset it)."""
+    cs = stream._capture
     if cs is not None and cs.status is CaptureStatus.INVALIDATED:
         # an invalidated capture refuses further work, a wait (a join) included, as CUDA does
         raise CaptureInvalidatedError(f"{cs!r} was invalidated: {cs.reason}")
     if ce is None:  # uncaptured (or never recorded) event
+        if cs is None:  # the stream's capture ended meanwhile: the wait came after the end
+            return stream.wait(event)
         if event._stream is None:
             return
-        assert cs is not None
         cs.invalidate(f"{stream!r} waited on work recorded outside the capture")
         raise CaptureIsolationError(
             f"capturing {stream!r} cannot wait on {event!r}, recorded outside the capture"
@@ -294,10 +335,15 @@ def capture_wait(stream: Stream, event: Event) -> None:
         if stream._legacy:
             ce.invalidate("the legacy default stream tried to join the capture")
             raise CaptureImplicitError("the legacy default stream cannot join a capture")
-        ce.join(stream, event._nodes)
+        if not ce.join(stream, event._nodes):
+            stream.wait(event)  # the capture ended meanwhile (forgetting the event): wait after it
         return
     if cs is ce:  # join within the capture
-        cs.deps[stream] = tuple(dict.fromkeys((*cs.deps[stream], *event._nodes)))
+        with cs._lock:  # read and replaced at once (two threads, one stream)
+            if cs.status is not CaptureStatus.NONE:
+                cs.deps[stream] = tuple(dict.fromkeys((*cs.deps[stream], *event._nodes)))
+                return
+        stream.wait(event)  # ended meanwhile: the wait came after the end
         return
     cs.invalidate(f"{stream!r} waited on an event of {ce!r}")
     ce.invalidate(f"an event of it was waited on by {cs!r}")

@@ -178,7 +178,8 @@ class GraphExec:
     def launch(self, stream: Stream) -> None:
         """Enqueue the whole graph as one operation of ``stream`` (``cudaGraphLaunch``)."""
         self._check(stream)
-        if stream._capture is not None:
+        cap = stream._capture  # once: another thread may end the capture
+        if cap is not None:
             # captured as a child graph of what this exec runs: its disabled nodes must stay
             # empty there too (the raw template was captured before, so a disabled node ran)
             with self._lock:
@@ -186,7 +187,9 @@ class GraphExec:
                 for i in self._disabled:
                     n = graph._nodes[i]
                     n.type, n._params = NodeType.EMPTY, {}
-            return stream._capture.add_graph(stream, graph)
+            if cap.add_graph(stream, graph):
+                return
+            # the capture ended meanwhile: this launch came after the end, it runs on the stream
         with self._lock:
             self._check_memory()
             plan = self._plan(stream)
