@@ -77,7 +77,7 @@ class Stream:
 
     __slots__ = (
         "device", "id", "priority", "non_blocking", "_legacy", "_q", "_pos", "_clock", "_host",
-        "_destroyed", "_ctxs", "_ctx1", "_capture", "_slow", "_lock", "__weakref__",
+        "_destroyed", "_ctxs", "_ctx1", "_capture", "_slow", "_lock", "_inline", "__weakref__",
     )
 
     def __init__(
@@ -106,6 +106,7 @@ class Stream:
             f"{device.name}/{'default' if legacy else self.id}",
             priority=priority, non_blocking=non_blocking, legacy=legacy,
         )
+        self._inline = self._q.inline  # read on every launch: a slot, not the queue's class
         self._pos = 0
         self._clock: dict[int, int] = {}
         self._host = 0
@@ -255,7 +256,7 @@ class Stream:
             return self._launch_slow(kernel, ctx, args)
         # the hottest path of the runtime: a non-blocking stream with no capture or hooks
         q = self._q
-        if q.inline:
+        if self._inline:
             self._pos += 1
             q._ops.append((kernel.fn, (ctx,) + args))
             if q._idle:
