@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from .device import Device
 from .errors import InvalidHandleError, InvalidTypeError, NotReadyError
-from .hostsync import after_sync, covered, proved
+from .hostsync import after_sync, covered, reach
 
 if TYPE_CHECKING:
     from .stream import Stream
@@ -72,13 +72,9 @@ class Event:
         s, pos, clock, _stamp = self._rec
         if s is None:
             return
-        q = s._q
-        q.wait_done(pos)
-        if q.done < pos:  # another thread counted an operation it is still handing to CUDA: the
-            pos = q.done  # event covers it, the backend proved only what came before
-            clock = {s.id: pos}
-        proved(s, pos, clock)
-        after_sync(self.device, covered(clock))
+        pos, clock = reach(s, pos, clock)
+        # the record's clock names its stream; a short proof (see reach) names nothing
+        after_sync(self.device, covered(clock) if clock else [(s, pos)])
 
     def elapsed_time(self, end: Event) -> float:
         """Milliseconds from this event to ``end``; both must be timing events, recorded, complete."""

@@ -58,6 +58,19 @@ def proved(stream: Stream, pos: int, clock: dict[int, int]) -> None:
             instrument.notify("proved", sid, p)
 
 
+def reach(stream: Stream, pos: int, clock: dict[int, int]) -> tuple[int, dict[int, int]]:
+    """Block until ``stream`` has completed ``pos`` operations and record what the host saw;
+    returns the position and clock proved. ``clock`` must be read, then ``pos``, before the call
+    (see ``Stream._snapshot``). Less is proved when another thread has counted an operation
+    before ``pos`` but is still handing it to CUDA: the backend proved only what came before."""
+    q = stream._q
+    q.wait_done(pos)
+    if q.done < pos:
+        pos, clock = q.done, {}
+    proved(stream, pos, clock)
+    return pos, clock
+
+
 def after_sync(device: Device, covered: list[tuple[Stream, int]], extra: list | None = None) -> None:
     """Tell the pools a synchronize happened, then raise the first failure it covers."""
     for fn in sync_listeners:
@@ -102,13 +115,12 @@ def synchronize_device(device: Device, *, skip_capturing: bool = False) -> None:
     # other threads enqueue meanwhile is not proved
     live = [(s, s._clock.copy(), s._pos) for s in streams]
     dead = [(s, s._clock.copy(), s._pos) for s in members(device.__dict__.get("_dead_streams"))]
-    for s, _clock, pos in live:
-        s._q.wait_done(pos)
+    seen = [(s, reach(s, pos, clock)[0]) for s, clock, pos in live]
     retired = device.__dict__.get("_retired", [])
     drained = list(retired)  # destroyed streams' queues: all their work
     for q in drained:
         q.drain()
-    for s, clock, pos in live + dead:
+    for s, clock, pos in dead:
         proved(s, pos, clock)
     for q in drained:
         if not q._errors:
@@ -116,7 +128,7 @@ def synchronize_device(device: Device, *, skip_capturing: bool = False) -> None:
             # with the failures it may still report
             with contextlib.suppress(ValueError):  # another synchronize removed it first
                 retired.remove(q)
-    after_sync(device, [(s, pos) for s, _clock, pos in live], extra=drained)
+    after_sync(device, seen, extra=drained)
 
 
 def reset_device(device: Device) -> None:

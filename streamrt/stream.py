@@ -32,7 +32,7 @@ from .errors import (
     InvalidTypeError,
 )
 from .event import Event
-from .hostsync import after_sync, covered, proved, reset_device, retire, synchronize_device
+from .hostsync import after_sync, covered, reach, reset_device, retire, synchronize_device
 from .kernel import Kernel, KernelContext, dim3
 from .memory import MemPool, _owners, pool_of
 from .validate import check_byte, check_ptr, check_size, host_view
@@ -154,24 +154,37 @@ class Stream:
 
     def _order_after(self, other: Stream, pos: int, clock: dict[int, int]) -> None:
         """Enqueue a real wait for ``other`` to reach ``pos`` and merge its clock."""
+        fn, args = self._q.op_wait(other._q, pos)
+        if _global_slow and instrument.listeners:  # a label only where something reads it
+            self._enqueue(fn, args, "wait", f"wait {other.name}@{pos}", (), {"on": (other, pos)},
+                          clock)
+        else:
+            self._enqueue(fn, args, "wait", "wait", (), None, clock)
+
+    def _enqueue(self, fn: Callable[..., Any], args: tuple, kind: str, name: str,
+                 accesses: tuple, extra: dict | None, merge: dict[int, int] | None = None) -> None:
+        """Count one operation and hand it to the queue, then merge ``merge`` into the clock (a
+        wait's). Instrumented (sanitizer, tracer), the operation's label and clock are read after
+        a call: another thread enqueuing on this stream meanwhile would share the label, or come
+        first in the queue with a later one. A cpu queue's submit never blocks, so there the
+        count, the label, the submit and the merge are one step under the stream's lock (not on
+        cuda, whose enqueue may wait for work that needs this stream)."""
         q = self._q
         if _global_slow and instrument.listeners:
-            if q.inline:  # label, clock and queue order as one step (see _submit)
+            if q.inline:
                 with self._lock:
                     self._pos += 1
-                    fn, args = instrument.wrap(self, *q.op_wait(other._q, pos), "wait",
-                                               f"wait {other.name}@{pos}", extra={"on": (other, pos)})
-                    q.submit(fn, args)
-                    self._merge(clock)
+                    q.submit(*instrument.wrap(self, fn, args, kind, name, accesses, extra))
+                    if merge:
+                        self._merge(merge)
                 return
             self._pos += 1
-            fn, args = instrument.wrap(self, *q.op_wait(other._q, pos), "wait",
-                                       f"wait {other.name}@{pos}", extra={"on": (other, pos)})
+            fn, args = instrument.wrap(self, fn, args, kind, name, accesses, extra)
         else:
             self._pos += 1
-            fn, args = q.op_wait(other._q, pos)
         q.submit(fn, args)
-        self._merge(clock)
+        if merge:
+            self._merge(merge)
 
     def _merge(self, clock: dict[int, int]) -> None:
         mine = self._clock
@@ -222,23 +235,7 @@ class Stream:
             instrument.check_backend(self)
         if not self.non_blocking:
             self._implicit()
-        q = self._q
-        if _global_slow and instrument.listeners:
-            if q.inline:
-                # the label (position) and clock the operation is checked with are read after a
-                # call: another thread enqueuing on this stream meanwhile would share the label,
-                # or come first in the queue with a later one. A cpu queue's submit never blocks,
-                # so the count, the label and the submit are one step under the stream's lock
-                # (not on cuda, whose enqueue may wait for work that needs this stream)
-                with self._lock:
-                    self._pos += 1
-                    q.submit(*instrument.wrap(self, fn, args, kind, name or kind, accesses, extra))
-            else:
-                self._pos += 1
-                q.submit(*instrument.wrap(self, fn, args, kind, name or kind, accesses, extra))
-        else:
-            self._pos += 1
-            q.submit(fn, args)
+        self._enqueue(fn, args, kind, name or kind, accesses, extra)
         if _launch_blocking:
             self.synchronize()
 
@@ -309,9 +306,8 @@ class Stream:
                      tuple((int(p), n, w) for p, w in ((dst, True), (src, False))
                            if isinstance(p, int | np.integer)), {"bytes": n})
         if not isinstance(dst, int | np.integer):  # pageable destination: synchronous
-            clock, pos = self._clock.copy(), self._pos  # this copy, not later work (see synchronize)
-            self._q.wait_done(pos)
-            proved(self, pos, clock)  # the host saw the stream get this far
+            clock = self._clock.copy()  # then the position: not later work (see synchronize)
+            reach(self, self._pos, clock)  # the host saw the stream get this far
 
     def memset(self, ptr: int, value: int, nbytes: int) -> None:
         """Enqueue a byte fill (``cudaMemsetAsync``)."""
@@ -475,14 +471,7 @@ class Stream:
         # meanwhile counts itself in _pos before it merges into _clock, so it is either in both
         # or in neither (the live dict would claim streams this synchronize never waited for)
         clock = self._clock.copy()
-        pos = self._pos
-        q = self._q
-        q.wait_done(pos)
-        if q.done < pos:
-            # another thread counted an operation it is still handing to CUDA: the backend
-            # proved only what came before it, and so does the host
-            pos, clock = q.done, {}
-        proved(self, pos, clock)
+        pos, clock = reach(self, self._pos, clock)
         after_sync(self.device, [(self, pos)] + covered(clock))
 
     def query(self) -> bool:
