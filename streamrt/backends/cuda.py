@@ -376,8 +376,8 @@ class CudaQueue(Queue):
 
     def _launch(self, fn: Any, gx: int, gy: int, gz: int, bx: int, by: int, bz: int,
                 params: Any) -> None:
-        if getattr(_tls, "device", None) != self._index:
-            _activate(self._index)
+        if getattr(_tls, "device", None) != self._index:  # _activate's own test, inline: the
+            _activate(self._index)  # eager hot path skips a call when the device is current
         err, = drv.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, 0, self._cu_stream, params, 0)
         if err != 0:
             check((err,))
