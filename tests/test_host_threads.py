@@ -550,3 +550,32 @@ def test_stream_legacy_use_while_a_capture_begins_is_refused(dev, monkeypatch):
     assert len(errors) == 1
     with pytest.raises(srt.CaptureInvalidatedError):
         b.end_capture()
+
+
+class _ExitHook:
+    """A lock that runs ``action`` once, just after its next release: another thread's turn."""
+
+    def __init__(self, real: Any, action: Callable[[], None]) -> None:
+        self.real, self.action, self.armed = real, action, True
+
+    def __enter__(self) -> None:
+        self.real.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.real.release()
+        if self.armed:
+            self.armed = False
+            self.action()
+
+
+def test_unsafe_call_while_the_capture_ends_is_not_refused(dev, monkeypatch):
+    # srt.malloc read the active captures, then the (GLOBAL) capture ended: the call, after the
+    # end, was refused by a capture that no longer existed.
+    s = stream(dev)
+    graphs: list[srt.Graph] = []
+    s.begin_capture()
+    hook = _ExitHook(capture._lock, lambda: graphs.append(s.end_capture()))
+    monkeypatch.setattr(capture, "_lock", hook)
+    p = srt.malloc(16, device=dev)
+    assert not hook.armed and len(graphs) == 1
+    srt.free(p)

@@ -105,11 +105,13 @@ class Capture:
         return f"<Capture #{self.id} {self.mode.name} {self.status.name} on {self.origin!r}>"
 
     # -- state ------------------------------------------------------------------------------
-    def invalidate(self, reason: str) -> None:
+    def invalidate(self, reason: str) -> bool:
+        """Invalidate an active capture; False if it had ended (nothing to invalidate)."""
         with self._lock:
             if self.status is CaptureStatus.ACTIVE:
                 self.status = CaptureStatus.INVALIDATED
                 self.reason = reason
+            return self.status is not CaptureStatus.NONE
 
     def join(self, stream: Stream, deps: tuple[Node, ...]) -> bool:
         """``stream`` joins; False if the capture ended meanwhile (it must not join then)."""
@@ -411,9 +413,10 @@ def check_unsafe(what: str) -> None:
     culprits = [c for c in caps if c.thread == me and c.mode is not CaptureMode.RELAXED]
     if mode is CaptureMode.GLOBAL:
         culprits += [c for c in caps if c.mode is CaptureMode.GLOBAL and c not in culprits]
+    # a capture that another thread ended since the copy above is no culprit: the call came
+    # after its end (the others are invalidated as they are found, at once)
+    culprits = [c for c in culprits if c.invalidate(f"{what} was called during the capture")]
     if culprits:
-        for c in culprits:
-            c.invalidate(f"{what} was called during the capture")
         raise CaptureUnsupportedError(
             f"{what} is not permitted while {culprits[0]!r} is active (use stream-ordered calls, "
             "a THREAD_LOCAL/RELAXED capture, or call it outside the capture)"
