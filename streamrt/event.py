@@ -53,10 +53,11 @@ class Event:
             raise InvalidHandleError(f"{self!r} was destroyed")
 
     def _check_capture(self, what: str) -> None:
-        if self._capture is not None:
+        cap = self._capture  # read once: another thread may end the capture
+        if cap is not None:
             from .graph.capture import illegal_event_use
 
-            illegal_event_use(self, what)
+            illegal_event_use(self, cap, what)
 
     def query(self) -> bool:
         """True when the recorded work has completed, or the event was never recorded."""

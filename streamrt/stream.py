@@ -462,10 +462,11 @@ class Stream:
     def synchronize(self) -> None:
         """Block until all work enqueued so far has completed (``cudaStreamSynchronize``)."""
         self._check_alive()
-        if self._capture is not None:
+        cap = self._capture  # read once: another thread may end the capture
+        if cap is not None:
             from .graph.capture import illegal_sync
 
-            illegal_sync(self, "synchronize")
+            illegal_sync(self, cap, "synchronize")
         self._check_legacy_capture()
         # what is proved is read before waiting, the clock first: a wait another thread enqueues
         # meanwhile counts itself in _pos before it merges into _clock, so it is either in both
@@ -477,10 +478,11 @@ class Stream:
     def query(self) -> bool:
         """True when all enqueued work has completed (``cudaStreamQuery``); not a synchronize."""
         self._check_alive()
-        if self._capture is not None:
+        cap = self._capture  # read once: another thread may end the capture
+        if cap is not None:
             from .graph.capture import illegal_sync
 
-            illegal_sync(self, "query")
+            illegal_sync(self, cap, "query")
         self._check_legacy_capture()
         return self._q.done >= self._pos
 

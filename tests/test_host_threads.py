@@ -579,3 +579,45 @@ def test_unsafe_call_while_the_capture_ends_is_not_refused(dev, monkeypatch):
     p = srt.malloc(16, device=dev)
     assert not hook.armed and len(graphs) == 1
     srt.free(p)
+
+
+CHECKED_CALLS = ["stream synchronize", "stream query", "event synchronize", "event query",
+                 "device synchronize", "legacy stream use"]
+
+
+@pytest.mark.parametrize("call", CHECKED_CALLS)
+def test_refused_call_while_the_capture_ends_proceeds(dev, monkeypatch, call):
+    # A call refused during a capture read the capture, then another thread ended it before the
+    # call invalidated it: the call, after the end, was refused (or, where the capture was read
+    # again, failed with AttributeError on None).
+    s = stream(dev) if call != "legacy stream use" else srt.Stream(dev)  # blocking: legacy rule
+    p = srt.malloc(16, device=dev)
+    s.begin_capture()
+    ev = s.record()
+    graphs: list[srt.Graph] = []
+    real = capture.Capture.invalidate
+    armed = [True]
+
+    def invalidate(self: capture.Capture, reason: str) -> bool:
+        if armed[0]:  # the call has read the capture: the capturing thread ends it now
+            armed[0] = False
+            graphs.append(s.end_capture())
+        return real(self, reason)
+
+    monkeypatch.setattr(capture.Capture, "invalidate", invalidate)
+    if call == "stream synchronize":
+        s.synchronize()
+    elif call == "stream query":
+        assert s.query()
+    elif call == "event synchronize":
+        ev.synchronize()
+    elif call == "event query":
+        assert ev.query()
+    elif call == "device synchronize":
+        dev.synchronize()
+    else:
+        dev.default_stream.memset(p, 0, 16)
+        dev.default_stream.synchronize()
+    assert not armed[0] and len(graphs) == 1
+    assert not s.is_capturing()
+    srt.free(p)

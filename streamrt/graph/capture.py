@@ -352,28 +352,30 @@ def capture_wait(stream: Stream, event: Event, ce: Capture | None) -> None:
     raise CaptureMergeError(f"{stream!r} ({cs!r}) cannot wait on an event captured by {ce!r}")
 
 
-def illegal_sync(stream: Stream, what: str) -> None:
-    """A synchronize or query of a capturing stream: invalidates the capture."""
-    cap = stream._capture
-    cap.invalidate(f"{what} of capturing {stream!r}")
-    raise CaptureUnsupportedError(f"{what} of {stream!r} is not permitted while it is capturing")
+def illegal_sync(stream: Stream, cap: Capture, what: str) -> None:
+    """A synchronize or query of a stream capturing into ``cap`` (read once by the caller):
+    invalidates it and raises, unless another thread ended it meanwhile (the call then came after
+    the end, and proceeds)."""
+    if cap.invalidate(f"{what} of capturing {stream!r}"):
+        raise CaptureUnsupportedError(f"{what} of {stream!r} is not permitted while it is capturing")
 
 
-def illegal_event_use(event: Event, what: str) -> None:
-    """A synchronize or query of a captured event: invalidates its capture."""
-    cap = event._capture
-    cap.invalidate(f"{what} of captured {event!r}")
-    raise CapturedEventError(f"{what} of {event!r} is not permitted: it was recorded in {cap!r}")
+def illegal_event_use(event: Event, cap: Capture, what: str) -> None:
+    """A synchronize or query of an event captured by ``cap``: invalidates it and raises, unless
+    it ended meanwhile."""
+    if cap.invalidate(f"{what} of captured {event!r}"):
+        raise CapturedEventError(f"{what} of {event!r} is not permitted: it was recorded in {cap!r}")
 
 
 def check_device_sync(device: Device) -> None:
     """A device synchronize while one of its streams captures: refused, captures invalidated."""
     if not _active:
         return
-    hit = [c for c in list(_active) if any(s.device is device for s in c.deps)]
+    with _lock:
+        caps = list(_active)
+    hit = [c for c in caps if any(s.device is device for s in list(c.deps))
+           and c.invalidate(f"{device.name} was synchronized during the capture")]
     if hit:
-        for c in hit:
-            c.invalidate(f"{device.name} was synchronized during the capture")
         raise CaptureUnsupportedError(
             f"synchronize of {device.name} is not permitted while {hit[0]!r} is active"
         )
@@ -383,8 +385,7 @@ def check_legacy(stream: Stream) -> None:
     """Work on the legacy default stream while a blocking stream of its device captures."""
     for b in members(stream.device._blocking):
         cap = b._capture
-        if cap is not None:
-            cap.invalidate(f"the legacy default stream was used while {b!r} captures")
+        if cap is not None and cap.invalidate(f"the legacy default stream was used while {b!r} captures"):
             raise CaptureImplicitError(
                 f"the legacy default stream of {stream.device.name} would implicitly synchronize "
                 f"with capturing {b!r}; use non-blocking streams"
