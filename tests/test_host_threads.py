@@ -621,3 +621,26 @@ def test_refused_call_while_the_capture_ends_proceeds(dev, monkeypatch, call):
     assert not armed[0] and len(graphs) == 1
     assert not s.is_capturing()
     srt.free(p)
+
+
+def test_capture_dependencies_updated_as_the_capture_ends_are_refused(dev, monkeypatch):
+    # update_capture_dependencies read the capture, then it ended: the update went into the
+    # ended capture silently, as if the stream still captured.
+    s = stream(dev)
+    s.begin_capture()
+    s.launch(note_kernel, [], "captured")
+    node = s.capture_info().dependencies[0]
+    graphs: list[srt.Graph] = []
+    real_as_nodes = srt.Graph._as_nodes
+    armed = [True]
+
+    def as_nodes(self: srt.Graph, nodes: Any, what: str) -> Any:
+        if armed[0]:  # the capture was read: the capturing thread ends it now
+            armed[0] = False
+            graphs.append(s.end_capture())
+        return real_as_nodes(self, nodes, what)
+
+    monkeypatch.setattr(srt.Graph, "_as_nodes", as_nodes)
+    with pytest.raises(srt.IllegalStateError, match="not capturing"):
+        s.update_capture_dependencies([node], replace=True)
+    assert not armed[0] and len(graphs) == 1 and len(graphs[0]._nodes) == 1

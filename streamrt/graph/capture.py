@@ -311,6 +311,8 @@ def update_dependencies(stream: Stream, nodes: Any, replace: bool) -> None:
         raise CaptureInvalidatedError(f"{cap!r} was invalidated: {cap.reason}")
     new = cap.graph._as_nodes(nodes, "nodes")
     with cap._lock:
+        if cap.status is CaptureStatus.NONE:  # ended meanwhile by another thread
+            raise IllegalStateError(f"{stream!r} is not capturing")
         base = () if replace else cap.deps[stream]
         cap.deps[stream] = tuple(dict.fromkeys((*base, *new)))
 
