@@ -442,9 +442,9 @@ class Stream:
 
     def is_capturing(self) -> bool:
         """True while the stream takes part in an active capture (``cudaStreamIsCapturing``)."""
-        from .graph.capture import CaptureStatus
+        from .graph import capture
 
-        return self._capture is not None and self._capture.status is CaptureStatus.ACTIVE
+        return capture.is_capturing(self)
 
     def capture_info(self) -> Any:
         """Status, id, graph and current dependencies of the capture (``cudaStreamGetCaptureInfo``)."""

@@ -547,6 +547,25 @@ def test_graph_capture_legacy_sync_query_or_wait_while_blocking_stream_captures_
     legacy.synchronize()
 
 
+@pytest.mark.parametrize("query", ["is_capturing", "capture_info"])
+def test_graph_capture_legacy_query_while_blocking_stream_captures_implicit(s, dev, query):
+    # cudaStreamIsCapturing / cudaStreamGetCaptureInfo on cudaStreamLegacy while a blocking
+    # stream captures: cudaErrorStreamCaptureImplicit, and the capture is not invalidated
+    legacy = dev.default_stream
+    s.begin_capture()  # a non-blocking stream's capture leaves the legacy stream queryable
+    assert getattr(legacy, query)() in (False, srt.CaptureInfo(srt.CaptureStatus.NONE, 0, None, ()))
+    s.end_capture()
+    b = srt.Stream(dev)
+    b.begin_capture()
+    b.launch_host_func(noop)
+    with pytest.raises(srt.CaptureImplicitError) as ei:
+        getattr(legacy, query)()
+    assert ei.value.code == 906
+    assert b.is_capturing()  # left as it was
+    assert len(b.end_capture().nodes()) == 1
+    assert getattr(legacy, query)() in (False, srt.CaptureInfo(srt.CaptureStatus.NONE, 0, None, ()))
+
+
 def test_graph_capture_legacy_use_while_joined_blocking_stream_captures_implicit(s, dev, buf):
     # the capture began on a non-blocking stream, but a blocking stream joined it: that stream
     # is capturing too, and the legacy stream would implicitly synchronize with it

@@ -296,10 +296,22 @@ def _unjoined(cap: Capture) -> list[Node]:
 
 def info(stream: Stream) -> CaptureInfo:
     """``cudaStreamGetCaptureInfo``."""
+    if stream._legacy and _active:
+        check_legacy_query(stream)
     cap = stream._capture
-    if cap is None:
-        return CaptureInfo(CaptureStatus.NONE, 0, None, ())
-    return CaptureInfo(cap.status, cap.id, cap.graph, tuple(cap.deps[stream]))
+    if cap is not None:
+        with cap._lock:
+            if cap.status is not CaptureStatus.NONE:  # not ended meanwhile by another thread
+                return CaptureInfo(cap.status, cap.id, cap.graph, tuple(cap.deps[stream]))
+    return CaptureInfo(CaptureStatus.NONE, 0, None, ())
+
+
+def is_capturing(stream: Stream) -> bool:
+    """``cudaStreamIsCapturing``: status ACTIVE."""
+    if stream._legacy and _active:
+        check_legacy_query(stream)
+    cap = stream._capture  # read once: another thread may end the capture
+    return cap is not None and cap.status is CaptureStatus.ACTIVE
 
 
 def update_dependencies(stream: Stream, nodes: Any, replace: bool) -> None:
@@ -391,6 +403,19 @@ def check_legacy(stream: Stream) -> None:
             raise CaptureImplicitError(
                 f"the legacy default stream of {stream.device.name} would implicitly synchronize "
                 f"with capturing {b!r}; use non-blocking streams"
+            )
+
+
+def check_legacy_query(stream: Stream) -> None:
+    """A capture query of the legacy default stream while a blocking stream of its device takes
+    part in a capture: ``cudaErrorStreamCaptureImplicit``, as CUDA returns it; unlike a use of the
+    legacy stream, the query leaves the capture as it is."""
+    for b in members(stream.device._blocking):
+        cap = b._capture
+        if cap is not None and cap.status is not CaptureStatus.NONE:
+            raise CaptureImplicitError(
+                f"the capture status of the legacy default stream of {stream.device.name} is "
+                f"unspecified while blocking {b!r} captures; use non-blocking streams"
             )
 
 
