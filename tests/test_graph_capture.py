@@ -191,6 +191,36 @@ def test_graph_capture_info_and_update_dependencies(s, s2):
     assert len(g.nodes()) == 4
 
 
+def test_graph_capture_nodes_dropped_by_replace_are_not_unjoined(s, s2):
+    # cudaStreamUpdateCaptureDependencies: "Nodes that are removed from the dependency set via
+    # this API do not result in cudaErrorStreamCaptureUnjoined if they are unreachable from the
+    # stream" (end_capture used to raise 904 for them)
+    s.begin_capture()
+    s.launch_host_func(noop)
+    a = s.capture_info().dependencies
+    s.launch_host_func(noop)  # b, dropped below with its ancestor a
+    s.update_capture_dependencies([], replace=True)
+    s.launch_host_func(noop)  # c, a new root
+    assert s.capture_info().dependencies[0].dependencies == ()
+    g = s.end_capture()
+    assert len(g.nodes()) == 3 and len(g.root_nodes()) == 2 and a[0] in g.root_nodes()
+    # a forked stream whose set is replaced, then never joined back: its dropped nodes are
+    # exempt, nodes it captured after the replace are not
+    s.begin_capture()
+    s2.wait(s.record())
+    s2.launch_host_func(noop)
+    s2.update_capture_dependencies([], replace=True)
+    s.launch_host_func(noop)
+    assert len(s.end_capture().nodes()) == 2
+    s.begin_capture()
+    s2.wait(s.record())
+    s2.update_capture_dependencies([], replace=True)
+    s2.launch_host_func(noop)  # captured after the replace, never joined
+    with pytest.raises(srt.CaptureUnjoinedError):
+        s.end_capture()
+    assert not s.is_capturing() and not s2.is_capturing()
+
+
 def test_graph_capture_info_of_joined_stream_is_its_own(s, s2):
     # a joined stream shares the capture (id, graph) but has its own dependency set
     s.begin_capture()

@@ -9,6 +9,9 @@ State and invariants:
   Waiting on it from an idle stream forks (the stream joins); from a stream of the same capture
   joins (node sets merge); from another capture is a merge error; a capturing stream waiting
   on uncaptured work is an isolation error.
+- ``end_capture`` requires every captured node to be an ancestor of the origin's dependency
+  set, or of a node that ``update_capture_dependencies(replace=True)`` took out of a set
+  (``dropped``): CUDA exempts those from ``cudaErrorStreamCaptureUnjoined``.
 - Status is ACTIVE until a violation invalidates it; an invalidated capture refuses further
   work and ``end_capture`` raises. Ending (successfully or not) makes every joined stream leave
   the capture and forgets the captured events.
@@ -98,6 +101,9 @@ class Capture:
         self.status = CaptureStatus.ACTIVE
         self.deps: dict[Stream, tuple[Node, ...]] = {origin: ()}
         self.events: list[Event] = []
+        # nodes update_capture_dependencies(replace=True) took out of a dependency set: CUDA
+        # does not count them unjoined ("if they are unreachable from the stream")
+        self.dropped: dict[Node, None] = {}
         self.reason = ""
         self._lock = threading.RLock()  # see the module docstring (host threads)
 
@@ -284,7 +290,7 @@ def end(stream: Stream) -> Graph:
 
 def _unjoined(cap: Capture) -> list[Node]:
     seen: set[int] = set()
-    stack = list(cap.deps[cap.origin])
+    stack = [*cap.deps[cap.origin], *cap.dropped]
     while stack:
         n = stack.pop()
         if id(n) in seen:
@@ -325,8 +331,10 @@ def update_dependencies(stream: Stream, nodes: Any, replace: bool) -> None:
     with cap._lock:
         if cap.status is CaptureStatus.NONE:  # ended meanwhile by another thread
             raise IllegalStateError(f"{stream!r} is not capturing")
-        base = () if replace else cap.deps[stream]
-        cap.deps[stream] = tuple(dict.fromkeys((*base, *new)))
+        old = cap.deps[stream]
+        if replace:
+            cap.dropped.update(dict.fromkeys(n for n in old if n not in new))
+        cap.deps[stream] = tuple(dict.fromkeys((*(() if replace else old), *new)))
 
 
 def capture_wait(stream: Stream, event: Event, ce: Capture | None) -> None:
