@@ -134,6 +134,9 @@ def synchronize_device(device: Device, *, skip_capturing: bool = False) -> None:
 def reset_device(device: Device) -> None:
     """``aclrtResetDevice``: synchronize, then destroy the device's graph execs, streams, pools,
     events' records and memory."""
+    from .graph.capture import abandon
+
+    abandon(device)  # captures with a stream of the device end, returning no graph
     try:
         synchronize_device(device)
     except StreamRTError:

@@ -491,6 +491,13 @@ class Stream:
         if self._legacy:
             raise InvalidHandleError("the legacy default stream cannot be destroyed")
         self._check_alive()
+        cap = self._capture
+        if cap is not None:
+            # a capture keeps its streams until end_capture: destroying one would leave the
+            # capture active for good (refusing every unsafe call and device synchronize)
+            from .graph.capture import illegal_sync
+
+            illegal_sync(self, cap, "destroy")
         self._destroy_quiet()
 
     def _destroy_quiet(self) -> None:

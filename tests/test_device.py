@@ -165,6 +165,25 @@ def test_device_reset_destroys_everything():
     d.default_stream.synchronize()
 
 
+def test_device_reset_ends_captures_of_its_streams():
+    # a reset destroyed a capturing stream and left its capture active: srt.malloc (GLOBAL mode)
+    # and device synchronizes were refused for good
+    d, other = srt.Device("cpu:1"), srt.Device("cpu:0")
+    s = srt.Stream(d, non_blocking=True)
+    s.begin_capture()
+    s.launch_host_func(print)
+    o = srt.Stream(other, non_blocking=True)
+    o.begin_capture(srt.CaptureMode.RELAXED)  # another device's capture is left alone
+    d.reset()
+    assert not s.is_capturing() and o.is_capturing()
+    with pytest.raises(srt.InvalidHandleError):
+        s.launch_host_func(print)
+    assert len(o.end_capture().nodes()) == 0
+    p = srt.malloc(16, device=d)
+    srt.free(p)
+    d.synchronize()
+
+
 def test_device_reset_destroys_graph_execs(any_dev):
     d = any_dev
     with d:

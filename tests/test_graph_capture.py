@@ -531,6 +531,23 @@ def test_graph_capture_wait_on_unrecorded_event_is_noop(s, dev):
     assert len(s.end_capture().nodes()) == 1
 
 
+@pytest.mark.parametrize("which", ["origin", "joined"])
+def test_graph_capture_destroy_of_a_capturing_stream_is_refused(s, s2, which):
+    # destroying a stream of the capture left the capture active for good: every later unsafe
+    # call (GLOBAL) and device synchronize was refused, with no stream left to end it on
+    s.begin_capture()
+    s.launch_host_func(noop)
+    s2.wait(s.record())
+    with pytest.raises(srt.CaptureUnsupportedError) as ei:
+        (s if which == "origin" else s2).destroy()
+    assert ei.value.code == 900
+    assert_invalidated_then_ended(s, s2)
+    s2.destroy()  # after the end: allowed
+    p = srt.malloc(16)
+    srt.free(p)
+    s.device.synchronize()
+
+
 # -- 906 implicit ---------------------------------------------------------------------------------
 def test_graph_capture_legacy_stream_refused(dev):
     with pytest.raises(srt.CaptureError):

@@ -288,6 +288,15 @@ def end(stream: Stream) -> Graph:
     return cap.graph
 
 
+def abandon(device: Device) -> None:
+    """End, with no graph, every capture that a stream of ``device`` takes part in (a reset)."""
+    with _lock:
+        caps = list(_active)
+    for c in caps:
+        if any(s.device is device for s in list(c.deps)):
+            c.finish()
+
+
 def _unjoined(cap: Capture) -> list[Node]:
     seen: set[int] = set()
     stack = [*cap.deps[cap.origin], *cap.dropped]
