@@ -81,9 +81,11 @@ class Event:
         """Milliseconds from this event to ``end``; both must be timing events, recorded, complete."""
         if not isinstance(end, Event):
             raise InvalidTypeError(f"elapsed_time needs an Event, not {type(end).__name__}")
+        for e in (self, end):  # cudaErrorCapturedEvent: last recorded in a capturing stream
+            e._check_alive()
+            e._check_capture("elapsed_time")
         recs = self._rec, end._rec
         for e, (s, _pos, _clock, stamp) in zip((self, end), recs, strict=True):
-            e._check_alive()
             if not e.timing:
                 raise InvalidHandleError(
                     f"{e!r} was created without timing=True; it cannot measure elapsed time"

@@ -655,6 +655,24 @@ def test_graph_capture_captured_event_sync_or_query(s, s2, what):
     getattr(e, what)()  # no longer captured
 
 
+@pytest.mark.parametrize("which", ["start", "end"])
+def test_graph_capture_captured_event_elapsed_time(s, which):
+    # cudaErrorCapturedEvent covers any use of an event last recorded in a capturing stream:
+    # elapsed_time returned the timing of the event's previous, uncaptured record
+    t0, t1 = srt.Event(timing=True), srt.Event(timing=True)
+    s.record(t0)
+    s.record(t1)
+    s.synchronize()
+    before = t0.elapsed_time(t1)
+    s.begin_capture()
+    s.record(t0 if which == "start" else t1)
+    with pytest.raises(srt.CapturedEventError) as ei:
+        t0.elapsed_time(t1)
+    assert ei.value.code == 907
+    assert_invalidated_then_ended(s)
+    assert t0.elapsed_time(t1) == before  # the uncaptured records are what is left
+
+
 def test_graph_capture_event_rerecorded_in_another_capture_stays_captured(s, s2):
     # an event belongs to the capture that recorded it last: ending the first capture must not
     # release it from the second
