@@ -42,6 +42,13 @@ def free(ptr: int) -> None:
             instrument.notify("free", None, ptr)
         pool._free_now(ptr)
         return
+    from .graph import memory as graph_memory
+
+    a = graph_memory.find(ptr)
+    if a is not None:  # graph memory outlives its launch until freed, cudaFree included
+        synchronize_device(a.device, skip_capturing=True)
+        graph_memory.free_outside(ptr, None)
+        return
     for dev in devices():
         if dev._impl.owns(ptr):
             synchronize_device(dev, skip_capturing=True)

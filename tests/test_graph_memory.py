@@ -209,7 +209,15 @@ def test_graph_memory_auto_free_on_launch_frees_the_previous_allocation(s, dev):
     assert dev.graph_mem_info()["used"] == base
     ge.destroy()
 
-def test_graph_memory_free_outside_the_graph_allows_relaunch(s):
+FREES = ["s.free", "srt.free"]  # cudaFreeAsync, or cudaFree (synchronous), outside the graph
+
+
+def _free_outside(how: str, s: srt.Stream, ptr: int) -> None:
+    s.free(ptr) if how == "s.free" else srt.free(ptr)
+
+
+@pytest.mark.parametrize("how", FREES)
+def test_graph_memory_free_outside_the_graph_allows_relaunch(s, how):
     g, (a,) = _pairs_chain(1, N * 4, free=False)
     ge = g.instantiate()
     ptrs = []
@@ -221,10 +229,10 @@ def test_graph_memory_free_outside_the_graph_allows_relaunch(s):
         s.launch(add_one_kernel, a.ptr, N)
         s.synchronize()
         assert (_read(a.ptr) == 1.0).all()
-        s.free(a.ptr)  # graph memory freed outside the graph
+        _free_outside(how, s, a.ptr)  # graph memory freed outside the graph
     assert len(set(ptrs)) == 1  # the address is stable across launches
     with pytest.raises(srt.InvalidAddressError):
-        s.free(a.ptr)  # double free
+        _free_outside(how, s, a.ptr)  # double free
     ge.destroy()
 
 
@@ -289,7 +297,8 @@ def test_graph_memory_one_live_exec_per_allocation(s):
     ge2.destroy()
 
 
-def test_graph_memory_unmapped_without_live_exec(s):
+@pytest.mark.parametrize("how", FREES)
+def test_graph_memory_unmapped_without_live_exec(s, how):
     g, (a,) = _pairs_chain(1, N * 4, free=False)
     with pytest.raises(srt.InvalidAddressError):
         srt.memset(a.ptr, 0, 4)  # not instantiated: no backing yet
@@ -302,7 +311,7 @@ def test_graph_memory_unmapped_without_live_exec(s):
     assert srt.Device().graph_mem_info()["used"] >= N * 4
     with pytest.raises(srt.InvalidValueError):
         g.instantiate()  # its memory is still held for the live allocation
-    s.free(a.ptr)  # the last live allocation: the destroyed exec's memory goes after it
+    _free_outside(how, s, a.ptr)  # the last live allocation: the destroyed exec's memory goes
     s.synchronize()
     with pytest.raises(srt.InvalidAddressError):
         srt.memset(a.ptr, 0, 4)

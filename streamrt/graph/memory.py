@@ -107,22 +107,24 @@ def find(ptr: int) -> GraphAlloc | None:
 
 
 def free_outside(ptr: int, stream: Any) -> None:
-    """``s.free`` of graph memory after a launch: the allocation is no longer live."""
+    """``s.free`` (``stream``) or ``srt.free`` (None, after a device synchronize) of graph memory
+    after a launch: the allocation is no longer live."""
     a = _allocs.get(ptr)
     if a is None or not a.live:
         raise InvalidAddressError(f"free of {hex(ptr)}: graph allocation is not live (double free?)")
-    freed(a, stream, stream._pos)
+    freed(a, stream, 0 if stream is None else stream._pos)
 
 
 def freed(a: GraphAlloc, stream: Any, pos: int) -> None:
-    """``a`` is no longer live once ``stream`` passes ``pos``: retired memory held for it may now
-    go (after ``pos``)."""
+    """``a`` is no longer live once ``stream`` passes ``pos`` (at once for None): retired memory
+    held for it may now go (after ``pos``)."""
     with LOCK:
         a.live = False
         _account(a.device, -a.size)
         owner = a.range.owner
         if owner is not None and owner.retired:
-            owner.after.append((stream, pos))
+            if stream is not None:
+                owner.after.append((stream, pos))
             owner.release()
 
 
