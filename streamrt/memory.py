@@ -483,6 +483,14 @@ class MemPool(ArenaMixin, ReuseMixin):
         b = self._blocks.get(ptr)
         return b.size if b is not None and b.live else None
 
+    def _room(self, ptr: int) -> int | None:
+        """Bytes from ``ptr`` to the end of the live block holding it (None: in no live block)."""
+        with self._lock:
+            i = self._blocks.bisect_right(ptr) - 1
+            b = self._blocks.peekitem(i)[1] if i >= 0 else None
+            return b.addr + b.size - ptr if b is not None and b.live and ptr < b.addr + b.size \
+                else None
+
     def _on_sync(self) -> None:
         """Promote the frees a host synchronize proved, then apply the release threshold."""
         with self._lock:
@@ -559,8 +567,8 @@ sync_listeners.append(_on_any_sync)
 
 
 def usable_bytes(ptr: int) -> int | None:
-    """Bytes from ``ptr`` to the end of its live allocation (a pool block starting at ``ptr``,
-    or any ``srt.malloc`` allocation containing it); None when ``ptr`` is not in one."""
+    """Bytes from ``ptr`` to the end of the live allocation holding it (a pool block or an
+    ``srt.malloc`` allocation: pointer arithmetic inside one is legal); None when in none."""
     pool = _owners.get(ptr)
     if pool is not None:
         return pool._usable(ptr)
@@ -574,7 +582,7 @@ def usable_bytes(ptr: int) -> int | None:
         return None
     for p in members(_pools):  # a pool's arena is not itself an allocation the user owns
         if alloc.base == p._arena:
-            return None
+            return p._room(ptr)  # inside one of its blocks, if live
     return alloc.end - ptr
 
 

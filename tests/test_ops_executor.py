@@ -201,7 +201,10 @@ def _bad_calls(s, size, ex):
         ("size mismatch", lambda: ops.softmax(ws, size + 1, ex, s), INVALID),
         ("size not an int", lambda: ops.softmax(ws, float(size), ex, s), INVALID),
         ("freed workspace", lambda: ops.softmax(freed, size, ex, s), INVALID),
-        ("interior pointer", lambda: ops.softmax(ws + 64, size, ex, s), INVALID),
+        ("interior pointer, too few bytes left", lambda: ops.softmax(ws + 64, size, ex, s),
+         INVALID),
+        ("interior pointer of a freed block", lambda: ops.softmax(freed + 64, size, ex, s),
+         INVALID),
         ("workspace on another device", lambda: ops.softmax(far, size, ex, s), INVALID),
         ("workspace not a pointer", lambda: ops.softmax("ws", size, ex, s), INVALID),
         ("no executor", lambda: ops.softmax(ws, size, None, s), NULLPTR),
@@ -256,18 +259,20 @@ def test_executor_accepts_an_srt_malloc_workspace(s):
     srt.free(ws)
 
 
-def test_executor_workspace_one_byte_short_is_refused(s):
-    # allocations round to 512 bytes; an interior pointer of an srt.malloc allocation, placed
-    # from its end, shows an off-by-one
+@pytest.mark.parametrize("alloc", ["srt.malloc", "s.malloc"])
+def test_executor_workspace_one_byte_short_is_refused(s, alloc):
+    # allocations round to 512 bytes; an interior pointer (legal pointer arithmetic, e.g. one
+    # buffer carved into workspaces), placed from the end, shows an off-by-one; a pool block's
+    # interior pointer was refused outright
     x, out, ref = softmax_setup(s)
     size, ex = ops.softmax.get_workspace_size(x, out)
-    r = (size + 511) // 512 * 512
-    base = srt.malloc(r)
+    r = (size + 511) // 512 * 512 + 1024
+    base = srt.malloc(r) if alloc == "srt.malloc" else s.malloc(r)
     err = raises(INVALID, ops.softmax, base + r - size + 1, size, ex, s)  # size - 1 bytes left
     assert str(size - 1) in str(err)
     ops.softmax(base + r - size, size, ex, s)  # exactly size bytes: accepted
     np.testing.assert_allclose(out.numpy(s), ref, rtol=1e-5)
-    srt.free(base)
+    srt.free(base) if alloc == "srt.malloc" else s.free(base)
 
 
 # -- one-shot and repeatable -----------------------------------------------------------------------

@@ -263,8 +263,8 @@ def _check_workspace(name: str, ws: Any, size: int, ex: Executor) -> None:
     if sanitizer.enabled() and have is not None and have >= size:
         sanitizer._SAN.tag(ws, f"workspace of {name}")  # names it in later findings
     if have is None:
-        raise _bad(name, f"workspace {hex(ws)} is not a live device allocation (freed, never "
-                         "allocated, or an interior pointer of a pool block)")
+        raise _bad(name, f"workspace {hex(ws)} is not in a live device allocation (freed, or "
+                         "never allocated)")
     if have < size:
         raise _bad(name, f"workspace {hex(ws)} holds {have} bytes, the executor needs {size}")
     if device_of(ws) is not ex.device:
