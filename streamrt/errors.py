@@ -237,11 +237,23 @@ class ExecutorError(StreamRTError):
         561003: "ACLNN_ERR_INNER_FIND_KERNEL_ERROR",
     }
 
+    def __new__(cls, message: str = "", code: int | None = None) -> ExecutorError:
+        # a bad parameter (PARAM_NULLPTR, PARAM_INVALID) is also a ValueError, as DESIGN §7 asks
+        # of bad arguments; runtime and inner errors are not
+        if cls is ExecutorError and code in (None, 161001, 161002):
+            cls = ExecutorParamError
+        return super().__new__(cls, message, code)
+
     def __init__(self, message: str, code: int | None = None) -> None:
         super().__init__(message)
         if code is not None:
             self.code = code
             self.name = self._NAMES.get(code, f"ACLNN_ERR_{code}")
+
+
+class ExecutorParamError(ExecutorError, ValueError):
+    """An :class:`ExecutorError` for a bad parameter (161001 PARAM_NULLPTR, 161002
+    PARAM_INVALID); ``ExecutorError(msg, code)`` makes one for those codes."""
 
 
 class SanitizerError(StreamRTError):

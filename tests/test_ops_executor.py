@@ -44,6 +44,8 @@ def raises(code, fn, *args, **kwargs):
     with pytest.raises(srt.ExecutorError) as info:
         fn(*args, **kwargs)
     assert info.value.code == code, info.value
+    # a bad parameter is also a ValueError (DESIGN §7); an inner or runtime error is not
+    assert isinstance(info.value, ValueError) is (code in (NULLPTR, INVALID)), info.value
     return info.value
 
 
