@@ -299,9 +299,7 @@ class Sanitizer:
         f = self._seen.get(key)
         if f is not None:
             return f
-        streams = tuple(x.where() if isinstance(x, OpInfo) else x.describe()
-                        for x in (op, other) if x is not None)
-        f = self._seen[key] = Finding(kind, ptr, nbytes, msg, op, other, streams)
+        f = self._seen[key] = _finding(kind, ptr, nbytes, op, other, msg)
         self.findings.append(f)
         return f
 
@@ -433,21 +431,28 @@ def raise_pending() -> None:
         raise SanitizerError(f"{f.kind}: {f.message}", f)
 
 
+def _finding(kind: str, ptr: int, nbytes: int, op: Any, other: Any, msg: str) -> Finding:
+    streams = tuple(x.where() if isinstance(x, OpInfo) else x.describe()
+                    for x in (op, other) if x is not None)
+    return Finding(kind, ptr, nbytes, msg, op, other, streams)
+
+
 def check_leaks() -> list[Finding]:
-    """Findings for what is still alive: executors, stream-ordered and synchronous allocations."""
+    """Findings for what is still alive: executors, stream-ordered and synchronous allocations.
+    Returned only: what is alive now may be freed later, so none is raised at a synchronize."""
     from .ops.executor import live_executors
 
     found = []
     with _SAN._lock:
         n = live_executors()
         if n:
-            found.append(_SAN._find("leak", 0, 0, None, None,
-                                    f"{n} operator executor(s) never released (destroy them, or "
-                                    "let ops.run manage them)"))
+            found.append(_finding("leak", 0, 0, None, None,
+                                  f"{n} operator executor(s) never released (destroy them, or "
+                                  "let ops.run manage them)"))
         for ptr, g in sorted(_SAN._live.items()):
-            found.append(_SAN._find("leak", ptr, g.hi - g.lo, None, g.alloc,
-                                    f"{g.label} {hex(ptr)} ({g.hi - g.lo} B) never freed: "
-                                    f"{g.alloc.describe()}"))
+            found.append(_finding("leak", ptr, g.hi - g.lo, None, g.alloc,
+                                  f"{g.label} {hex(ptr)} ({g.hi - g.lo} B) never freed: "
+                                  f"{g.alloc.describe()}"))
     return found
 
 

@@ -284,14 +284,18 @@ def test_sanitizer_keeps_the_name_of_a_failing_operation(dev, san):
 def test_sanitizer_leaks(dev, san):
     s, = streams(dev, 1)
     p = s.malloc(4096)
-    size, ex = ops.add.get_workspace_size(
-        srt.Tensor.empty((4,), np.float32, stream=s), srt.Tensor.empty((4,), np.float32, stream=s),
-        srt.Tensor.empty((4,), np.float32, stream=s))
+    ts = [srt.Tensor.empty((4,), np.float32, stream=s) for _ in range(3)]
+    size, ex = ops.add.get_workspace_size(*ts)
     found = srt.sanitizer.check_leaks()
     assert any(f.kind == "leak" and f.ptr == p for f in found)
     assert any("executor" in f.message for f in found)
+    assert not srt.sanitizer.report()  # only returned: a leak check raises nothing later
     ex.destroy()
     s.free(p)
+    for t in ts:
+        t.free(s)
+    s.synchronize()
+    assert not [f for f in srt.sanitizer.check_leaks() if f.ptr in (0, p, *(t.ptr for t in ts))]
 
 
 def test_sanitizer_enable_validation():
