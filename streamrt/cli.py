@@ -44,10 +44,16 @@ def _info(args: argparse.Namespace) -> int:
         "STREAMRT_CPU_DELAY_US": "random worker delay before each op, for ordering tests",
         "STREAMRT_LAUNCH_BLOCKING": "every enqueue synchronous",
         "STREAMRT_CACHE_DIR": "NVRTC kernel cache root (default ~/.cache/streamrt)",
+        "STREAMRT_SANITIZE": "1 (raise) or collect: the sanitizer on from the start",
+        "STREAMRT_TRACE": "path of a Chrome/Perfetto trace written at exit",
+        "STREAMRT_OPS_LOG": "1: log every operator plan (logger streamrt.ops)",
     }
     for k, what in env.items():
         print(f"  {k:26s} = {os.environ.get(k, '(unset)'):10s} {what}")
-    print(f"  in effect: launch blocking {launch_blocking()}, cpu delay {delay_us()} us")
+    from . import sanitizer
+
+    print(f"  in effect: launch blocking {launch_blocking()}, cpu delay {delay_us()} us, "
+          f"sanitizer {'on' if sanitizer.enabled() else 'off'}")
     return 0
 
 

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+import streamrt as streamrt_pkg
 
 
 def streamrt(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
@@ -18,6 +22,11 @@ def test_cli_info():
     assert r.returncode == 0, r.stderr
     assert "cpu:0" in r.stdout and "cpu:1" in r.stdout
     assert "STREAMRT_CPU_DELAY_US" in r.stdout and "cuda" in r.stdout
+    # every setting the package reads is listed
+    src = Path(streamrt_pkg.__file__).parent
+    read = {m for f in src.rglob("*.py") for m in re.findall(r"STREAMRT_[A-Z_]+", f.read_text())}
+    assert read and all(k in r.stdout for k in read), read - set(re.findall(r"STREAMRT_\w+",
+                                                                           r.stdout))
 
 
 def test_cli_demo_runs_and_checks():
