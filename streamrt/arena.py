@@ -3,13 +3,15 @@
 Mixed into :class:`~streamrt.memory.MemPool` (all state is the pool's, guarded by its lock):
 ``_arena`` (base address, 0 before the first allocation), ``_va`` (its size: the device's
 capacity), ``_top`` (where the blocks end), ``_mapped`` (offsets of mapped granules; reserved
-bytes are ``len(_mapped) * GRANULE``) and ``_holes`` (some granule below the top is unmapped).
+bytes are ``len(_mapped) * _granule``, see :func:`granule_for`) and ``_holes`` (some granule
+below the top is unmapped).
 Growth extends the top free block or appends one; release unmaps granules lying wholly inside
 ready free blocks; an allocation maps the granules it lands on, within ``max_size``.
 """
 
 from __future__ import annotations
 
+import mmap
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +24,15 @@ if TYPE_CHECKING:
 
 ALIGN = 512
 GRANULE = 2 << 20  # physical memory is mapped into a pool's arena in granules of this size
+
+
+def granule_for(max_size: int) -> int:
+    """A pool's granule: ``GRANULE``, or for a ``max_size`` below it the largest power of two
+    that fits (at least a page), so that a small pool can map memory at all."""
+    if not max_size or max_size >= GRANULE:
+        return GRANULE
+    return max(mmap.PAGESIZE, 1 << (max_size.bit_length() - 1))
+
 SMALL_REQUEST = 1 << 20  # requests up to this are small: placed at the high end of a block
 
 
@@ -38,7 +49,7 @@ class ArenaMixin:
         extend = (last is not None and not last.live and last.addr + last.size == self._arena + top
                   and (last.stream is None or last.stream is a))
         base = last.addr - self._arena if extend else top
-        new_top = min((base + size + GRANULE - 1) // GRANULE * GRANULE, self._va)
+        new_top = min((base + size + self._granule - 1) // self._granule * self._granule, self._va)
         if base + size > new_top:
             return None  # the arena (the device's capacity) is full
         if new_top <= top:
@@ -52,7 +63,7 @@ class ArenaMixin:
         except OutOfMemoryError:
             return None
         self._top = new_top
-        self._holes = new_top != len(self._mapped) * GRANULE
+        self._holes = new_top != len(self._mapped) * self._granule
         if extend:
             self._remove_free(last)
             last.size = self._arena + new_top - last.addr
@@ -68,11 +79,12 @@ class ArenaMixin:
         impl = self.device._impl
         # addresses for the whole device: max_size limits mapped memory, not addresses, so
         # free blocks a stream cannot use yet never stop the arena from growing
-        self._va = max(GRANULE, (impl.capacity + GRANULE - 1) // GRANULE * GRANULE)
+        self._va = max(self._granule, (impl.capacity + self._granule - 1) // self._granule * self._granule)
         self._arena = base = impl.reserve(self._va)
         # a pool dropped without destroy() gives its memory back when it is collected (it
         # cannot be while it has live allocations: ``_owners`` refers to it)
-        self._finalizer = weakref.finalize(self, impl.reclaim, _release_arena, impl, base, self._mapped)
+        self._finalizer = weakref.finalize(self, impl.reclaim, _release_arena, impl, base,
+                                          self._mapped, self._granule)
         from .backends.cpu import SPACE
 
         arena = SPACE.get(base)
@@ -93,35 +105,36 @@ class ArenaMixin:
             return
         base, mapped = self._arena, self._mapped
         for b in sorted(self._ready.blocks(), key=lambda x: -x.addr):
-            g0 = (b.addr - base + GRANULE - 1) // GRANULE * GRANULE
-            g = (b.addr + b.size - base) // GRANULE * GRANULE - GRANULE
+            g0 = (b.addr - base + self._granule - 1) // self._granule * self._granule
+            g = (b.addr + b.size - base) // self._granule * self._granule - self._granule
             while g >= g0:
-                if self._reserved - GRANULE < keep:
+                if self._reserved - self._granule < keep:
                     return
                 if g in mapped:
-                    self.device._impl.decommit(base, g, GRANULE)
+                    self.device._impl.decommit(base, g, self._granule)
                     mapped.discard(g)
-                    self._reserved -= GRANULE
+                    self._reserved -= self._granule
                     self._stats["release_count"] += 1
                     self._holes = True
-                g -= GRANULE
+                g -= self._granule
 
     def _fully_mapped(self, b: _Block) -> bool:
         base = self._arena
-        first = (b.addr - base) // GRANULE * GRANULE
-        return all(g in self._mapped for g in range(first, b.addr + b.size - base, GRANULE))
+        first = (b.addr - base) // self._granule * self._granule
+        return all(g in self._mapped for g in range(first, b.addr + b.size - base, self._granule))
 
     def _mappable(self, b: _Block, size: int) -> bool:
         """Whether an allocation of ``size`` placed in ``b`` can map what it lands on under
         ``max_size`` (a block over unmapped granules is usable only if it can)."""
         off = b.addr - self._arena
         lo, hi = (off + b.size - size, off + b.size) if size <= SMALL_REQUEST else (off, off + size)
-        more = len(self._missing(lo, hi)) * GRANULE
+        more = len(self._missing(lo, hi)) * self._granule
         return not more or not self.max_size or self._reserved + more <= self.max_size
 
     def _missing(self, lo: int, hi: int) -> list[int]:
         """Offsets of the unmapped granules overlapping arena offsets ``[lo, hi)``."""
-        return [g for g in range(lo // GRANULE * GRANULE, hi, GRANULE) if g not in self._mapped]
+        gr, mapped = self._granule, self._mapped
+        return [g for g in range(lo // gr * gr, hi, gr) if g not in mapped]
 
     def _map_range(self, addr: int, nbytes: int) -> None:
         """Map the granules under ``[addr, addr + nbytes)`` that are not."""
@@ -133,12 +146,12 @@ class ArenaMixin:
         if not missing:
             return
         mapped = self._mapped
-        more = len(missing) * GRANULE
+        more = len(missing) * self._granule
         if self.max_size and self._reserved + more > self.max_size:
             raise OutOfMemoryError("max_size")
         self.device._impl.commit(more)
         mapped.update(missing)
-        self._holes = self._top != len(mapped) * GRANULE
+        self._holes = self._top != len(mapped) * self._granule
         self._reserved += more
         if self._reserved > self._reserved_high:
             self._reserved_high = self._reserved
@@ -150,8 +163,8 @@ class ArenaMixin:
     def _drop_arena(self) -> None:
         """A destroyed pool with nothing left: give its address range back."""
         for g in sorted(self._mapped):
-            self.device._impl.decommit(self._arena, g, GRANULE)
-            self._reserved -= GRANULE
+            self.device._impl.decommit(self._arena, g, self._granule)
+            self._reserved -= self._granule
         self._mapped.clear()
         self._finalizer.detach()
         self.device._impl.unreserve(self._arena)
@@ -161,10 +174,10 @@ class ArenaMixin:
         self._holes = False
 
 
-def _release_arena(impl: Any, base: int, mapped: set[int]) -> None:
+def _release_arena(impl: Any, base: int, mapped: set[int], granule: int) -> None:
     try:
         for g in mapped:
-            impl.decommit(base, g, GRANULE)
+            impl.decommit(base, g, granule)
         mapped.clear()
         impl.unreserve(base)
     except (StreamRTError, KeyError):

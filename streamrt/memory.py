@@ -3,7 +3,8 @@
 State and invariants (per pool, all guarded by ``_lock``):
 - Each pool reserves one address range (the arena, as large as the device, as CUDA's pools
   reserve virtual addresses) and maps physical memory into it in 2 MiB granules
-  (``_mapped``); ``reserved`` is the mapped bytes. Blocks tile ``[arena, arena + top)`` as a
+  (``_mapped``; a pool whose ``max_size`` is below that, in the largest power of two that
+  fits); ``reserved`` is the mapped bytes. Blocks tile ``[arena, arena + top)`` as a
   doubly linked list, also indexed by address. Free blocks may cross granule boundaries, so
   free space never stays split at a reservation edge.
 - A block is live (allocated, in ``_owners``) or free. A free block is either *pending*: freed
@@ -48,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 from sortedcontainers import SortedDict
 
 from . import instrument
-from .arena import ALIGN, SMALL_REQUEST, ArenaMixin
+from .arena import ALIGN, SMALL_REQUEST, ArenaMixin, granule_for
 from .device import Device, members
 from .errors import (
     InvalidAddressError,
@@ -126,6 +127,7 @@ class MemPool(ArenaMixin, ReuseMixin):
         self._lock = threading.Lock()
         self._arena = 0  # base of the pool's reserved address range (0: none yet)
         self._va = 0  # its size
+        self._granule = granule_for(self.max_size)  # the unit of mapping (see arena.py)
         self._top = 0  # offset where the blocks end: they tile [arena, arena + top)
         self._mapped: set[int] = set()  # offsets of the granules backed by physical memory
         self._holes = False  # some granule below the top is not mapped

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .arena import ALIGN, GRANULE
+from .arena import ALIGN
 from .errors import OutOfMemoryError
 from .freelist import Block as _Block
 
@@ -96,7 +96,7 @@ class ReuseMixin:
         if best is None:
             return None
         off = best[0].addr - self._arena  # the allocation takes the run's first bytes
-        if self._holes and self.max_size and self._reserved + GRANULE * len(
+        if self._holes and self.max_size and self._reserved + self._granule * len(
                 self._missing(off, off + size)) > self.max_size:
             return None  # it could not map what it would land on
         pieces = [(b.addr, b.size, b.stream, b.pos) for b in best]

@@ -280,6 +280,29 @@ def test_pool_max_size_respected(dev):
 
 
 
+@pytest.mark.parametrize("limit", [64 << 10, 1 << 20, (1 << 20) + 4096])
+def test_pool_max_size_below_a_granule_serves_up_to_its_size(dev, limit):
+    # a pool smaller than the 2 MiB mapping granule could not map anything: every allocation,
+    # 20 bytes included, was OutOfMemoryError; it maps a granule of its own size now
+    pool = srt.MemPool(dev, max_size=limit)
+    s = stream(dev)
+    usable = 1 << (limit.bit_length() - 1)  # a power-of-two granule: the rest stays unused
+    a = s.malloc(20, pool)
+    b = s.malloc(usable - 512, pool)  # the rest of the granule
+    assert pool.reserved_mem_current == usable <= limit
+    with pytest.raises(srt.OutOfMemoryError):
+        s.malloc(512, pool)
+    s.memset(b, 7, usable - 512)
+    s.memset(a, 1, 20)
+    s.synchronize()
+    assert srt.read(b, (usable - 512,), np.uint8).min() == 7
+    s.free(a)
+    s.free(b)
+    s.synchronize()
+    assert pool.reserved_mem_current == 0  # threshold 0: released at the synchronize
+    assert pool.reserved_mem_high == usable
+
+
 def test_pool_max_size_skips_a_block_it_could_not_map_again(dev, gate):
     # max_size bounds mapped (reserved) bytes, not used ones: a ready block whose granule went
     # back to the device is usable only if mapping it again fits; if not, the next step serves
