@@ -48,6 +48,8 @@ def free(ptr: int) -> None:
     if a is not None:  # graph memory outlives its launch until freed, cudaFree included
         synchronize_device(a.device, skip_capturing=True)
         graph_memory.free_outside(ptr, None)
+        if instrument.listeners:
+            instrument.notify("free", None, ptr)
         return
     for dev in devices():
         if dev._impl.owns(ptr):

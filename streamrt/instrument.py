@@ -23,6 +23,9 @@ _PKG = os.path.dirname(os.path.abspath(__file__))
 _seq = itertools.count(1)
 _tls = threading.local()
 listeners: list[Any] = []  # objects with op_start(op), op_end(op) and optional on_* hooks
+# key of a graph launch's ``OpInfo.args``: what its memory nodes do (keys starting with "_" are
+# for listeners, not shown in traces)
+GRAPH_MEMORY = "_graph_memory"
 
 
 class OpInfo:

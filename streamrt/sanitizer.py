@@ -4,7 +4,10 @@ State and invariants (guarded by ``_lock``):
 - Every allocation is a *generation*: a range with its alloc event and, once freed, its free
   event. Stream-ordered allocations are events of their stream (a malloc enqueues a marker so
   it has a position); ``srt.malloc``/``srt.free`` are host events, ordered by enqueue sequence
-  (``srt.free`` synchronizes the device first). Freed generations are kept for a while, so a
+  (``srt.free`` synchronizes the device first). A graph allocation is an event of the graph
+  launch that runs its MEM_ALLOC node: ordered before that launch's descendants of the node
+  and before whatever is ordered after the launch; a MEM_FREE node likewise.
+  Freed generations are kept for a while, so a
   late access is reported as a use-after-free rather than as an unknown address.
 - Each generation keeps its recent accesses ``(lo, hi, write, op)``. A new access is checked
   against the newest generation whose alloc is ordered before it (none: use-before-alloc),
@@ -35,7 +38,7 @@ from sortedcontainers import SortedList
 from . import instrument
 from .device import members
 from .errors import InvalidValueError, SanitizerError
-from .instrument import OpInfo
+from .instrument import GRAPH_MEMORY, OpInfo
 
 __all__ = ["enable", "disable", "enabled", "report", "clear", "check_leaks", "Finding"]
 
@@ -64,9 +67,11 @@ class Finding:
 
 
 class _Event:
-    """An alloc or free: on a stream at a position (with its clock), or on the host."""
+    """An alloc or free: on a stream at a position (with its clock), or on the host; or a
+    graph memory node (``index`` >= 0) of the graph launch at that stream position, with the
+    bitset of the launch's nodes ordered before it."""
 
-    __slots__ = ("stream", "pos", "clock", "seq", "site", "what")
+    __slots__ = ("stream", "pos", "clock", "seq", "site", "what", "index", "ancestors")
 
     def __init__(self, stream: Any, what: str, clock: dict[int, int] | None = None) -> None:
         self.stream = stream
@@ -75,9 +80,27 @@ class _Event:
         self.seq = next(instrument._seq)
         self.site = instrument.user_site()
         self.what = what
+        self.index = -1
+        self.ancestors = 0
+
+    @classmethod
+    def of_launch(cls, launch: OpInfo, what: str, seq: float, index: int = -1,
+                  ancestors: int = 0) -> _Event:
+        """An event of graph launch ``launch``: at its node ``index``, or at its start (-1)."""
+        e = cls.__new__(cls)
+        e.stream, e.pos, e.clock, e.seq = launch.stream, launch.pos, launch.clock, seq
+        e.site, e.what, e.index, e.ancestors = launch.site, what, index, ancestors
+        return e
+
+    def in_launch_of(self, x: OpInfo) -> bool:
+        """Whether ``x`` is a node of the graph launch this node event belongs to."""
+        p = x.parent
+        return self.index >= 0 and p is not None and p.stream is self.stream and p.pos == self.pos
 
     def describe(self) -> str:
         where = f"{self.stream.name}@{self.pos}" if self.stream is not None else "the host"
+        if self.index >= 0:
+            where += f" node #{self.index}"
         return f"{self.what} on {where}" + (f" (at {self.site})" if self.site else "")
 
 
@@ -127,6 +150,8 @@ def op_before_op(a: OpInfo, x: OpInfo) -> bool:
 
 
 def _alloc_before(e: _Event, x: OpInfo) -> bool:
+    if e.in_launch_of(x):  # a node of the launch that allocated: the DAG orders them
+        return bool(x.ancestors >> e.index & 1)
     tx = _top(x)
     if e.stream is None:
         return e.seq < tx.seq
@@ -135,6 +160,8 @@ def _alloc_before(e: _Event, x: OpInfo) -> bool:
 
 
 def _before_free(x: OpInfo, e: _Event) -> bool:
+    if e.in_launch_of(x):
+        return bool(e.ancestors >> x.index & 1)
     tx = _top(x)
     if e.stream is None:
         return tx.seq < e.seq
@@ -172,6 +199,9 @@ class Sanitizer:
             stream._submit(_marker, ())  # the malloc gets a position of its own
         ev = _Event(stream, f"malloc of {hex(ptr)} ({nbytes} B)",
                     instrument.before_clock(stream) if stream is not None else None)
+        self._allocated(ptr, nbytes, ev, label)
+
+    def _allocated(self, ptr: int, nbytes: int, ev: _Event, label: str) -> None:
         with self._lock:
             g = _Gen(ptr, ptr + max(nbytes, 1), ev, label)
             self._live[ptr] = g
@@ -203,11 +233,14 @@ class Sanitizer:
         if stream is not None:
             clock = stream._clock.copy()
             clock[stream.id] = stream._pos
+        self._freed_at(ptr, _Event(stream, f"free of {hex(ptr)}", clock))
+
+    def _freed_at(self, ptr: int, ev: _Event) -> None:
         with self._lock:
             g = self._live.pop(ptr, None)
             if g is None:
                 return
-            g.free = _Event(stream, f"free of {hex(ptr)}", clock)
+            g.free = ev
             # an access that already ran is checked against this free here: left to the access's
             # own check, the finding would depend on whether it ran before the free was enqueued
             for alo, ahi, _w, aop in g.accesses:
@@ -307,6 +340,23 @@ class Sanitizer:
     def on_enqueue(self, op: OpInfo) -> None:
         with self._lock:
             heapq.heappush(self._inflight, op.seq)
+        mem = op.args.get(GRAPH_MEMORY)
+        if mem:
+            self._graph_memory(op, mem)
+
+    def _graph_memory(self, launch: OpInfo, mem: tuple) -> None:
+        """The memory nodes of graph launch ``launch``, in topological order: ``(what, ptr,
+        nbytes, index, ancestors)``, what being "alloc", "free", or "auto-free" (the previous
+        launch's allocation, freed as this one starts: ``auto_free_on_launch``)."""
+        for what, ptr, nbytes, index, ancestors in mem:
+            if what == "alloc":  # before any node of the launch (whose seq is the launch's)
+                ev = _Event.of_launch(launch, f"graph allocation of {hex(ptr)} ({nbytes} B)",
+                                      launch.seq - 0.5, index, ancestors)
+                self._allocated(ptr, nbytes, ev, "graph allocation")
+            else:
+                ev = _Event.of_launch(launch, f"graph free of {hex(ptr)}", launch.seq + 0.5,
+                                      index if what == "free" else -1, ancestors)
+                self._freed_at(ptr, ev)
 
     def _oldest_inflight(self) -> int:
         """The smallest sequence number of an enqueued operation that has not finished."""

@@ -364,6 +364,8 @@ class Stream:
             instrument.notify("free", self, ptr)
         if pool is None and graph_memory.find(ptr) is not None:
             graph_memory.free_outside(ptr, self)  # graph memory, freed outside the graph
+            if instrument.listeners:
+                instrument.notify("free", self, ptr)
             return
         (pool or pool_of(ptr))._free(self, ptr)
         if instrument.listeners:

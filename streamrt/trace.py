@@ -106,7 +106,7 @@ class Tracer:
     def _slice(self, op: OpInfo, ts: float, end: float) -> None:
         """One operation's slice (and the flow arrow of a wait); called holding ``_lock``."""
         pid, tid = self._track(op)
-        args = {k: _plain(v) for k, v in op.args.items()}
+        args = {k: _plain(v) for k, v in op.args.items() if not k.startswith("_")}
         args["position"] = op.pos if op.parent is None else f"node #{op.index}"
         self.events.append({"name": op.name, "cat": op.kind, "ph": "X", "ts": ts,
                             "dur": max(end - ts, 0.001), "pid": pid, "tid": tid,

@@ -202,7 +202,11 @@ class GraphExec:
                 if n.type is NodeType.WAIT_EVENT:
                     stream.wait(n._params["event"])
             fn, args = (run_plan, (plan,)) if stream._q.inline else stream._q.op_graph(plan)
-            stream._submit(fn, args, "graph", f"graph launch ({len(self._template._nodes)} nodes)")
+            extra = None
+            if instrument.listeners and self._mem_nodes and stream._q.inline:
+                extra = {instrument.GRAPH_MEMORY: self._memory_events(plan)}  # the sanitizer's
+            stream._submit(fn, args, "graph", f"graph launch ({len(self._template._nodes)} nodes)",
+                           extra=extra)
             for n in self._event_nodes:
                 if n.type is NodeType.EVENT_RECORD:
                     stream.record(n._params["event"])
@@ -217,6 +221,20 @@ class GraphExec:
             snap = stream._snapshot()  # position and clock of one moment (see Stream._snapshot)
             self._last = (stream, snap[stream.id], snap)
             self._last_box[0] = self._last[:2]
+
+    def _memory_events(self, plan: Any) -> tuple:
+        """What this launch does to graph memory, for the sanitizer: allocations the previous
+        launch left live are freed as it starts (``auto_free_on_launch``), then each memory
+        node acts where it lies in the DAG."""
+        auto = [("auto-free", a.ptr, a.nbytes, -1, 0) for n in self._mem_nodes
+                if n.type is NodeType.MEM_ALLOC and (a := n._params["alloc"]).live]
+        nodes = []
+        for n in self._mem_nodes:
+            index, ancestors = plan.mem[id(n)]
+            a = n._params["alloc"]
+            what = "alloc" if n.type is NodeType.MEM_ALLOC else "free"
+            nodes.append((what, a.ptr, a.nbytes, index, ancestors))
+        return (*auto, *nodes)
 
     def _check(self, stream: Any) -> None:
         if self._destroyed:

@@ -49,9 +49,11 @@ def _workers() -> ThreadPoolExecutor:
 class Plan:
     """The compiled replay of one exec for one stream."""
 
-    __slots__ = ("chains", "succ", "npred", "roots", "single")
+    __slots__ = ("chains", "succ", "npred", "roots", "single", "mem")
 
     def __init__(self, chains: list[list[tuple]], succ: list[list[int]], npred: list[int]) -> None:
+        # instrumented: id(memory node) -> (its index in the launch, bitset of its ancestors)
+        self.mem: dict[int, tuple[int, int]] = {}
         self.chains = chains
         self.succ = succ
         self.npred = npred
@@ -167,9 +169,13 @@ def compile_plan(template: Graph, disabled: set[int], stream: Stream) -> Plan:
     nodes = flatten(template, disabled)
     flat: list[tuple[Any, list[int]]] = [
         (op_of(n, stream) if n is not None and on else None, deps) for n, deps, on in nodes]
-    if instrument.listeners:
-        flat = instrumented(flat, [n for n, _, _ in nodes])
-    return chains_of(flat)
+    if not instrument.listeners:
+        return chains_of(flat)
+    flat, anc = instrumented(flat, [n for n, _, _ in nodes])
+    plan = chains_of(flat)
+    plan.mem = {id(n): (i, anc[i]) for i, (n, _, _) in enumerate(nodes)
+                if n is not None and n.type in (NodeType.MEM_ALLOC, NodeType.MEM_FREE)}
+    return plan
 
 
 def topo(graph: Graph) -> list[Node]:
@@ -191,10 +197,10 @@ def topo(graph: Graph) -> list[Node]:
     return out
 
 
-def instrumented(flat: list[tuple[Any, list[int]]],
-                  nodes: list[Node | None]) -> list[tuple[Any, list[int]]]:
+def instrumented(flat: list[tuple[Any, list[int]]], nodes: list[Node | None]
+                 ) -> tuple[list[tuple[Any, list[int]]], list[int]]:
     """Wrap every node op with its index, name, ancestors and declared memory (for the
-    sanitizer and traces)."""
+    sanitizer and traces); also returns every node's ancestor bitset."""
     anc = [0] * len(flat)
     out = []
     for i, (op, deps) in enumerate(flat):
@@ -208,7 +214,7 @@ def instrumented(flat: list[tuple[Any, list[int]]],
             site = n.site
             op = (_node_call, ((i, kind, name, acc, accesses, site), *op))
         out.append((op, deps))
-    return out
+    return out, anc
 
 
 def _describe(n: Node) -> tuple[str, str, tuple]:
