@@ -133,7 +133,7 @@ def synchronize_device(device: Device, *, skip_capturing: bool = False) -> None:
 
 def reset_device(device: Device) -> None:
     """``aclrtResetDevice``: synchronize, then destroy the device's graph execs, streams, pools,
-    events' records and memory."""
+    events and memory."""
     from .graph.capture import abandon
 
     abandon(device)  # captures with a stream of the device end, returning no graph
@@ -155,8 +155,10 @@ def reset_device(device: Device) -> None:
     device.__dict__["_retired"] = []
     from .event import UNRECORDED
 
-    for e in members(device._events):
+    for e in members(device._events):  # destroyed, as aclrtResetDevice destroys them
         e._rec = UNRECORDED
+        e._destroyed = True
+        device._events.discard(e)
     for pool in members(device._pools):
         pool._reset()
     device._default_pool = None

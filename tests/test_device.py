@@ -154,7 +154,8 @@ def test_device_reset_destroys_everything():
         srt.read(p, (1,), np.uint8)
     with pytest.raises(srt.InvalidAddressError):
         srt.free(q)
-    assert e.query()
+    with pytest.raises(srt.InvalidHandleError):  # destroyed too (it only lost its record)
+        e.query()
     # the device stays usable
     s2 = srt.Stream(d)
     r = s2.malloc(64)
@@ -267,17 +268,22 @@ def test_device_reset_waits_then_discards_failures(gate):
     d.synchronize()  # the failure went with the reset
 
 
-def test_device_reset_forgets_event_records():
+def test_device_reset_destroys_events():
     d = srt.Device("cpu:1")
     s = srt.Stream(d, non_blocking=True)
     a, b = srt.Event(d, timing=True), srt.Event(d, timing=True)
+    other = srt.Event("cpu:0")
     s.record(a)
     s.record(b)
     s.synchronize()
     assert a.elapsed_time(b) >= 0
     d.reset()
-    with pytest.raises(srt.InvalidHandleError, match="not been recorded"):
-        a.elapsed_time(b)
+    for call in (lambda: a.elapsed_time(b), a.query, a.synchronize, a.destroy,
+                 lambda: srt.Stream(d).record(a), lambda: srt.Stream(d).wait(b)):
+        with pytest.raises(srt.InvalidHandleError, match="destroyed"):
+            call()
+    assert other.query()  # another device's event is left alone
+    srt.Stream(d).record(srt.Event(d))  # new events work
 
 
 def test_device_reset_restores_the_default_pool():
