@@ -7,6 +7,8 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import numpy as np
+
 from .backends import BACKENDS, get_backend
 from .backends import device_count as _backend_device_count
 from .errors import InvalidDeviceError, InvalidTypeError
@@ -31,8 +33,8 @@ def _default_backend() -> str:
 
 
 def _parse(spec: Any) -> tuple[str, int]:
-    if isinstance(spec, int) and not isinstance(spec, bool):
-        return current_device().backend, spec
+    if isinstance(spec, int | np.integer) and not isinstance(spec, bool):
+        return current_device().backend, int(spec)
     if not isinstance(spec, str):
         raise InvalidTypeError(
             f"a device spec is a str like 'cpu:0', an int or a Device, not {type(spec).__name__}"

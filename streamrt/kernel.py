@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+import numpy as np
+
 from .backends.cpu import SPACE
 from .errors import InvalidTypeError, InvalidValueError
 
@@ -28,24 +30,25 @@ _DIMS: dict[Any, Dim3] = {}
 
 def dim3(value: Any, what: str = "grid") -> Dim3:
     """Normalise an int or a 1-3 tuple of positive ints to a :class:`Dim3` (cached)."""
-    try:
-        cached = _DIMS.get(value)
-    except TypeError:
-        cached = None
-    if cached is not None:
-        return cached
-    if isinstance(value, int) and not isinstance(value, bool):
+    if value.__class__ is not bool:  # True == 1 would find 1's entry
+        try:
+            cached = _DIMS.get(value)
+        except TypeError:
+            cached = None
+        if cached is not None:
+            return cached
+    if isinstance(value, int | np.integer) and not isinstance(value, bool):
         parts: tuple = (value,)
     elif isinstance(value, tuple | list) and 1 <= len(value) <= 3:
         parts = tuple(value)
     else:
         raise InvalidTypeError(f"{what} must be a positive int or a tuple of 1-3 ints, not {value!r}")
     for p in parts:
-        if not isinstance(p, int) or isinstance(p, bool):
+        if not isinstance(p, int | np.integer) or isinstance(p, bool):
             raise InvalidTypeError(f"{what} dimensions must be ints, not {p!r}")
         if p < 1:
             raise InvalidValueError(f"{what} dimensions must be >= 1, got {value!r}")
-    d = Dim3(*parts)
+    d = Dim3(*(int(p) for p in parts))
     if isinstance(value, int | tuple) and len(_DIMS) < 4096:
         _DIMS[value] = d
     return d

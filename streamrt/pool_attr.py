@@ -9,6 +9,8 @@ from __future__ import annotations
 from enum import IntEnum
 from typing import Any
 
+import numpy as np
+
 from .errors import InvalidTypeError, InvalidValueError
 
 
@@ -51,21 +53,24 @@ _DOCS = {
 
 
 def flag(value: Any, what: str) -> bool:
-    """A reuse flag: a bool, or 0/1."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
+    """A reuse flag: a bool (numpy's too), or 0/1."""
+    if isinstance(value, bool | np.bool_):
+        return bool(value)
+    if isinstance(value, int | np.integer) and value in (0, 1):
         return bool(value)
     raise InvalidValueError(f"{what} must be a bool (or 0/1), got {value!r}")
 
 
+_UINT64_MAX = (1 << 64) - 1  # the attributes are cuuint64_t
+
+
 def nonneg(value: Any, what: str) -> int:
-    """A size in bytes: an int >= 0."""
-    if not isinstance(value, int) or isinstance(value, bool):
+    """A size in bytes: an int (numpy's too) in [0, 2**64)."""
+    if not isinstance(value, int | np.integer) or isinstance(value, bool):
         raise InvalidTypeError(f"{what} must be an int, not {type(value).__name__}")
-    if value < 0:
-        raise InvalidValueError(f"{what} must be >= 0, got {value}")
-    return value
+    if not 0 <= value <= _UINT64_MAX:
+        raise InvalidValueError(f"{what} must be in [0, 2**64), got {value}")
+    return int(value)
 
 
 def options(max_size: Any, release_threshold: Any, follow: Any, opportunistic: Any,
@@ -79,8 +84,11 @@ def options(max_size: Any, release_threshold: Any, follow: Any, opportunistic: A
 
 def parse(attr: Any) -> MemPoolAttr:
     """An attribute given as a MemPoolAttr or its number."""
+    if not isinstance(attr, int | np.integer) or isinstance(attr, bool):
+        raise InvalidTypeError(f"a memory pool attribute is a srt.MemPoolAttr or its number "
+                               f"(1-8), not {type(attr).__name__}")
     try:
-        return MemPoolAttr(attr)
+        return MemPoolAttr(int(attr))
     except ValueError:
         raise InvalidValueError(f"unknown memory pool attribute {attr!r} (1-8)") from None
 

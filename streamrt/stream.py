@@ -83,12 +83,13 @@ class Stream:
     def __init__(
         self, device: Any = None, *, priority: int = 0, non_blocking: bool = False
     ) -> None:
-        if not isinstance(priority, int) or isinstance(priority, bool):
+        if not isinstance(priority, int | np.integer) or isinstance(priority, bool):
             raise InvalidTypeError(f"priority must be an int, not {type(priority).__name__}")
-        if not isinstance(non_blocking, bool):
+        if not isinstance(non_blocking, bool | np.bool_):
             raise InvalidTypeError("non_blocking must be a bool")
         # CUDA clamps priorities into [greatest, least] = [-5, 0]; lower is more urgent.
-        self._setup(Device(device), min(max(priority, -5), 0), non_blocking, legacy=False)
+        self._setup(Device(device), min(max(int(priority), -5), 0), bool(non_blocking),
+                    legacy=False)
 
     @classmethod
     def _make_legacy(cls, device: Device) -> Stream:
@@ -244,6 +245,8 @@ class Stream:
         """Enqueue ``kernel`` (``cudaLaunchKernel``); returns at once."""
         if grid is _ONE and block is _ONE:  # the default launch shape: skip the lookup
             ctx = self._ctx1
+        elif grid.__class__ is bool or block.__class__ is bool:  # True == 1: not a cache hit
+            ctx = self._context(grid, block)  # refuses it
         else:
             try:
                 ctx = self._ctxs[grid, block]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import streamrt as srt
@@ -64,3 +65,63 @@ def test_errors_executor_carries_aclnn_code():
 def test_errors_graph_update_carries_result_and_node():
     e = srt.GraphExecUpdateError("no", result="TOPOLOGY_CHANGED", node="n")
     assert (e.result, e.node) == ("TOPOLOGY_CHANGED", "n")
+
+
+# -- argument types: numpy scalars are ints and bools, bools are not ints ---------------------
+@srt.kernel
+def _noop_kernel(ctx):
+    """Does nothing."""
+
+
+NUMPY_ARGS = {  # calls that take an int (or a bool), given numpy's
+    "Device(np.int64)": lambda: srt.Device(np.int64(1)),
+    "Stream(priority=np.int64)": lambda: srt.Stream(priority=np.int64(-1),
+                                                    non_blocking=np.bool_(True)),
+    "launch(grid=np.int64)": lambda: _launch(grid=np.int64(2), block=(np.int32(3),)),
+    "MemPool(max_size=np.int64)": lambda: srt.MemPool(max_size=np.int64(8 << 20),
+                                                      release_threshold=np.uint64(5),
+                                                      reuse_allow_opportunistic=np.bool_(False)),
+    "trim_to(np.int64)": lambda: srt.MemPool().trim_to(np.int64(0)),
+    "set_attr(np.int64, np.bool_)": lambda: srt.MemPool().set_attr(np.int64(1), np.bool_(False)),
+}
+
+
+def _launch(**kw):
+    s = srt.Stream(non_blocking=True)
+    s.launch(_noop_kernel, **kw)
+    s.synchronize()
+
+
+@pytest.mark.parametrize("call", list(NUMPY_ARGS))
+def test_errors_numpy_scalars_are_accepted_where_python_ones_are(call):
+    # grid=(n + 255) // 256 with a numpy n, a device index from an array: refused before
+    NUMPY_ARGS[call]()
+
+
+BAD_TYPES = {
+    "launch(grid=True)": lambda: _launch(grid=True),
+    "launch(block=True)": lambda: _launch(block=True),
+    "launch(grid=(True, 2))": lambda: _launch(grid=(True, 2)),  # not cached: dim3 refuses it
+    "get_attr(True)": lambda: srt.MemPool().get_attr(True),
+    "get_attr(4.0)": lambda: srt.MemPool().get_attr(4.0),
+    "Device(True)": lambda: srt.Device(True),
+    "Stream(priority=True)": lambda: srt.Stream(priority=True),
+}
+
+
+@pytest.mark.parametrize("call", list(BAD_TYPES))
+def test_errors_bools_and_floats_are_not_ints(call):
+    _launch(grid=1, block=1)  # the default shape is cached: True == 1 must not find it
+    _launch(grid=(1,), block=1)
+    with pytest.raises(srt.InvalidTypeError):
+        BAD_TYPES[call]()
+
+
+def test_errors_pool_sizes_fit_uint64():
+    pool = srt.MemPool()
+    with pytest.raises(srt.InvalidValueError):
+        pool.release_threshold = 2 ** 64
+    with pytest.raises(srt.InvalidValueError):
+        srt.MemPool(max_size=2 ** 64)
+    pool.release_threshold = 2 ** 64 - 1  # the largest cuuint64_t: keep everything
+    assert pool.release_threshold == 2 ** 64 - 1
