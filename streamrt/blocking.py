@@ -9,7 +9,7 @@ import numpy as np
 from . import instrument
 from .backends import get_backend, loaded_backends
 from .device import Device, current_device, devices
-from .errors import InvalidAddressError
+from .errors import InvalidAddressError, InvalidTypeError, InvalidValueError
 from .graph.capture import check_unsafe
 from .hostsync import synchronize_device
 from .memory import device_of
@@ -107,7 +107,17 @@ def _stream_for(*ends: Any) -> Any:
 
 def read(ptr: int, shape: Any, dtype: Any) -> np.ndarray:
     """Copy device memory out into a new array (synchronous; a copy, not a view)."""
-    out = np.empty(shape, dtype)
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as exc:
+        raise InvalidTypeError(f"srt.read: {dtype!r} is not a numpy dtype") from exc
+    try:
+        out = np.empty(shape, dt)
+    except TypeError as exc:
+        raise InvalidTypeError(f"srt.read: shape must be an int or a tuple of ints, not "
+                               f"{shape!r}") from exc
+    except (ValueError, MemoryError) as exc:  # negative dimensions, or too large
+        raise InvalidValueError(f"srt.read: bad shape {shape!r} for {dt}: {exc}") from exc
     memcpy(out, ptr, out.nbytes)
     return out
 

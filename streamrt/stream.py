@@ -301,6 +301,7 @@ class Stream:
         dst_view = _endpoint(impl, dst, n, writable=True)
         src_view = _endpoint(impl, src, n, writable=False)
         if n == 0:
+            self._check_alive()  # nothing to enqueue, but still a call on this stream
             return
         if not isinstance(src, int | np.integer) and self._q.inline:
             src_view = src_view.copy()  # pageable source: staged at call time (CUDA stages itself)
@@ -325,6 +326,8 @@ class Stream:
             fn, args = self._q.op_fill(view, int(value), n)
             self._submit(fn, args, "memset", f"memset {n} B",
                          ((ptr, n, True),), {"bytes": n, "value": int(value)})
+        else:
+            self._check_alive()  # nothing to enqueue, but still a call on this stream
 
     def launch_host_func(self, fn: Callable[..., Any], *args: Any) -> None:
         """Enqueue ``fn(*args)`` to run on a host thread in stream order (``cudaLaunchHostFunc``)."""

@@ -34,6 +34,9 @@ def check_ptr(ptr: Any, what: str = "pointer") -> int:
 def host_view(obj: Any, nbytes: int, *, writable: bool) -> np.ndarray:
     """A flat ``uint8`` view of a host buffer (numpy array, bytearray, memoryview, bytes)."""
     if isinstance(obj, np.ndarray):
+        if obj.dtype.hasobject:  # its bytes are PyObject pointers: never copied as data
+            raise InvalidTypeError(f"a host buffer of dtype {obj.dtype} holds Python objects, "
+                                   "not data; use a numeric dtype")
         if not obj.flags.c_contiguous:
             raise InvalidValueError("host buffer must be C-contiguous (use np.ascontiguousarray)")
         flat = obj.reshape(-1).view(np.uint8)

@@ -538,7 +538,7 @@ class CpuBackend(Backend):
     def malloc_host(self, nbytes: int) -> int:
         try:
             return SPACE.allocate(HOST_DEVICE, nbytes).base
-        except MemoryError as exc:
+        except (MemoryError, ValueError) as exc:  # numpy: "Maximum allowed dimension exceeded"
             raise OutOfMemoryError(f"pinned host memory: host refused {nbytes} bytes") from exc
 
     def owns_host(self, ptr: int) -> bool:
