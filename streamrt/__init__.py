@@ -31,6 +31,7 @@ from .errors import (
     InvalidValueError,
     KernelCompileError,
     LaunchError,
+    NotPermittedError,
     NotReadyError,
     NotSupportedError,
     OutOfMemoryError,
@@ -78,7 +79,8 @@ __all__ = [
     # errors
     "StreamRTError", "InvalidValueError", "InvalidTypeError", "InvalidDeviceError",
     "InvalidAddressError", "InvalidHandleError", "OutOfMemoryError", "NotReadyError",
-    "NotSupportedError", "IllegalStateError", "LaunchError", "KernelCompileError", "BackendUnavailableError",
+    "NotSupportedError", "NotPermittedError", "IllegalStateError", "LaunchError",
+    "KernelCompileError", "BackendUnavailableError",
     "CaptureError", "CaptureUnsupportedError", "CaptureInvalidatedError", "CaptureMergeError",
     "CaptureUnmatchedError", "CaptureUnjoinedError", "CaptureIsolationError",
     "CaptureImplicitError", "CapturedEventError", "CaptureWrongThreadError",

@@ -132,6 +132,15 @@ class NotSupportedError(StreamRTError):
     name = "cudaErrorNotSupported"
 
 
+class NotPermittedError(StreamRTError):
+    """Raised for a call a host function may not make: waiting, from its stream's own thread,
+    for work queued behind it on that stream (it would wait forever; CUDA forbids API calls in
+    host functions, ``cudaErrorNotPermitted``)."""
+
+    code = 800
+    name = "cudaErrorNotPermitted"
+
+
 class BackendUnavailableError(StreamRTError):
     """Raised when a backend cannot be used here; the message says what is missing."""
 

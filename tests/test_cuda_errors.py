@@ -62,6 +62,7 @@ def test_capture_errors(code, cls):
         (E.cudaErrorLaunchFailure, errors.LaunchError),
         (E.cudaErrorNoKernelImageForDevice, errors.LaunchError),
         (E.cudaErrorNotSupported, errors.NotSupportedError),
+        (E.cudaErrorNotPermitted, errors.NotPermittedError),
         (E.cudaErrorGraphExecUpdateFailure, errors.GraphExecUpdateError),
     ],
 )

@@ -181,6 +181,26 @@ def test_stream_host_func_failure_reported_by_event_and_device(dev):
         dev.synchronize()
 
 
+@pytest.mark.parametrize("wait", ["its stream", "its device", "an event behind it"])
+def test_stream_host_func_waiting_behind_itself_is_refused(dev, wait):
+    # a host function synchronizing its own stream waited for itself: the process hung for good
+    s = srt.Stream(dev, non_blocking=True)
+    later = srt.Event(dev)
+    ran: list[int] = []
+    call = {"its stream": s.synchronize, "its device": dev.synchronize,
+            "an event behind it": later.synchronize}[wait]
+    s.launch_host_func(lambda: (s.record(later), call()) if wait == "an event behind it"
+                       else call())
+    s.launch_host_func(ran.append, 1)
+    with pytest.raises(srt.LaunchError) as info:
+        s.synchronize()
+    assert isinstance(info.value.__cause__, srt.NotPermittedError)
+    assert info.value.__cause__.code == 800 and ran == [1]
+    s.launch_host_func(ran.append, 2)  # the stream goes on
+    s.synchronize()
+    assert ran == [1, 2]
+
+
 def test_stream_failure_seen_through_wait(dev):
     cpu_only(dev, PY_KERNELS)
     a, b = srt.Stream(dev, non_blocking=True), srt.Stream(dev, non_blocking=True)

@@ -33,7 +33,13 @@ import numpy as np
 from sortedcontainers import SortedDict
 
 from .. import instrument
-from ..errors import InvalidAddressError, InvalidValueError, NotReadyError, OutOfMemoryError
+from ..errors import (
+    InvalidAddressError,
+    InvalidValueError,
+    NotPermittedError,
+    NotReadyError,
+    OutOfMemoryError,
+)
 from ..reclaim import Reclaim
 from .base import Backend, DeviceImpl, Queue
 
@@ -360,6 +366,12 @@ class CpuQueue(Queue):
     def wait_done(self, pos: int) -> None:
         if self.done >= pos:
             return
+        if threading.current_thread() is self._thread:  # a host function waiting behind itself
+            raise NotPermittedError(
+                f"{self.name}: an operation of this stream (a host function) waited for work "
+                f"queued behind it on the same stream (position {pos}, done {self.done}); it "
+                "would wait forever. Host functions must not synchronize: CUDA forbids API calls "
+                "in them")
         with self._progress:
             self._targets.append(pos)
             if pos < self._wake_at:

@@ -34,6 +34,7 @@ from sortedcontainers import SortedDict
 from ..errors import (
     BackendUnavailableError,
     InvalidAddressError,
+    NotPermittedError,
     NotReadyError,
     NotSupportedError,
     OutOfMemoryError,
@@ -324,6 +325,11 @@ class CudaQueue(Queue):
     def wait_done(self, pos: int) -> None:
         if self._done >= pos:
             return
+        if threading.current_thread() is _worker:  # a host function: every one runs there
+            raise NotPermittedError(
+                f"{self.name}: a host function waited for stream work; the work may be waiting "
+                "for this very host function (or one behind it, run by the same thread). Host "
+                "functions must not synchronize: CUDA forbids API calls in them")
         if _deferred:
             _run_deferred()
         with self._pinned():

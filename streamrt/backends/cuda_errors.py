@@ -23,6 +23,7 @@ from ..errors import (
     InvalidValueError,
     KernelCompileError,
     LaunchError,
+    NotPermittedError,
     NotReadyError,
     NotSupportedError,
     OutOfMemoryError,
@@ -101,6 +102,7 @@ _CUDA_TABLE: dict[int, type[StreamRTError]] = {
     225: NotSupportedError,  # UnsupportedDevSideSync
     801: NotSupportedError,  # NotSupported
     811: NotSupportedError,  # CdpNotSupported
+    800: NotPermittedError,  # NotPermitted (e.g. a CUDA call from a host function)
     # stream capture and graphs
     900: CaptureUnsupportedError,
     901: CaptureInvalidatedError,
