@@ -221,8 +221,9 @@ class MemPool(ArenaMixin, ReuseMixin):
             out["free_count"] += self._fast_frees
             # the deferred merges counted, not made: reading statistics must not change which
             # block a later allocation gets (the fast path takes unmerged exact-size blocks)
-            out["largest_free_block"] = max([self._ready.largest(), *self._settled_sizes(),
-                                             *(fl.largest() for fl in self._pending.values())])
+            out["largest_free_block"] = (self._largest_mapped_free() if self._holes else max(
+                [self._ready.largest(), *self._settled_sizes(),
+                 *(fl.largest() for fl in self._pending.values())]))
             out["live_allocations"] = sum(1 for b in self._blocks.values() if b.live)
             out["chunks"] = len(self._mapped)  # mapped granules
         return out
@@ -361,22 +362,55 @@ class MemPool(ArenaMixin, ReuseMixin):
                 self._remove_free(b)
                 self._insert_free(self._coalesce(b))
 
+    def _largest_mapped_free(self) -> int:
+        """With granules released under free blocks: the largest run of free bytes that still
+        has memory behind it (free addresses whose memory went back to the device are not free
+        memory of the pool), in the blocks the deferred merges would make."""
+        gr, base, mapped = self._granule, self._arena, self._mapped
+        best = 0
+        for addr, size in self._settled_runs():
+            lo, end = addr - base, addr + size - base
+            while lo < end:
+                g = lo // gr * gr
+                if g not in mapped:
+                    lo = g + gr
+                    continue
+                hi = g + gr
+                while hi < end and hi in mapped:
+                    hi += gr
+                best = max(best, min(hi, end) - lo)
+                lo = hi
+        return best
+
     def _settled_sizes(self) -> list[int]:
-        """The sizes the dirty blocks would have after :meth:`_settle`, which this does not do:
-        each takes the run of free neighbours ``_coalesce`` would merge, in the same order."""
-        sizes: list[int] = []
+        """The sizes the dirty blocks would have after :meth:`_settle`, which this does not do."""
+        return [size for _addr, size in self._merged_dirty()[0]]
+
+    def _merged_dirty(self) -> tuple[list[tuple[int, int]], set[_Block]]:
+        """``(addr, size)`` of each dirty block after :meth:`_settle` (not done here): each takes
+        the run of free neighbours ``_coalesce`` would merge, in the same order; and the blocks
+        merged into them."""
+        runs: list[tuple[int, int]] = []
         taken: set[_Block] = set()
         for b in sorted(self._dirty, key=_addr):
             if b in taken or b.live or b.stream is None or self._blocks.get(b.addr) is not b:
                 continue
-            size = b.size
+            lo, size = b.addr, b.size
             for nb, step in ((b.prev, "prev"), (b.next, "next")):
                 while nb is not None and nb not in taken and _absorbs(b, nb):
                     size += nb.size
+                    lo = min(lo, nb.addr)
                     taken.add(nb)
                     nb = getattr(nb, step)
-            sizes.append(size)
-        return sizes
+            taken.add(b)
+            runs.append((lo, size))
+        return runs, taken
+
+    def _settled_runs(self) -> list[tuple[int, int]]:
+        """``(addr, size)`` of every free block as :meth:`_settle` would leave them."""
+        runs, taken = self._merged_dirty()
+        return runs + [(b.addr, b.size) for b in self._blocks.values()
+                       if not b.live and b not in taken]
 
     def _coalesce(self, b: _Block) -> _Block:
         """Merge ``b`` (free, not indexed) with the free neighbours it may absorb: a block freed

@@ -89,6 +89,16 @@ def check_kernel(ctx, ptr, n, tag, errors):
         errors.append(f"block {hex(ptr)} (+{n}) of tag {tag} was overwritten by another owner")
 
 
+def _mapped_run(lo: int, n: int, mapped: set[int]) -> int:
+    """The longest part of arena offsets ``[lo, lo + n)`` lying on mapped granules."""
+    best = run = 0
+    for g in range(lo // GRANULE * GRANULE, lo + n, GRANULE):
+        part = min(g + GRANULE, lo + n) - max(g, lo)
+        run = run + part if g in mapped else 0
+        best = max(best, run)
+    return best
+
+
 class PoolMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
@@ -154,8 +164,10 @@ class PoolMachine(RuleBasedStateMachine):
             raw = [(b.addr, b.size, b.live, None if b.stream is None else index[b.stream.id],
                     b.pos) for b in pool._blocks.values()]
             mapped, base = set(pool._mapped), pool._arena
-        assert largest == max([n for _, n, live, *_ in raw if not live], default=0), (
-            "largest_free_block is not the largest block once the deferred merges are made")
+        assert largest == max([_mapped_run(a - base, n, mapped) for a, n, live, *_ in raw
+                               if not live], default=0), (
+            "largest_free_block is not the largest run of memory (mapped) in one free block, once "
+            "the deferred merges are made")
         assert {a: n for a, n, live, _, _ in raw if live} == {
             p: r[0] for p, r in self.live.items()}, "the pool's live blocks are not the allocations"
         tags = {a: None if f is None else (f, p) for a, _, live, f, p in raw if not live}

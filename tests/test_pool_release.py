@@ -280,6 +280,23 @@ def test_pool_max_size_respected(dev):
 
 
 
+def test_pool_largest_free_block_counts_only_memory_it_holds(dev):
+    # free addresses whose granules went back to the device were counted as a free block:
+    # reserved 0, largest_free_block 4 MiB
+    pool = srt.MemPool(dev)  # threshold 0: released at each synchronize
+    s = stream(dev)
+    x = s.malloc(2 * BLOCK, pool)
+    s.free(x)
+    s.synchronize()
+    st = pool.stats()
+    assert st["reserved_mem_current"] == 0 and st["largest_free_block"] == 0
+    y = s.malloc(BLOCK // 2, pool)  # maps one granule of the old block again
+    st = pool.stats()
+    assert st["reserved_mem_current"] == BLOCK
+    assert st["largest_free_block"] == BLOCK // 2 == st["reserved_mem_current"] - st["used_mem_current"]
+    s.free(y)
+
+
 @pytest.mark.parametrize("limit", [64 << 10, 1 << 20, (1 << 20) + 4096])
 def test_pool_max_size_below_a_granule_serves_up_to_its_size(dev, limit):
     # a pool smaller than the 2 MiB mapping granule could not map anything: every allocation,
