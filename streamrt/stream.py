@@ -137,11 +137,15 @@ class Stream:
 
     # -- context manager: current stream ---------------------------------------------------
     def __enter__(self) -> Stream:
+        """The current stream of its device, which becomes current too (as PyTorch's
+        ``torch.cuda.stream``); both restored on exit."""
+        self.device.__enter__()
         _tls.__dict__.setdefault("streams", []).append(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
         _tls.streams.pop()
+        self.device.__exit__()
 
     # -- ordering bookkeeping --------------------------------------------------------------
     def _snapshot(self) -> dict[int, int]:
@@ -528,11 +532,15 @@ def _endpoint(impl: Any, obj: Any, n: int, *, writable: bool) -> Any:
 
 
 def current_stream() -> Stream:
-    """The stream ``srt.*`` helpers use: the innermost ``with stream:``, else the default stream."""
+    """The stream ``srt.*`` helpers use: the current device's, i.e. the innermost ``with stream:``
+    of that device, else its default stream (current streams are per device, as in PyTorch)."""
+    dev = current_device()
     stack = getattr(_tls, "streams", None)
     if stack:
-        return stack[-1]
-    return current_device().default_stream
+        for s in reversed(stack):
+            if s.device is dev:
+                return s
+    return dev.default_stream
 
 
 # graph/ imports this module: bind it once this module is fully defined

@@ -358,6 +358,27 @@ def test_stream_current_stream_context(dev):
     srt.free(p)
 
 
+def test_stream_context_is_per_device_and_makes_its_device_current():
+    # as torch.cuda.stream: entering a stream of another device switched neither the current
+    # device (srt.malloc went to the old one) nor, inside `with other_device:`, the stream
+    d0, d1 = srt.Device("cpu:0"), srt.Device("cpu:1")
+    with d0:
+        s1 = srt.Stream(d1, non_blocking=True)
+        with s1:
+            assert srt.current_device() is d1 and srt.current_stream() is s1
+            p = srt.malloc(16)
+            assert srt.memory.device_of(p) is d1
+            with d0:  # another device: its own current stream
+                assert srt.current_stream() is d0.default_stream
+                s0 = srt.Stream(d0, non_blocking=True)
+                with s0, d1:  # and back: s1 is still d1's current stream
+                    assert srt.current_stream() is s1
+                assert srt.current_stream() is d0.default_stream
+            assert srt.current_stream() is s1
+        assert srt.current_device() is d0 and srt.current_stream() is d0.default_stream
+        srt.free(p)
+
+
 def test_stream_constructor_validation(dev):
     with pytest.raises(srt.InvalidTypeError):
         srt.Stream(dev, priority="high")
