@@ -117,14 +117,17 @@ def test_errors_bools_and_floats_are_not_ints(call):
         BAD_TYPES[call]()
 
 
-def test_errors_pool_sizes_fit_uint64():
-    pool = srt.MemPool()
+def test_errors_pool_sizes_past_uint64_mean_no_limit():
+    # CUDA's attributes are uint64; a Python size past them asks for no limit, as 2**64 - 1 does
+    pool = srt.MemPool(max_size=2 ** 70)
+    pool.release_threshold = 2 ** 70
+    pool.trim_to(2 ** 70)
+    s = srt.Stream(non_blocking=True)
+    s.free(s.malloc(1 << 20, pool))
+    s.synchronize()
+    assert pool.reserved_mem_current == 2 << 20  # kept: the threshold is past it
     with pytest.raises(srt.InvalidValueError):
-        pool.release_threshold = 2 ** 64
-    with pytest.raises(srt.InvalidValueError):
-        srt.MemPool(max_size=2 ** 64)
-    pool.release_threshold = 2 ** 64 - 1  # the largest cuuint64_t: keep everything
-    assert pool.release_threshold == 2 ** 64 - 1
+        pool.release_threshold = -1
 
 
 # -- bad input raises an error of the API's hierarchy, never a raw Python or numpy one --------
