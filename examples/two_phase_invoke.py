@@ -55,15 +55,23 @@ def main() -> int:
     try:
         invoke_two_phase(ops.reduce_sum, stream, x, out, axis=7)    # bad attr: phase 1 refuses
     except srt.ExecutorError as e:
-        print("refused:", e.code, e.name)
+        print("phase 1 refused:", e.code, e.name)
+    other = srt.Stream("cpu:1", non_blocking=True)                  # x and out live on cpu:0
+    pool = other.device.mem_pool
+    try:  # phase 1 makes an executor and the workspace is allocated: phase 2 refuses the stream
+        invoke_two_phase(ops.reduce_sum, other, x, out, axis=1)
+    except srt.ExecutorError as e:
+        print("phase 2 refused:", e.code, e.name)
     stream.synchronize()
+    other.synchronize()
     leaked = ops.stats()["live_executors"] - live
-    print("executors leaked by the error path:", leaked)
+    ws_left = pool.used_mem_current
+    print("executors leaked by the error paths:", leaked, "| workspace bytes left:", ws_left)
     cache.clear()
     for t in (x, out, y):
         t.free(stream)
     stream.synchronize()
-    return 0 if np.allclose(got, x_host.sum(1)) and leaked == 0 else 1
+    return 0 if np.allclose(got, x_host.sum(1)) and leaked == 0 and ws_left == 0 else 1
 
 
 if __name__ == "__main__":

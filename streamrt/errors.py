@@ -133,9 +133,9 @@ class NotSupportedError(StreamRTError):
 
 
 class NotPermittedError(StreamRTError):
-    """Raised for a call a host function may not make: waiting, from its stream's own thread,
-    for work queued behind it on that stream (it would wait forever; CUDA forbids API calls in
-    host functions, ``cudaErrorNotPermitted``)."""
+    """Raised for a call a kernel or host function may not make: waiting, from its stream's
+    thread, for work queued behind it (it would wait forever; CUDA forbids API calls in host
+    functions, ``cudaErrorNotPermitted``)."""
 
     code = 800
     name = "cudaErrorNotPermitted"

@@ -366,12 +366,13 @@ class CpuQueue(Queue):
     def wait_done(self, pos: int) -> None:
         if self.done >= pos:
             return
-        if threading.current_thread() is self._thread:  # a host function waiting behind itself
+        if threading.current_thread() is self._thread:  # an operation waiting behind itself
             raise NotPermittedError(
-                f"{self.name}: an operation of this stream (a host function) waited for work "
-                f"queued behind it on the same stream (position {pos}, done {self.done}); it "
-                "would wait forever. Host functions must not synchronize: CUDA forbids API calls "
-                "in them")
+                f"{self.name}: an operation of this stream (a kernel or host function) waited for "
+                f"work queued behind it on the same stream (position {pos}, done {self.done}); it "
+                "would wait forever. Kernels and host functions must not synchronize (srt.malloc, "
+                "srt.free, srt.memcpy and the other synchronous helpers do): CUDA forbids API "
+                "calls in them")
         with self._progress:
             self._targets.append(pos)
             if pos < self._wake_at:
