@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from ..device import Device
-from ..graph import CaptureMode, Graph
+from ..errors import CaptureError, GraphExecUpdateError, InvalidValueError
+from ..graph import CaptureMode, Graph, GraphExecUpdateResult
 from ..kernel import kernel
 from ..stream import Stream
 from . import check, table
@@ -125,7 +126,23 @@ def demo_graphs(dev: Device, out: Callable[[str], None]) -> list[str]:
     s.memcpy(result, dst, n * 4)
     check(np.array_equal(result, eager), "ge.update(clone): original parameters restored",
           failures, out)
-    # 7. DOT
+    # 7. an exec update that changes the topology is refused; the exec keeps its graph
+    g3 = g.clone()
+    g3.remove_dependencies(g3.nodes()[1], g3.nodes()[2])  # the copy -> bar edge
+    try:
+        ge.update(g3)
+        refused = None
+    except GraphExecUpdateError as e:
+        refused = e.result
+    reset()
+    ge.launch(s)
+    s.memcpy(result, dst, n * 4)
+    check(refused is GraphExecUpdateResult.TOPOLOGY_CHANGED and np.array_equal(result, eager),
+          "ge.update(graph without an edge): TOPOLOGY_CHANGED, the exec still runs its graph",
+          failures, out)
+    failures += _capture_rules(dev, out)
+    failures += _graph_memory(dev, out)
+    # 8. DOT
     path = Path(tempfile.gettempdir()) / "streamrt_seed002_graph.dot"
     g.to_dot(path)
     out(f"  graph written as Graphviz DOT to {path} (render: dot -Tpng {path.name} -o graph.png)")
@@ -135,5 +152,77 @@ def demo_graphs(dev: Device, out: Callable[[str], None]) -> list[str]:
     for p in (src, dst, other):
         s.free(p)
     s.synchronize()
+    s.destroy()
+    return failures
+
+
+def _capture_rules(dev: Device, out: Callable[[str], None]) -> list[str]:
+    """Seed 002's capture errors: a synchronize inside a capture, a fork never joined."""
+    failures: list[str] = []
+    s, s2 = Stream(dev, non_blocking=True), Stream(dev, non_blocking=True)
+    p = s.malloc(4)
+    s.begin_capture()
+    s.memset(p, 0, 4)
+    try:
+        s.synchronize()  # not permitted while capturing: the capture is invalidated
+        codes = [0]
+    except CaptureError as e:
+        codes = [e.code]
+    try:
+        s.end_capture()
+    except CaptureError as e:
+        codes.append(e.code)
+    s.begin_capture()
+    s2.wait(s.record())  # fork: s2 joins the capture
+    s2.memset(p, 1, 4)  # ... and is never joined back into s
+    try:
+        s.end_capture()
+    except CaptureError as e:
+        codes.append(e.code)
+    check(codes == [900, 901, 904] and not s.is_capturing() and not s2.is_capturing(),
+          f"capture errors: synchronize in a capture {codes[0]}, end of the invalidated capture "
+          f"{codes[1] if len(codes) > 1 else None}, unjoined fork {codes[-1]}; streams usable after",
+          failures, out)
+    s.free(p)
+    s.synchronize()
+    for x in (s, s2):
+        x.destroy()
+    return failures
+
+
+def _graph_memory(dev: Device, out: Callable[[str], None]) -> list[str]:
+    """Seed 002's graph memory: allocations whose lifetimes cannot overlap share memory; a
+    relaunch while one is still live is refused unless auto_free_on_launch."""
+    failures: list[str] = []
+    size = 2 << 20
+    s = Stream(dev, non_blocking=True)
+    g = Graph()
+    a1 = g.add_mem_alloc_node(size)
+    f1 = g.add_mem_free_node(a1.ptr, deps=[g.add_memset_node(a1.ptr, 1, size, deps=[a1])])
+    a2 = g.add_mem_alloc_node(size, deps=[f1])  # after the first is freed: may share it
+    g.add_mem_free_node(a2.ptr, deps=[g.add_memset_node(a2.ptr, 2, size, deps=[a2])])
+    ge = g.instantiate()
+    ge.launch(s)
+    check(ge.memory_footprint < 2 * size,
+          f"two {size >> 20} MiB graph allocations, one after the other's free: footprint "
+          f"{ge.memory_footprint >> 20} MiB", failures, out)
+    h = Graph()
+    b = h.add_mem_alloc_node(size)  # never freed in the graph
+    h.add_memset_node(b.ptr, 3, size, deps=[b])
+    he = h.instantiate()
+    he.launch(s)
+    try:
+        he.launch(s)
+        relaunch = "accepted"
+    except InvalidValueError:
+        relaunch = "refused"
+    s.free(b.ptr)  # freed outside the graph: relaunching is fine again
+    he.launch(s)
+    s.free(b.ptr)
+    s.synchronize()
+    check(relaunch == "refused", "relaunch with the allocation still live: refused; after "
+          "s.free(ptr) it launches again", failures, out)
+    for e in (ge, he):
+        e.destroy()
     s.destroy()
     return failures
