@@ -53,7 +53,28 @@ def demo_pools(dev: Device, out: Callable[[str], None]) -> list[str]:
     with guarded("seed 000", failures, out):
         _demo_seed(dev, out, failures)
     failures += _demo_reuse_modes(dev, out)
+    with guarded("release threshold and trim", failures, out):
+        _demo_threshold_and_trim(dev, out, failures)
     return failures
+
+
+def _demo_threshold_and_trim(dev: Device, out: Callable[[str], None], failures: list[str]) -> None:
+    """Seed 000: a release threshold keeps idle memory at synchronize; trim_to overrides it."""
+    pool = MemPool(dev, release_threshold=64 << 20)
+    s = Stream(dev, non_blocking=True)
+    s.free(s.malloc(4 << 20, pool))
+    s.synchronize()
+    kept = pool.reserved_mem_current
+    pool.trim_to(0)  # an explicit trim wins over the threshold
+    trimmed = pool.reserved_mem_current
+    rows = [("threshold 64 MiB, after free + synchronize", kept),
+            ("then trim_to(0)", trimmed)]
+    table(rows, ("moment", "reserved"), out)
+    check(kept >= 4 << 20 and trimmed == 0, "release threshold 64 MiB: the idle 4 MiB stays "
+          "reserved at synchronize; trim_to(0) releases it all (trim wins over the threshold)",
+          failures, out)
+    s.destroy()
+    pool.destroy()
 
 
 def _demo_seed(dev: Device, out: Callable[[str], None], failures: list[str]) -> None:
