@@ -259,6 +259,11 @@ class ExecutorError(StreamRTError):
             self.code = code
             self.name = self._NAMES.get(code, f"ACLNN_ERR_{code}")
 
+    def __reduce__(self) -> tuple:
+        # with the code: rebuilt from the message alone, __new__ would make any copy (pickle,
+        # copy.copy) an ExecutorParamError
+        return type(self), (self.args[0] if self.args else "", self.code), self.__dict__
+
 
 class ExecutorParamError(ExecutorError, ValueError):
     """An :class:`ExecutorError` for a bad parameter (161001 PARAM_NULLPTR, 161002

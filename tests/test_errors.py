@@ -62,6 +62,18 @@ def test_errors_executor_carries_aclnn_code():
     assert srt.ExecutorError("inner", code=561002).name == "ACLNN_ERR_INNER_TILING_ERROR"
 
 
+def test_errors_executor_error_copies_keep_their_class():
+    # ExecutorError(msg) picks ExecutorParamError (a ValueError) for a missing code: a pickled or
+    # copied inner error, rebuilt from its message alone, became one
+    import copy
+    import pickle
+
+    for e in (srt.ExecutorError("inner", code=561000), srt.ExecutorError("bad", code=161001)):
+        for c in (pickle.loads(pickle.dumps(e)), copy.copy(e)):
+            assert type(c) is type(e) and c.code == e.code and str(c) == str(e)
+            assert isinstance(c, ValueError) is (e.code == 161001)
+
+
 def test_errors_graph_update_carries_result_and_node():
     e = srt.GraphExecUpdateError("no", result="TOPOLOGY_CHANGED", node="n")
     assert (e.result, e.node) == ("TOPOLOGY_CHANGED", "n")

@@ -457,6 +457,27 @@ def test_sanitizer_graph_memory(dev, san, bug):
     ge.destroy()
 
 
+def test_sanitizer_graph_memory_auto_free_races_an_access(dev, san):
+    # auto_free_on_launch frees the previous launch's allocation as the next launch starts: a
+    # read on another stream not ordered before that launch was not reported
+    s, t = streams(dev)
+    h = srt.Graph()
+    b = h.add_mem_alloc_node(1024)
+    h.add_kernel_node(write_k, b.ptr, 256, 1.0, deps=[b])
+    he = h.instantiate(auto_free_on_launch=True)
+    he.launch(s)
+    t.wait(s.record())
+    out: list[float] = []
+    t.launch(read_k, b.ptr, 256, out)
+    he.launch(s)  # BUG: s does not wait for t's read before the allocation is freed
+    dev.synchronize()
+    rep = san.report()
+    assert kinds(rep) == ["use-after-free"], rep
+    s.free(b.ptr)
+    s.synchronize()
+    he.destroy()
+
+
 def test_sanitizer_graph_memory_correct_programs_are_clean(dev, san):
     s, t = streams(dev)
     g = srt.Graph()

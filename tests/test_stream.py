@@ -201,6 +201,24 @@ def test_stream_host_func_waiting_behind_itself_is_refused(dev, wait):
     assert ran == [1, 2]
 
 
+def test_stream_host_func_waiting_for_finished_work_is_allowed(dev):
+    # on cuda, a host function synchronizing an event whose work had long finished raised
+    # NotPermittedError when no one had queried its stream since (a stale completion count)
+    import time
+
+    a, b = srt.Stream(dev, non_blocking=True), srt.Stream(dev, non_blocking=True)
+    p = b.malloc(16)
+    b.memset(p, 0, 16)
+    ev = b.record()
+    time.sleep(0.05)  # b's work completes; nothing asks b how far it got
+    ran: list[int] = []
+    a.launch_host_func(lambda: (ev.synchronize(), ran.append(1)))
+    a.synchronize()
+    assert ran == [1]
+    b.free(p)
+    b.synchronize()
+
+
 def test_stream_failure_seen_through_wait(dev):
     cpu_only(dev, PY_KERNELS)
     a, b = srt.Stream(dev, non_blocking=True), srt.Stream(dev, non_blocking=True)

@@ -326,6 +326,8 @@ class CudaQueue(Queue):
         if self._done >= pos:
             return
         if threading.current_thread() is _worker:  # a host function: every one runs there
+            if self.done >= pos:  # finished work nobody had queried yet: no wait needed
+                return
             raise NotPermittedError(
                 f"{self.name}: a host function waited for stream work; the work may be waiting "
                 "for this very host function (or one behind it, run by the same thread). Host "

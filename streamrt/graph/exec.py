@@ -191,7 +191,7 @@ class GraphExec:
                 return
             # the capture ended meanwhile: this launch came after the end, it runs on the stream
         with self._lock:
-            self._check_memory()
+            auto_freed = self._check_memory()
             plan = self._plan(stream)
             last = self._last
             if last is not None and last[0] is not stream:
@@ -203,8 +203,8 @@ class GraphExec:
                     stream.wait(n._params["event"])
             fn, args = (run_plan, (plan,)) if stream._q.inline else stream._q.op_graph(plan)
             extra = None
-            if instrument.listeners and self._mem_nodes and stream._q.inline:
-                extra = {instrument.GRAPH_MEMORY: self._memory_events(plan)}  # the sanitizer's
+            if self._mem_nodes and stream._q.inline and plan.mem:  # an instrumented plan
+                extra = {instrument.GRAPH_MEMORY: self._memory_events(plan, auto_freed)}
             stream._submit(fn, args, "graph", f"graph launch ({len(self._template._nodes)} nodes)",
                            extra=extra)
             for n in self._event_nodes:
@@ -222,12 +222,11 @@ class GraphExec:
             self._last = (stream, snap[stream.id], snap)
             self._last_box[0] = self._last[:2]
 
-    def _memory_events(self, plan: Any) -> tuple:
-        """What this launch does to graph memory, for the sanitizer: allocations the previous
-        launch left live are freed as it starts (``auto_free_on_launch``), then each memory
-        node acts where it lies in the DAG."""
-        auto = [("auto-free", a.ptr, a.nbytes, -1, 0) for n in self._mem_nodes
-                if n.type is NodeType.MEM_ALLOC and (a := n._params["alloc"]).live]
+    def _memory_events(self, plan: Any, auto_freed: list[Any]) -> tuple:
+        """What this launch does to graph memory, for the sanitizer: ``auto_freed``, the
+        allocations the previous launch left live, are freed as it starts
+        (``auto_free_on_launch``), then each memory node acts where it lies in the DAG."""
+        auto = [("auto-free", a.ptr, a.nbytes, -1, 0) for a in auto_freed]
         nodes = []
         for n in self._mem_nodes:
             index, ancestors = plan.mem[id(n)]
@@ -243,7 +242,9 @@ class GraphExec:
             raise InvalidTypeError(f"launch needs a Stream, not {type(stream).__name__}")
         stream._check_alive()
 
-    def _check_memory(self) -> None:
+    def _check_memory(self) -> list[Any]:
+        """Refuse a launch that would reuse live graph memory; returns the allocations that
+        ``auto_free_on_launch`` frees as it starts (the sanitizer ends their generation)."""
         mine = {id(a) for a in self._allocs}
         for n in self._mem_nodes:
             if n.type is NodeType.MEM_ALLOC:
@@ -257,11 +258,14 @@ class GraphExec:
                 a = n._params["alloc"]
                 if id(a) not in mine and not a.live:
                     raise InvalidValueError(f"{n!r} frees {a!r}, which is not live")
+        freed = []
         if self.auto_free_on_launch:
             for a in self._allocs:
                 if a.live:
                     a.live = False
                     memory._account(a.device, -a.size)
+                    freed.append(a)
+        return freed
 
     def upload(self, stream: Stream) -> None:
         """Prepare the replay plan for ``stream`` ahead of the first launch (``cudaGraphUpload``)."""
