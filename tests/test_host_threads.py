@@ -63,18 +63,18 @@ class Background:
 
 def blocked_on(q: Any, settled: threading.Event, monkeypatch) -> threading.Event:
     """Set ``settled`` (and the event returned) when a thread asks ``q`` for a position it has
-    not reached: that thread is blocked on q's pending work (a worker's wait op binds
-    ``q.wait_done`` when enqueued: patch before)."""
+    not reached: that thread is blocked on q's pending work (a host thread's synchronize and a
+    worker's wait op both wait in ``q._wait``; a wait op binds it when enqueued: patch before)."""
     blocked = threading.Event()
-    real = q.wait_done
+    real = q._wait
 
-    def wait_done(pos: int) -> None:
+    def wait(pos: int) -> None:
         if q.done < pos:
             blocked.set()
             settled.set()
         real(pos)
 
-    monkeypatch.setattr(q, "wait_done", wait_done)
+    monkeypatch.setattr(q, "_wait", wait)
     return blocked
 
 

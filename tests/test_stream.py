@@ -181,36 +181,57 @@ def test_stream_host_func_failure_reported_by_event_and_device(dev):
         dev.synchronize()
 
 
-@pytest.mark.parametrize("wait", ["its stream", "its device", "an event behind it"])
+@pytest.mark.parametrize("wait", ["its stream", "its device", "an event behind it",
+                                  "a stream waiting behind it", "the legacy stream"])
 def test_stream_host_func_waiting_behind_itself_is_refused(dev, wait):
     # a host function synchronizing its own stream waited for itself: the process hung for good
-    s = srt.Stream(dev, non_blocking=True)
+    s = srt.Stream(dev, non_blocking=wait != "the legacy stream")  # blocking: legacy-ordered
     later = srt.Event(dev)
+    other = srt.Stream(dev, non_blocking=True)
     ran: list[int] = []
     call = {"its stream": s.synchronize, "its device": dev.synchronize,
-            "an event behind it": later.synchronize}[wait]
+            "an event behind it": later.synchronize, "a stream waiting behind it":
+            other.synchronize, "the legacy stream": dev.default_stream.synchronize}[wait]
     s.launch_host_func(lambda: (s.record(later), call()) if wait == "an event behind it"
                        else call())
+    if wait == "a stream waiting behind it":
+        other.wait(s.record())  # other waits for the host function
+    elif wait == "the legacy stream":
+        dev.default_stream.launch_host_func(ran.append, 0)  # behind blocking s: legacy order
     s.launch_host_func(ran.append, 1)
     with pytest.raises(srt.LaunchError) as info:
         s.synchronize()
     assert isinstance(info.value.__cause__, srt.NotPermittedError)
-    assert info.value.__cause__.code == 800 and ran == [1]
+    assert info.value.__cause__.code == 800 and 1 in ran
     s.launch_host_func(ran.append, 2)  # the stream goes on
     s.synchronize()
-    assert ran == [1, 2]
+    dev.synchronize()
+    assert sorted(ran) == ([0, 1, 2] if wait == "the legacy stream" else [1, 2])
+
+
+def test_stream_graph_host_node_waiting_is_refused(dev):
+    # a graph's host node synchronizing (on cpu it may run on a replay worker thread) hung too
+    s = srt.Stream(dev, non_blocking=True)
+    g = srt.Graph()
+    a = g.add_empty_node()
+    g.add_host_node(s.synchronize, deps=[a])
+    g.add_host_node(lambda: None, deps=[a])  # a second branch: a parallel replay on cpu
+    ge = g.instantiate()
+    ge.launch(s)
+    with pytest.raises(srt.LaunchError) as info:
+        s.synchronize()
+    assert isinstance(info.value.__cause__, srt.NotPermittedError)
+    ge.destroy()
 
 
 def test_stream_host_func_waiting_for_finished_work_is_allowed(dev):
-    # on cuda, a host function synchronizing an event whose work had long finished raised
+    # on cuda, a host function synchronizing an event whose work had finished raised
     # NotPermittedError when no one had queried its stream since (a stale completion count)
-    import time
-
     a, b = srt.Stream(dev, non_blocking=True), srt.Stream(dev, non_blocking=True)
     p = b.malloc(16)
     b.memset(p, 0, 16)
     ev = b.record()
-    time.sleep(0.05)  # b's work completes; nothing asks b how far it got
+    a.wait(ev)  # b's work is complete when the host function runs; nothing asked b since
     ran: list[int] = []
     a.launch_host_func(lambda: (ev.synchronize(), ran.append(1)))
     a.synchronize()

@@ -268,6 +268,9 @@ def _as_ptr(ptr: Any) -> int:
 
 
 SPACE = AddressSpace()
+# ``on`` in threads that run stream operations (queue workers, graph replay workers): a wait for
+# stream work from there is a kernel or host function synchronizing, which CUDA forbids
+in_operations = threading.local()
 
 
 class CpuQueue(Queue):
@@ -317,7 +320,7 @@ class CpuQueue(Queue):
         return host_call, (fn, args)
 
     def op_wait(self, other: Queue, pos: int) -> tuple[Callable[..., Any], tuple]:
-        return other.wait_done, (pos,)
+        return other._wait, (pos,)  # the queue's own wait: not a call from a kernel
 
     def op_stamp(self) -> tuple[Callable[..., Any], tuple, Any]:
         slot: list = [None]
@@ -335,6 +338,7 @@ class CpuQueue(Queue):
             self._work.notify()
 
     def _run(self) -> None:
+        in_operations.on = True  # this thread runs nothing but operations (see wait_done)
         ops = self._ops
         pop = ops.popleft
         done = self.done  # only this thread writes ``done``; keep it in a local too
@@ -366,13 +370,18 @@ class CpuQueue(Queue):
     def wait_done(self, pos: int) -> None:
         if self.done >= pos:
             return
-        if threading.current_thread() is self._thread:  # an operation waiting behind itself
+        if getattr(in_operations, "on", False):  # a kernel or host function waiting
             raise NotPermittedError(
-                f"{self.name}: an operation of this stream (a kernel or host function) waited for "
-                f"work queued behind it on the same stream (position {pos}, done {self.done}); it "
-                "would wait forever. Kernels and host functions must not synchronize (srt.malloc, "
-                "srt.free, srt.memcpy and the other synchronous helpers do): CUDA forbids API "
-                "calls in them")
+                f"{self.name}: a kernel or host function waited for stream work (position {pos}, "
+                f"done {self.done}); the work may be queued behind it, and it would wait forever. "
+                "Kernels and host functions must not synchronize (srt.malloc, srt.free, "
+                "srt.memcpy and the other synchronous helpers do): CUDA forbids API calls in them")
+        self._wait(pos)
+
+    def _wait(self, pos: int) -> None:
+        """Block until ``pos`` operations have completed (a wait operation runs this)."""
+        if self.done >= pos:
+            return
         with self._progress:
             self._targets.append(pos)
             if pos < self._wake_at:

@@ -42,8 +42,13 @@ def _workers() -> ThreadPoolExecutor:
         with _pool_lock:
             if _pool is None:
                 _pool = ThreadPoolExecutor(max(2, os.cpu_count() or 2),
-                                           thread_name_prefix="streamrt-graph")
+                                           thread_name_prefix="streamrt-graph",
+                                           initializer=_in_operations)
     return _pool
+
+
+def _in_operations() -> None:
+    cpu.in_operations.on = True  # graph nodes run here: kernels must not synchronize
 
 
 class Plan:
