@@ -24,16 +24,16 @@ if TYPE_CHECKING:
 
 ALIGN = 512
 GRANULE = 2 << 20  # physical memory is mapped into a pool's arena in granules of this size
+SMALL_REQUEST = 1 << 20  # requests up to this are small: placed at the high end of a block
 
 
 def granule_for(max_size: int) -> int:
-    """A pool's granule: ``GRANULE``, or for a ``max_size`` below it the largest power of two
-    that fits (at least a page), so that a small pool can map memory at all."""
+    """A pool's granule: ``GRANULE``, or for a ``max_size`` below it a power of two about a
+    sixteenth of it (at least a page), so that a small pool maps memory at all and wastes
+    little of its limit to rounding."""
     if not max_size or max_size >= GRANULE:
         return GRANULE
-    return max(mmap.PAGESIZE, 1 << (max_size.bit_length() - 1))
-
-SMALL_REQUEST = 1 << 20  # requests up to this are small: placed at the high end of a block
+    return max(mmap.PAGESIZE, 1 << max(0, (max_size // 16).bit_length() - 1))
 
 
 class ArenaMixin:

@@ -3,8 +3,8 @@
 State and invariants (per pool, all guarded by ``_lock``):
 - Each pool reserves one address range (the arena, as large as the device, as CUDA's pools
   reserve virtual addresses) and maps physical memory into it in 2 MiB granules
-  (``_mapped``; a pool whose ``max_size`` is below that, in the largest power of two that
-  fits); ``reserved`` is the mapped bytes. Blocks tile ``[arena, arena + top)`` as a
+  (``_mapped``; a pool whose ``max_size`` is below that, in granules of about a sixteenth of
+  it, see ``arena.granule_for``); ``reserved`` is the mapped bytes. Blocks tile ``[arena, arena + top)`` as a
   doubly linked list, also indexed by address. Free blocks may cross granule boundaries, so
   free space never stays split at a reservation edge.
 - A block is live (allocated, in ``_owners``) or free. A free block is either *pending*: freed

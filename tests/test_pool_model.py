@@ -39,7 +39,6 @@ from hypothesis.stateful import (
 )
 
 import streamrt as srt
-from streamrt.arena import GRANULE
 from streamrt.backends import cpu
 
 from .conftest import no_sanitizer
@@ -89,11 +88,11 @@ def check_kernel(ctx, ptr, n, tag, errors):
         errors.append(f"block {hex(ptr)} (+{n}) of tag {tag} was overwritten by another owner")
 
 
-def _mapped_run(lo: int, n: int, mapped: set[int]) -> int:
-    """The longest part of arena offsets ``[lo, lo + n)`` lying on mapped granules."""
+def _mapped_run(lo: int, n: int, mapped: set[int], gr: int) -> int:
+    """The longest part of arena offsets ``[lo, lo + n)`` lying on mapped granules of ``gr``."""
     best = run = 0
-    for g in range(lo // GRANULE * GRANULE, lo + n, GRANULE):
-        part = min(g + GRANULE, lo + n) - max(g, lo)
+    for g in range(lo // gr * gr, lo + n, gr):
+        part = min(g + gr, lo + n) - max(g, lo)
         run = run + part if g in mapped else 0
         best = max(best, run)
     return best
@@ -163,8 +162,8 @@ class PoolMachine(RuleBasedStateMachine):
             pool._settle()
             raw = [(b.addr, b.size, b.live, None if b.stream is None else index[b.stream.id],
                     b.pos) for b in pool._blocks.values()]
-            mapped, base = set(pool._mapped), pool._arena
-        assert largest == max([_mapped_run(a - base, n, mapped) for a, n, live, *_ in raw
+            mapped, base, gr = set(pool._mapped), pool._arena, pool._granule
+        assert largest == max([_mapped_run(a - base, n, mapped, gr) for a, n, live, *_ in raw
                                if not live], default=0), (
             "largest_free_block is not the largest run of memory (mapped) in one free block, once "
             "the deferred merges are made")
@@ -180,7 +179,7 @@ class PoolMachine(RuleBasedStateMachine):
                 assert tag is not None and tag[0] == f and q <= tag[1] <= self.pos[f], (
                     f"{show((a, n, tag))} holds memory freed on stream {f} at {q}, unproven")
         blocks = [(a, n, tags[a], not pool.max_size or all(g in mapped for g in range(
-            (a - base) // GRANULE * GRANULE, a + n - base, GRANULE))) for a, n, live, _, _ in raw
+            (a - base) // gr * gr, a + n - base, gr))) for a, n, live, _, _ in raw
             if not live]
         for x, y in zip(blocks, blocks[1:]):  # coalesced on free, unless their tags differ
             if x[0] + x[1] == y[0]:  # (a ready block next to a pending one: promoted later)
@@ -229,7 +228,7 @@ class PoolMachine(RuleBasedStateMachine):
         opportunistic=st.booleans(),
         internal=st.booleans(),
         threshold=st.sampled_from([0, 4 << 20, 1 << 30]),
-        limit=st.sampled_from([0, 6 << 20]),
+        limit=st.sampled_from([0, 6 << 20, (1 << 20) + (8 << 10)]),  # the last: a small granule
     )
     def setup(self, n, follow, opportunistic, internal, threshold, limit):
         self.pool = srt.MemPool(
@@ -262,7 +261,9 @@ class PoolMachine(RuleBasedStateMachine):
             assert after == before  # a failed allocation changes nothing
             assert not [b for b in blocks if b[1] >= rsize and b[3] and self.steps_for(
                 i, b[2], clock_before, done_before)], "out of memory while a usable block fitted"
-            assert pool.max_size and before["reserved_mem_current"] + rsize > pool.max_size
+            gr = pool._granule  # memory is mapped by whole granules
+            assert pool.max_size and before["reserved_mem_current"] + -(-rsize // gr) * gr > \
+                pool.max_size
             # (a free block as large may exist: one whose memory went back to the device at a
             # synchronize cannot be mapped again past max_size)
             assert s._pos == self.pos[i]
@@ -413,11 +414,11 @@ class PoolMachine(RuleBasedStateMachine):
         assert after["reserved_mem_current"] >= min(threshold, before["reserved_mem_current"])
         if kind == "device":  # every free proven: only granules under live blocks, or needed to
             # stay at the threshold, may stay mapped
-            base = pool._arena
+            base, gr = pool._arena, pool._granule
             touched = {g for p, (n, _, _, _) in self.live.items()
-                       for g in range((p - base) // GRANULE, (p - base + n - 1) // GRANULE + 1)}
-            assert after["reserved_mem_current"] <= max(len(touched) * GRANULE,
-                                                        threshold + GRANULE - 1), "not released"
+                       for g in range((p - base) // gr, (p - base + n - 1) // gr + 1)}
+            assert after["reserved_mem_current"] <= max(len(touched) * gr,
+                                                        threshold + gr - 1), "not released"
 
     @rule(keep=st.sampled_from([0, 2 << 20, 5 << 20, 1 << 30]))
     def trim(self, keep):

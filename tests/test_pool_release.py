@@ -297,27 +297,29 @@ def test_pool_largest_free_block_counts_only_memory_it_holds(dev):
     s.free(y)
 
 
-@pytest.mark.parametrize("limit", [64 << 10, 1 << 20, (1 << 20) + 4096])
+@pytest.mark.parametrize("limit", [64 << 10, 1 << 20, (1 << 20) + 4096, 3 << 19])
 def test_pool_max_size_below_a_granule_serves_up_to_its_size(dev, limit):
     # a pool smaller than the 2 MiB mapping granule could not map anything: every allocation,
-    # 20 bytes included, was OutOfMemoryError; it maps a granule of its own size now
+    # 20 bytes included, was OutOfMemoryError; it maps in granules of about a sixteenth of it,
+    # so allocations of three quarters of its limit fit (each wastes less than a granule)
     pool = srt.MemPool(dev, max_size=limit)
     s = stream(dev)
-    usable = 1 << (limit.bit_length() - 1)  # a power-of-two granule: the rest stays unused
-    a = s.malloc(20, pool)
-    b = s.malloc(usable - 512, pool)  # the rest of the granule
-    assert pool.reserved_mem_current == usable <= limit
+    tiny = s.malloc(20, pool)
+    part = limit // 4 - 512
+    ptrs = [s.malloc(part, pool) for _ in range(3)]
+    assert pool.reserved_mem_current <= limit and pool.used_mem_current == 512 + 3 * (
+        (part + 511) // 512 * 512)
     with pytest.raises(srt.OutOfMemoryError):
-        s.malloc(512, pool)
-    s.memset(b, 7, usable - 512)
-    s.memset(a, 1, 20)
+        s.malloc(limit // 2, pool)  # past the limit
+    for i, p in enumerate(ptrs):
+        s.memset(p, i + 1, part)
     s.synchronize()
-    assert srt.read(b, (usable - 512,), np.uint8).min() == 7
-    s.free(a)
-    s.free(b)
+    assert [int(srt.read(p, (part,), np.uint8).min()) for p in ptrs] == [1, 2, 3]
+    for p in (tiny, *ptrs):
+        s.free(p)
     s.synchronize()
     assert pool.reserved_mem_current == 0  # threshold 0: released at the synchronize
-    assert pool.reserved_mem_high == usable
+    assert pool.reserved_mem_high <= limit
 
 
 def test_pool_max_size_skips_a_block_it_could_not_map_again(dev, gate):
