@@ -22,6 +22,7 @@ from .errors import (
     CaptureUnsupportedError,
     CaptureWrongThreadError,
     ExecutorError,
+    ExecutorParamError,
     GraphExecUpdateError,
     IllegalStateError,
     InvalidAddressError,
@@ -84,5 +85,5 @@ __all__ = [
     "CaptureError", "CaptureUnsupportedError", "CaptureInvalidatedError", "CaptureMergeError",
     "CaptureUnmatchedError", "CaptureUnjoinedError", "CaptureIsolationError",
     "CaptureImplicitError", "CapturedEventError", "CaptureWrongThreadError",
-    "GraphExecUpdateError", "ExecutorError", "SanitizerError",
+    "GraphExecUpdateError", "ExecutorError", "ExecutorParamError", "SanitizerError",
 ]

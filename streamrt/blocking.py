@@ -9,7 +9,7 @@ import numpy as np
 from . import instrument
 from .backends import get_backend, loaded_backends
 from .device import Device, current_device, devices
-from .errors import InvalidAddressError, InvalidTypeError, InvalidValueError
+from .errors import InvalidAddressError, InvalidTypeError, InvalidValueError, OutOfMemoryError
 from .graph.capture import check_unsafe
 from .hostsync import synchronize_device
 from .memory import device_of
@@ -116,8 +116,10 @@ def read(ptr: int, shape: Any, dtype: Any) -> np.ndarray:
     except TypeError as exc:
         raise InvalidTypeError(f"srt.read: shape must be an int or a tuple of ints, not "
                                f"{shape!r}") from exc
-    except (ValueError, MemoryError) as exc:  # negative dimensions, or too large
+    except ValueError as exc:  # negative dimensions, or more elements than numpy can count
         raise InvalidValueError(f"srt.read: bad shape {shape!r} for {dt}: {exc}") from exc
+    except MemoryError as exc:
+        raise OutOfMemoryError(f"srt.read: no host memory for {shape!r} of {dt}") from exc
     memcpy(out, ptr, out.nbytes)
     return out
 

@@ -21,6 +21,7 @@ __all__ = [
     "NotReadyError",
     "KernelCompileError",
     "NotSupportedError",
+    "NotPermittedError",
     "IllegalStateError",
     "LaunchError",
     "BackendUnavailableError",
@@ -36,6 +37,7 @@ __all__ = [
     "CaptureWrongThreadError",
     "GraphExecUpdateError",
     "ExecutorError",
+    "ExecutorParamError",
     "SanitizerError",
 ]
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from .device import Device
 from .errors import InvalidHandleError, InvalidTypeError, NotReadyError
 from .hostsync import after_sync, covered, reach
@@ -23,8 +25,9 @@ class Event:
     __slots__ = ("device", "timing", "_rec", "_destroyed", "_capture", "_nodes", "__weakref__")
 
     def __init__(self, device: Any = None, *, timing: bool = False) -> None:
-        if not isinstance(timing, bool):
+        if not isinstance(timing, bool | np.bool_):
             raise InvalidTypeError("timing must be a bool")
+        timing = bool(timing)
         self.device = Device(device)
         self.timing = timing
         # the record: (stream, position, clock, timing stamp), replaced whole by each record and

@@ -28,23 +28,28 @@ class Dim3(NamedTuple):
 _DIMS: dict[Any, Dim3] = {}
 
 
+BOOLS = frozenset({bool, np.bool_})  # not ints here, though True == 1
+
+
 def dim3(value: Any, what: str = "grid") -> Dim3:
     """Normalise an int or a 1-3 tuple of positive ints to a :class:`Dim3` (cached)."""
-    if value.__class__ is not bool:  # True == 1 would find 1's entry
+    # True == 1 (and (True, 2) == (1, 2)) would find 1's entry: a hit must be made of ints
+    if value.__class__ not in BOOLS:
         try:
             cached = _DIMS.get(value)
         except TypeError:
             cached = None
-        if cached is not None:
+        if cached is not None and (value.__class__ is not tuple
+                                   or all(p.__class__ is int for p in value)):
             return cached
-    if isinstance(value, int | np.integer) and not isinstance(value, bool):
+    if isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_):
         parts: tuple = (value,)
     elif isinstance(value, tuple | list) and 1 <= len(value) <= 3:
         parts = tuple(value)
     else:
         raise InvalidTypeError(f"{what} must be a positive int or a tuple of 1-3 ints, not {value!r}")
     for p in parts:
-        if not isinstance(p, int | np.integer) or isinstance(p, bool):
+        if not isinstance(p, int | np.integer) or isinstance(p, bool | np.bool_):
             raise InvalidTypeError(f"{what} dimensions must be ints, not {p!r}")
         if p < 1:
             raise InvalidValueError(f"{what} dimensions must be >= 1, got {value!r}")

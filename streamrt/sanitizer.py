@@ -6,9 +6,9 @@ State and invariants (guarded by ``_lock``):
   it has a position); ``srt.malloc``/``srt.free`` are host events, ordered by enqueue sequence
   (``srt.free`` synchronizes the device first). A graph allocation is an event of the graph
   launch that runs its MEM_ALLOC node: ordered before that launch's descendants of the node
-  and before whatever is ordered after the launch; a MEM_FREE node likewise.
-  Freed generations are kept for a while, so a
-  late access is reported as a use-after-free rather than as an unknown address.
+  and before whatever is ordered after the launch; a MEM_FREE node likewise. Freed
+  generations are kept for a while, so a late access is reported as a use-after-free rather
+  than as an unknown address.
 - Each generation keeps its recent accesses ``(lo, hi, write, op)``. A new access is checked
   against the newest generation whose alloc is ordered before it (none: use-before-alloc),
   against that generation's bounds (out-of-bounds) and free (not ordered before the free:

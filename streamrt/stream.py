@@ -33,7 +33,7 @@ from .errors import (
 )
 from .event import Event
 from .hostsync import after_sync, covered, reach, reset_device, retire, synchronize_device
-from .kernel import Kernel, KernelContext, dim3
+from .kernel import BOOLS, Kernel, KernelContext, dim3
 from .memory import MemPool, _owners, pool_of
 from .validate import check_byte, check_ptr, check_size, host_view
 
@@ -249,7 +249,7 @@ class Stream:
         """Enqueue ``kernel`` (``cudaLaunchKernel``); returns at once."""
         if grid is _ONE and block is _ONE:  # the default launch shape: skip the lookup
             ctx = self._ctx1
-        elif grid.__class__ is bool or block.__class__ is bool:  # True == 1: not a cache hit
+        elif grid.__class__ in BOOLS or block.__class__ in BOOLS:  # True == 1: not a cache hit
             ctx = self._context(grid, block)  # refuses it
         else:
             try:

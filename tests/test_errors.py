@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import streamrt as srt
+from streamrt import ops
 
 CAPTURE = [
     (srt.CaptureUnsupportedError, 900, "cudaErrorStreamCaptureUnsupported"),
@@ -95,7 +96,24 @@ NUMPY_ARGS = {  # calls that take an int (or a bool), given numpy's
                                                       reuse_allow_opportunistic=np.bool_(False)),
     "trim_to(np.int64)": lambda: srt.MemPool().trim_to(np.int64(0)),
     "set_attr(np.int64, np.bool_)": lambda: srt.MemPool().set_attr(np.int64(1), np.bool_(False)),
+    "Event(timing=np.bool_)": lambda: srt.Event(timing=np.True_),
+    "instantiate(auto_free_on_launch=np.bool_)": lambda: srt.Graph().instantiate(
+        auto_free_on_launch=np.False_),
+    "set_node_enabled(np.bool_)": lambda: _set_enabled(np.False_),
+    "ExecutorCache(np.int64)": lambda: ops.ExecutorCache(max_entries=np.int64(4),
+                                                         max_bytes=np.int64(1 << 20)),
 }
+
+
+def _set_enabled(flag):
+    g = srt.Graph()
+    p = srt.malloc(16)
+    n = g.add_memset_node(p, 0, 16)
+    ge = g.instantiate()
+    ge.set_node_enabled(n, flag)
+    assert ge.node_enabled(n) is False
+    ge.destroy()
+    srt.free(p)
 
 
 def _launch(**kw):
@@ -114,6 +132,11 @@ BAD_TYPES = {
     "launch(grid=True)": lambda: _launch(grid=True),
     "launch(block=True)": lambda: _launch(block=True),
     "launch(grid=(True, 2))": lambda: _launch(grid=(True, 2)),  # not cached: dim3 refuses it
+    "launch(grid=np.True_)": lambda: _launch(grid=np.True_),
+    "add_kernel_node(grid=(True,))": lambda: srt.Graph().add_kernel_node(_noop_kernel,
+                                                                         grid=(True,)),
+    "add_kernel_node(block=np.True_)": lambda: srt.Graph().add_kernel_node(_noop_kernel,
+                                                                           block=np.True_),
     "get_attr(True)": lambda: srt.MemPool().get_attr(True),
     "get_attr(4.0)": lambda: srt.MemPool().get_attr(4.0),
     "Device(True)": lambda: srt.Device(True),

@@ -64,9 +64,9 @@ class GraphExec:
     def __init__(self, graph: Graph, *, auto_free_on_launch: bool = False) -> None:
         if not isinstance(graph, Graph):
             raise InvalidTypeError(f"instantiate needs a Graph, not {type(graph).__name__}")
-        if not isinstance(auto_free_on_launch, bool):
+        if not isinstance(auto_free_on_launch, bool | np.bool_):
             raise InvalidTypeError("auto_free_on_launch must be a bool")
-        self.auto_free_on_launch = auto_free_on_launch
+        self.auto_free_on_launch = bool(auto_free_on_launch)
         gc_was = gc.isenabled()
         gc.disable()  # cloning makes many long-lived objects: keep instantiate linear
         try:
@@ -349,8 +349,9 @@ class GraphExec:
 
     def set_node_enabled(self, node: Node, enabled: bool) -> None:
         """Enable or disable a kernel, memcpy or memset node; a disabled node acts as empty."""
-        if not isinstance(enabled, bool):
+        if not isinstance(enabled, bool | np.bool_):
             raise InvalidTypeError("enabled must be a bool")
+        enabled = bool(enabled)
         t = self._node(node, *_DISABLEABLE)
         with self._lock:
             (self._disabled.discard if enabled else self._disabled.add)(t.index)

@@ -25,6 +25,8 @@ import weakref
 from collections import OrderedDict
 from typing import Any
 
+import numpy as np
+
 from ..errors import InvalidTypeError, InvalidValueError
 from ..reclaim import Reclaim
 from .executor import Executor
@@ -56,12 +58,12 @@ def _retire(entries: OrderedDict, c: list, cache_ref: weakref.ref) -> None:
 def _bound(value: Any, what: str, allow_none: bool) -> int | None:
     if value is None and allow_none:
         return None
-    if not isinstance(value, int) or isinstance(value, bool):
+    if not isinstance(value, int | np.integer) or isinstance(value, bool):
         raise InvalidTypeError(f"{what} must be an int{' or None' if allow_none else ''}, "
                                f"not {type(value).__name__}")
     if value < 0:
         raise InvalidValueError(f"{what} must be >= 0, got {value}")
-    return value
+    return int(value)
 
 
 class ExecutorCache:
