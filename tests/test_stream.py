@@ -192,6 +192,8 @@ def test_stream_host_func_waiting_behind_itself_is_refused(dev, wait):
     call = {"its stream": s.synchronize, "its device": dev.synchronize,
             "an event behind it": later.synchronize, "a stream waiting behind it":
             other.synchronize, "the legacy stream": dev.default_stream.synchronize}[wait]
+    go = threading.Event()
+    s.launch_host_func(go.wait, 30)  # the waiting host function runs once all is enqueued
     s.launch_host_func(lambda: (s.record(later), call()) if wait == "an event behind it"
                        else call())
     if wait == "a stream waiting behind it":
@@ -199,6 +201,7 @@ def test_stream_host_func_waiting_behind_itself_is_refused(dev, wait):
     elif wait == "the legacy stream":
         dev.default_stream.launch_host_func(ran.append, 0)  # behind blocking s: legacy order
     s.launch_host_func(ran.append, 1)
+    go.set()
     with pytest.raises(srt.LaunchError) as info:
         s.synchronize()
     assert isinstance(info.value.__cause__, srt.NotPermittedError)
