@@ -14,7 +14,7 @@ from .graph.capture import check_unsafe
 from .hostsync import synchronize_device
 from .memory import device_of
 from .stream import current_stream
-from .validate import check_ptr, check_size
+from .validate import check_ptr, check_size, is_int
 
 
 def malloc(nbytes: int, device: Any = None) -> int:
@@ -98,7 +98,7 @@ def _stream_for(*ends: Any) -> Any:
     with unified addressing, the copy then runs on that device's default stream."""
     s = current_stream()
     for end in ends:
-        if isinstance(end, int | np.integer) and not isinstance(end, bool):
+        if is_int(end):
             dev = device_of(int(end))
             if dev is not None and dev is not s.device:
                 return dev.default_stream

@@ -7,11 +7,10 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import numpy as np
-
 from .backends import BACKENDS, get_backend
 from .backends import device_count as _backend_device_count
 from .errors import InvalidDeviceError, InvalidTypeError
+from .validate import is_int
 
 if TYPE_CHECKING:
     from .backends.base import DeviceImpl
@@ -33,7 +32,7 @@ def _default_backend() -> str:
 
 
 def _parse(spec: Any) -> tuple[str, int]:
-    if isinstance(spec, int | np.integer) and not isinstance(spec, bool):
+    if is_int(spec):
         return current_device().backend, int(spec)
     if not isinstance(spec, str):
         raise InvalidTypeError(

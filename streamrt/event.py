@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from .device import Device
 from .errors import InvalidHandleError, InvalidTypeError, NotReadyError
 from .hostsync import after_sync, covered, reach
+from .validate import is_bool
 
 if TYPE_CHECKING:
     from .stream import Stream
@@ -25,7 +24,7 @@ class Event:
     __slots__ = ("device", "timing", "_rec", "_destroyed", "_capture", "_nodes", "__weakref__")
 
     def __init__(self, device: Any = None, *, timing: bool = False) -> None:
-        if not isinstance(timing, bool | np.bool_):
+        if not is_bool(timing):
             raise InvalidTypeError("timing must be a bool")
         timing = bool(timing)
         self.device = Device(device)

@@ -9,10 +9,9 @@ import numpy as np
 
 from .backends.cpu import SPACE
 from .errors import InvalidTypeError, InvalidValueError
+from .validate import is_int
 
 if TYPE_CHECKING:
-    import numpy as np
-
     from .device import Device
     from .stream import Stream
 
@@ -42,14 +41,14 @@ def dim3(value: Any, what: str = "grid") -> Dim3:
         if cached is not None and (value.__class__ is not tuple
                                    or all(p.__class__ is int for p in value)):
             return cached
-    if isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_):
+    if is_int(value):
         parts: tuple = (value,)
     elif isinstance(value, tuple | list) and 1 <= len(value) <= 3:
         parts = tuple(value)
     else:
         raise InvalidTypeError(f"{what} must be a positive int or a tuple of 1-3 ints, not {value!r}")
     for p in parts:
-        if not isinstance(p, int | np.integer) or isinstance(p, bool | np.bool_):
+        if not is_int(p):
             raise InvalidTypeError(f"{what} dimensions must be ints, not {p!r}")
         if p < 1:
             raise InvalidValueError(f"{what} dimensions must be >= 1, got {value!r}")

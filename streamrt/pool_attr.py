@@ -9,9 +9,8 @@ from __future__ import annotations
 from enum import IntEnum
 from typing import Any
 
-import numpy as np
-
 from .errors import InvalidTypeError, InvalidValueError
+from .validate import is_bool, is_int
 
 
 class MemPoolAttr(IntEnum):
@@ -54,9 +53,9 @@ _DOCS = {
 
 def flag(value: Any, what: str) -> bool:
     """A reuse flag: a bool (numpy's too), or 0/1."""
-    if isinstance(value, bool | np.bool_):
+    if is_bool(value):
         return bool(value)
-    if isinstance(value, int | np.integer) and value in (0, 1):
+    if is_int(value) and value in (0, 1):
         return bool(value)
     raise InvalidValueError(f"{what} must be a bool (or 0/1), got {value!r}")
 
@@ -64,7 +63,7 @@ def flag(value: Any, what: str) -> bool:
 def nonneg(value: Any, what: str) -> int:
     """A size in bytes: an int (numpy's too) >= 0. Sizes past what CUDA's uint64 attributes
     hold are accepted (``2**64`` for "keep everything"): the cuda backend clamps them."""
-    if not isinstance(value, int | np.integer) or isinstance(value, bool):
+    if not is_int(value):
         raise InvalidTypeError(f"{what} must be an int, not {type(value).__name__}")
     if value < 0:
         raise InvalidValueError(f"{what} must be >= 0, got {value}")
@@ -82,7 +81,7 @@ def options(max_size: Any, release_threshold: Any, follow: Any, opportunistic: A
 
 def parse(attr: Any) -> MemPoolAttr:
     """An attribute given as a MemPoolAttr or its number."""
-    if not isinstance(attr, int | np.integer) or isinstance(attr, bool):
+    if not is_int(attr):
         raise InvalidTypeError(f"a memory pool attribute is a srt.MemPoolAttr or its number "
                                f"(1-8), not {type(attr).__name__}")
     try:

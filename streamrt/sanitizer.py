@@ -39,6 +39,7 @@ from . import instrument
 from .device import members
 from .errors import InvalidValueError, SanitizerError
 from .instrument import GRAPH_MEMORY, OpInfo
+from .validate import is_int
 
 __all__ = ["enable", "disable", "enabled", "report", "clear", "check_leaks", "Finding"]
 
@@ -456,7 +457,7 @@ def _checked_array(ctx: Any, ptr: int, shape: Any, dtype: Any, *, readonly: bool
         dt = np.dtype(dtype)
         shp = (shape,) if isinstance(shape, int | np.integer) else tuple(int(d) for d in shape)
         nbytes = math.prod(shp) * dt.itemsize
-        p = int(ptr) if isinstance(ptr, int | np.integer) and not isinstance(ptr, bool) else None
+        p = int(ptr) if is_int(ptr) else None
     except (TypeError, ValueError):
         p = None
     if p is not None:

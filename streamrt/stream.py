@@ -35,7 +35,7 @@ from .event import Event
 from .hostsync import after_sync, covered, reach, reset_device, retire, synchronize_device
 from .kernel import BOOLS, Kernel, KernelContext, dim3
 from .memory import MemPool, _owners, pool_of
-from .validate import check_byte, check_ptr, check_size, host_view
+from .validate import check_byte, check_ptr, check_size, host_view, is_bool, is_int
 
 _owners_get = _owners.get  # live pool pointer -> pool
 
@@ -83,9 +83,9 @@ class Stream:
     def __init__(
         self, device: Any = None, *, priority: int = 0, non_blocking: bool = False
     ) -> None:
-        if not isinstance(priority, int | np.integer) or isinstance(priority, bool):
+        if not is_int(priority):
             raise InvalidTypeError(f"priority must be an int, not {type(priority).__name__}")
-        if not isinstance(non_blocking, bool | np.bool_):
+        if not is_bool(non_blocking):
             raise InvalidTypeError("non_blocking must be a bool")
         # CUDA clamps priorities into [greatest, least] = [-5, 0]; lower is more urgent.
         self._setup(Device(device), min(max(int(priority), -5), 0), bool(non_blocking),
@@ -526,7 +526,7 @@ class Stream:
 
 
 def _endpoint(impl: Any, obj: Any, n: int, *, writable: bool) -> Any:
-    if isinstance(obj, int | np.integer) and not isinstance(obj, bool):
+    if is_int(obj):
         return impl.endpoint(int(obj), n)
     return host_view(obj, n, writable=writable)
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from .device import Device
 from .errors import InvalidHandleError, InvalidTypeError, InvalidValueError
+from .validate import is_int
 
 __all__ = ["TensorDesc", "Tensor", "FORMATS"]
 
@@ -47,7 +48,7 @@ def _intern(key: tuple) -> int:
 
 
 def _dims(value: Any, what: str) -> tuple[int, ...]:
-    if isinstance(value, int | np.integer) and not isinstance(value, bool):
+    if is_int(value):
         value = (value,)
     try:
         items = tuple(value)
@@ -55,7 +56,7 @@ def _dims(value: Any, what: str) -> tuple[int, ...]:
         raise InvalidTypeError(
             f"{what} must be a sequence of ints, not {type(value).__name__}") from None
     for d in items:
-        if not isinstance(d, int | np.integer) or isinstance(d, bool):
+        if not is_int(d):
             raise InvalidTypeError(f"{what} must contain ints, got {d!r} in {items!r}")
     return tuple(int(d) for d in items)
 
@@ -102,7 +103,7 @@ class TensorDesc:
                 raise InvalidValueError(f"strides {std} do not match the {len(shp)} dims of {shp}")
             if any(s < 0 for s in std):
                 raise InvalidValueError(f"negative strides are not supported, got {std}")
-        if not isinstance(offset, int | np.integer) or isinstance(offset, bool):
+        if not is_int(offset):
             raise InvalidTypeError(f"offset must be an int (elements), not {type(offset).__name__}")
         if offset < 0:
             raise InvalidValueError(f"offset must be >= 0 elements, got {offset}")
@@ -188,7 +189,7 @@ class Tensor:
     ) -> None:
         if not isinstance(desc, TensorDesc):
             raise InvalidTypeError(f"desc must be a TensorDesc, not {type(desc).__name__}")
-        if not isinstance(ptr, int | np.integer) or isinstance(ptr, bool):
+        if not is_int(ptr):
             raise InvalidTypeError(f"ptr must be an int device pointer, not {type(ptr).__name__}")
         if ptr <= 0:
             raise InvalidValueError(f"ptr must be a device pointer (> 0), got {ptr}")

@@ -8,14 +8,24 @@ import numpy as np
 
 from .errors import InvalidTypeError, InvalidValueError
 
-__all__ = ["check_size", "check_ptr", "check_byte", "host_view"]
+__all__ = ["check_size", "check_ptr", "check_byte", "host_view", "is_int", "is_bool"]
+
+
+def is_int(v: Any) -> bool:
+    """An integer, Python's or numpy's; not a bool (though ``True == 1``)."""
+    return isinstance(v, int | np.integer) and not isinstance(v, bool)
+
+
+def is_bool(v: Any) -> bool:
+    """A bool, Python's or numpy's."""
+    return isinstance(v, bool | np.bool_)
 
 
 def check_size(nbytes: Any, what: str = "nbytes") -> int:
     """Validate a byte count: a non-negative int."""
     if type(nbytes) is int and nbytes >= 0:  # the common case, cheaply
         return nbytes
-    if not isinstance(nbytes, int | np.integer) or isinstance(nbytes, bool):
+    if not is_int(nbytes):
         raise InvalidTypeError(f"{what} must be an int, not {type(nbytes).__name__}")
     if nbytes < 0:
         raise InvalidValueError(f"{what} must be >= 0, got {nbytes}")
@@ -26,7 +36,7 @@ def check_ptr(ptr: Any, what: str = "pointer") -> int:
     """Validate a device pointer: an int."""
     if type(ptr) is int:
         return ptr
-    if not isinstance(ptr, int | np.integer) or isinstance(ptr, bool):
+    if not is_int(ptr):
         raise InvalidTypeError(f"{what} must be an int device pointer, not {type(ptr).__name__}")
     return int(ptr)
 
@@ -60,7 +70,7 @@ def host_view(obj: Any, nbytes: int, *, writable: bool) -> np.ndarray:
 
 def check_byte(value: Any) -> int:
     """Validate a memset value: an int byte 0-255."""
-    if not isinstance(value, int | np.integer) or isinstance(value, bool):
+    if not is_int(value):
         raise InvalidTypeError(f"memset value must be an int, not {type(value).__name__}")
     if not 0 <= value <= 255:
         raise InvalidValueError(f"memset value must be a byte 0-255, got {value}")

@@ -41,6 +41,7 @@ from ..errors import (
     OutOfMemoryError,
 )
 from ..reclaim import Reclaim
+from ..validate import is_int
 from .base import Backend, DeviceImpl, Queue
 
 ALIGN = 512
@@ -262,7 +263,7 @@ def _hex(ptr: Any) -> str:
 def _as_ptr(ptr: Any) -> int:
     from ..errors import InvalidTypeError
 
-    if isinstance(ptr, int | np.integer) and not isinstance(ptr, bool):
+    if is_int(ptr):
         return int(ptr)
     raise InvalidTypeError(f"a device pointer must be an int, not {type(ptr).__name__}")
 

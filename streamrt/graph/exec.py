@@ -21,8 +21,6 @@ import weakref
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from .. import instrument
 from ..backends.cpu import SPACE
 from ..errors import (
@@ -34,6 +32,7 @@ from ..errors import (
 from ..kernel import dim3
 from ..memory import device_of
 from ..stream import Stream
+from ..validate import is_bool, is_int
 from . import memory
 from .graph import Graph, host_params, memcpy_params, memset_params
 from .node import Node, NodeType
@@ -64,7 +63,7 @@ class GraphExec:
     def __init__(self, graph: Graph, *, auto_free_on_launch: bool = False) -> None:
         if not isinstance(graph, Graph):
             raise InvalidTypeError(f"instantiate needs a Graph, not {type(graph).__name__}")
-        if not isinstance(auto_free_on_launch, bool | np.bool_):
+        if not is_bool(auto_free_on_launch):
             raise InvalidTypeError("auto_free_on_launch must be a bool")
         self.auto_free_on_launch = bool(auto_free_on_launch)
         gc_was = gc.isenabled()
@@ -349,7 +348,7 @@ class GraphExec:
 
     def set_node_enabled(self, node: Node, enabled: bool) -> None:
         """Enable or disable a kernel, memcpy or memset node; a disabled node acts as empty."""
-        if not isinstance(enabled, bool | np.bool_):
+        if not is_bool(enabled):
             raise InvalidTypeError("enabled must be a bool")
         enabled = bool(enabled)
         t = self._node(node, *_DISABLEABLE)
@@ -381,7 +380,7 @@ class GraphExec:
 # -- helpers -------------------------------------------------------------------------------------
 def _kinds(p: dict[str, Any]) -> tuple:
     def kind(x: Any) -> Any:
-        if isinstance(x, int | np.integer) and not isinstance(x, bool):
+        if is_int(x):
             return ("device", device_of(int(x)))  # any backend's (None: pinned host memory)
         return ("host",)
 

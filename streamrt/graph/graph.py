@@ -12,14 +12,12 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from .. import instrument
 from ..device import Device
 from ..errors import InvalidTypeError, InvalidValueError
 from ..event import Event
 from ..kernel import Kernel, dim3
-from ..validate import check_byte, check_ptr, check_size, host_view
+from ..validate import check_byte, check_ptr, check_size, host_view, is_int
 from .memory import GraphAlloc
 from .node import Node, NodeType
 
@@ -274,7 +272,7 @@ def memcpy_params(dst: Any, src: Any, nbytes: int) -> dict[str, Any]:
     """Validate MEMCPY parameters; ranges inside graph memory are checked when mapped."""
     n = check_size(nbytes)
     for end, writable in ((dst, True), (src, False)):
-        if isinstance(end, int | np.integer) and not isinstance(end, bool):
+        if is_int(end):
             _check_range(int(end), n)
         else:
             host_view(end, n, writable=writable)

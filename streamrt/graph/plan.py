@@ -23,7 +23,7 @@ from ..backends import cpu
 from ..backends.cpu import SPACE, copy_op, fill_op, host_call
 from ..errors import InvalidValueError
 from ..kernel import KernelContext
-from ..validate import host_view
+from ..validate import host_view, is_int
 from .node import Node, NodeType
 
 if TYPE_CHECKING:
@@ -226,7 +226,7 @@ def _describe(n: Node) -> tuple[str, str, tuple]:
     p = n._params
     if n.type is NodeType.MEMCPY:
         acc = tuple((int(x), p["nbytes"], w) for x, w in ((p["dst"], True), (p["src"], False))
-                    if isinstance(x, int | np.integer) and not isinstance(x, bool))
+                    if is_int(x))
         return "memcpy", f"memcpy {p['nbytes']} B", acc
     if n.type is NodeType.MEMSET:
         return "memset", f"memset {p['nbytes']} B", ((p["ptr"], p["nbytes"], True),)
@@ -257,7 +257,7 @@ def op_of(n: Node, stream: Stream) -> tuple | None:
 
 
 def _view(end: Any, n: int, writable: bool) -> np.ndarray:
-    if isinstance(end, int | np.integer) and not isinstance(end, bool):
+    if is_int(end):
         return SPACE.span(int(end), n)
     return host_view(end, n, writable=writable)  # by reference: read when the node runs
 

@@ -25,10 +25,9 @@ import weakref
 from collections import OrderedDict
 from typing import Any
 
-import numpy as np
-
 from ..errors import InvalidTypeError, InvalidValueError
 from ..reclaim import Reclaim
+from ..validate import is_int
 from .executor import Executor
 
 __all__ = ["ExecutorCache"]
@@ -58,7 +57,7 @@ def _retire(entries: OrderedDict, c: list, cache_ref: weakref.ref) -> None:
 def _bound(value: Any, what: str, allow_none: bool) -> int | None:
     if value is None and allow_none:
         return None
-    if not isinstance(value, int | np.integer) or isinstance(value, bool):
+    if not is_int(value):
         raise InvalidTypeError(f"{what} must be an int{' or None' if allow_none else ''}, "
                                f"not {type(value).__name__}")
     if value < 0:

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import ExecutorError
+from ..validate import is_int
 
 if TYPE_CHECKING:
     from ..device import Device
@@ -155,7 +156,7 @@ class Executor:
         if not self._repeatable:
             raise ExecutorError(f"{what}: only a repeatable executor changes addresses; call "
                                 "set_repeatable() first", PARAM_INVALID)
-        if not isinstance(index, int | np.integer) or isinstance(index, bool):
+        if not is_int(index):
             raise ExecutorError(f"{what}: index must be an int, not {type(index).__name__}",
                                 PARAM_INVALID)
         if not 0 <= index < hi - lo:
@@ -167,7 +168,7 @@ class Executor:
                                 "plan again to use one", PARAM_INVALID)
         if ptr is None or (isinstance(ptr, int | np.integer) and ptr == 0):
             raise ExecutorError(f"{what}: null pointer", NULLPTR)
-        if not isinstance(ptr, int | np.integer) or isinstance(ptr, bool) or ptr < 0:
+        if not is_int(ptr) or ptr < 0:
             raise ExecutorError(f"{what}: ptr must be a device pointer int, not {ptr!r}",
                                 PARAM_INVALID)
         self._addrs[slot] = int(ptr)

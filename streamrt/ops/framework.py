@@ -25,6 +25,7 @@ import numpy as np
 from ..errors import ExecutorError, StreamRTError
 from ..stream import Stream, current_stream
 from ..tensor import Tensor, TensorDesc
+from ..validate import is_bool, is_int
 from .common import FLOATS
 from .executor import INNER, INNER_FIND_KERNEL, NULLPTR, PARAM_INVALID, Executor, live_executors
 from .stats import OpStats
@@ -56,10 +57,6 @@ def _bad(op: str, msg: str, code: int = PARAM_INVALID) -> ExecutorError:
     return ExecutorError(f"ops.{op}: {msg}", code)
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int | np.integer) and not isinstance(v, bool)
-
-
 def float_attr(op: str, name: str, v: Any) -> float:
     """A real number (not a bool)."""
     if isinstance(v, bool) or not isinstance(v, int | float | np.integer | np.floating):
@@ -69,14 +66,14 @@ def float_attr(op: str, name: str, v: Any) -> float:
 
 def bool_attr(op: str, name: str, v: Any) -> bool:
     """A bool."""
-    if not isinstance(v, bool | np.bool_):
+    if not is_bool(v):
         raise _bad(op, f"{name} must be a bool, not {v!r}")
     return bool(v)
 
 
 def int_attr(op: str, name: str, v: Any) -> int:
     """An int (not a bool)."""
-    if not _is_int(v):
+    if not is_int(v):
         raise _bad(op, f"{name} must be an int, not {v!r}")
     return int(v)
 
@@ -90,7 +87,7 @@ def axes_attr(op: str, name: str, v: Any) -> tuple[int, ...] | None:
     """None (every axis), an int, or a sequence of ints."""
     if v is None:
         return None
-    if _is_int(v):
+    if is_int(v):
         return (int(v),)
     if isinstance(v, tuple | list):
         return tuple(int_attr(op, name, a) for a in v)
@@ -223,7 +220,7 @@ class Op:
         executor._check_owner(f"ops.{name}")
         executor._check_runnable(f"ops.{name}")
         size = executor._ws
-        if not _is_int(workspace_size):
+        if not is_int(workspace_size):
             raise _bad(name, f"workspace_size must be an int, not {workspace_size!r}")
         if workspace_size != size:
             raise _bad(name, f"workspace_size {workspace_size} differs from the {size} bytes "
@@ -247,7 +244,7 @@ class Op:
 def _check_workspace(name: str, ws: Any, size: int, ex: Executor) -> None:
     from ..memory import device_of, usable_bytes  # stream.py must be imported before memory.py
 
-    if not _is_int(ws):
+    if not is_int(ws):
         raise _bad(name, f"workspace must be a device pointer int or None, not {type(ws).__name__}")
     ws = int(ws)
     if ws == 0:
