@@ -49,7 +49,8 @@ class ArenaMixin:
         extend = (last is not None and not last.live and last.addr + last.size == self._arena + top
                   and (last.stream is None or last.stream is a))
         base = last.addr - self._arena if extend else top
-        new_top = min((base + size + self._granule - 1) // self._granule * self._granule, self._va)
+        gr = self._granule
+        new_top = min((base + size + gr - 1) // gr * gr, self._va)
         if base + size > new_top:
             return None  # the arena (the device's capacity) is full
         if new_top <= top:
@@ -63,7 +64,7 @@ class ArenaMixin:
         except OutOfMemoryError:
             return None
         self._top = new_top
-        self._holes = new_top != len(self._mapped) * self._granule
+        self._holes = new_top != len(self._mapped) * gr
         if extend:
             self._remove_free(last)
             last.size = self._arena + new_top - last.addr
@@ -79,7 +80,8 @@ class ArenaMixin:
         impl = self.device._impl
         # addresses for the whole device: max_size limits mapped memory, not addresses, so
         # free blocks a stream cannot use yet never stop the arena from growing
-        self._va = max(self._granule, (impl.capacity + self._granule - 1) // self._granule * self._granule)
+        gr = self._granule
+        self._va = max(gr, (impl.capacity + gr - 1) // gr * gr)
         self._arena = base = impl.reserve(self._va)
         # a pool dropped without destroy() gives its memory back when it is collected (it
         # cannot be while it has live allocations: ``_owners`` refers to it)
@@ -103,25 +105,25 @@ class ArenaMixin:
         landing on an unmapped granule maps it again."""
         if self._reserved <= keep or not self._arena:
             return
-        base, mapped = self._arena, self._mapped
+        base, mapped, gr = self._arena, self._mapped, self._granule
         for b in sorted(self._ready.blocks(), key=lambda x: -x.addr):
-            g0 = (b.addr - base + self._granule - 1) // self._granule * self._granule
-            g = (b.addr + b.size - base) // self._granule * self._granule - self._granule
+            g0 = (b.addr - base + gr - 1) // gr * gr
+            g = (b.addr + b.size - base) // gr * gr - gr
             while g >= g0:
-                if self._reserved - self._granule < keep:
+                if self._reserved - gr < keep:
                     return
                 if g in mapped:
-                    self.device._impl.decommit(base, g, self._granule)
+                    self.device._impl.decommit(base, g, gr)
                     mapped.discard(g)
-                    self._reserved -= self._granule
+                    self._reserved -= gr
                     self._stats["release_count"] += 1
                     self._holes = True
-                g -= self._granule
+                g -= gr
 
     def _fully_mapped(self, b: _Block) -> bool:
-        base = self._arena
-        first = (b.addr - base) // self._granule * self._granule
-        return all(g in self._mapped for g in range(first, b.addr + b.size - base, self._granule))
+        base, gr = self._arena, self._granule
+        first = (b.addr - base) // gr * gr
+        return all(g in self._mapped for g in range(first, b.addr + b.size - base, gr))
 
     def _mappable(self, b: _Block, size: int) -> bool:
         """Whether an allocation of ``size`` placed in ``b`` can map what it lands on under

@@ -33,32 +33,27 @@ def free(ptr: int) -> None:
     ptr = check_ptr(ptr)
     if ptr == 0:
         return  # cudaFree(NULL) is a no-op
+    from .graph import memory as graph_memory
     from .memory import find_pool
 
+    # whose memory it is: a pool's, a graph's (it outlives its launch until freed, cudaFree
+    # included) or a device's srt.malloc; then one path: synchronize, tell, release
     pool = find_pool(ptr)
+    graph_alloc = graph_memory.find(ptr) if pool is None else None
     if pool is not None:
-        synchronize_device(pool.device, skip_capturing=True)
-        if instrument.listeners:
-            instrument.notify("free", None, ptr)
-        pool._free_now(ptr)
-        return
-    from .graph import memory as graph_memory
-
-    a = graph_memory.find(ptr)
-    if a is not None:  # graph memory outlives its launch until freed, cudaFree included
-        synchronize_device(a.device, skip_capturing=True)
-        graph_memory.free_outside(ptr, None)
-        if instrument.listeners:
-            instrument.notify("free", None, ptr)
-        return
-    for dev in devices():
-        if dev._impl.owns(ptr):
-            synchronize_device(dev, skip_capturing=True)
-            if instrument.listeners:
-                instrument.notify("free", None, ptr)
-            dev._impl.free(ptr)
-            return
-    raise InvalidAddressError(f"free of {hex(ptr)}: not a live device allocation (double free?)")
+        device, release = pool.device, pool._free_now
+    elif graph_alloc is not None:
+        device, release = graph_alloc.device, lambda p: graph_memory.free_outside(p, None)
+    else:
+        device = next((d for d in devices() if d._impl.owns(ptr)), None)
+        if device is None:
+            raise InvalidAddressError(
+                f"free of {hex(ptr)}: not a live device allocation (double free?)")
+        release = device._impl.free
+    synchronize_device(device, skip_capturing=True)
+    if instrument.listeners:
+        instrument.notify("free", None, ptr)
+    release(ptr)
 
 
 def malloc_host(nbytes: int) -> int:

@@ -4,9 +4,9 @@ State and invariants (per pool, all guarded by ``_lock``):
 - Each pool reserves one address range (the arena, as large as the device, as CUDA's pools
   reserve virtual addresses) and maps physical memory into it in 2 MiB granules
   (``_mapped``; a pool whose ``max_size`` is below that, in granules of about a sixteenth of
-  it, see ``arena.granule_for``); ``reserved`` is the mapped bytes. Blocks tile ``[arena, arena + top)`` as a
-  doubly linked list, also indexed by address. Free blocks may cross granule boundaries, so
-  free space never stays split at a reservation edge.
+  it, see ``arena.granule_for``); ``reserved`` is the mapped bytes. Blocks tile
+  ``[arena, arena + top)`` as a doubly linked list, also indexed by address. Free blocks may
+  cross granule boundaries, so free space never stays split at a reservation edge.
 - A block is live (allocated, in ``_owners``) or free. A free block is either *pending*: freed
   on stream F at position p (``block.stream``/``block.pos``), indexed in ``_pending[F.id]``;
   or *ready*: its free was proven complete by a host synchronize (``block.stream is None``),
@@ -297,10 +297,7 @@ class MemPool(ArenaMixin, ReuseMixin):
     def _check_range(self, chunk: int, ptr: int, nbytes: int) -> None:
         """The arena's ``sub`` hook: ``[ptr, ptr + nbytes)`` must lie in one live block."""
         with self._lock:
-            b = self._blocks.get(ptr)
-            if b is None:  # an interior pointer: the block starting at or below it
-                i = self._blocks.bisect_right(ptr) - 1
-                b = self._blocks.peekitem(i)[1] if i >= 0 else None
+            b = self._holding(ptr)
             if b is None or not b.live or ptr + nbytes > b.addr + b.size:
                 where = (f"its block [{hex(b.addr)}, {hex(b.addr + b.size)})" if b is not None
                          and b.live else "no live stream-ordered allocation")
@@ -519,13 +516,20 @@ class MemPool(ArenaMixin, ReuseMixin):
         b = self._blocks.get(ptr)
         return b.size if b is not None and b.live else None
 
+    def _holding(self, ptr: int) -> _Block | None:
+        """The block starting at ``ptr``, or else at or below it (an interior pointer)."""
+        b = self._blocks.get(ptr)
+        if b is None:
+            i = self._blocks.bisect_right(ptr) - 1
+            b = self._blocks.peekitem(i)[1] if i >= 0 else None
+        return b
+
     def _room(self, ptr: int) -> int | None:
         """Bytes from ``ptr`` to the end of the live block holding it (None: in no live block)."""
         with self._lock:
-            i = self._blocks.bisect_right(ptr) - 1
-            b = self._blocks.peekitem(i)[1] if i >= 0 else None
-            return b.addr + b.size - ptr if b is not None and b.live and ptr < b.addr + b.size \
-                else None
+            b = self._holding(ptr)
+            end = b.addr + b.size if b is not None and b.live else ptr
+            return end - ptr if end > ptr else None
 
     def _on_sync(self) -> None:
         """Promote the frees a host synchronize proved, then apply the release threshold."""

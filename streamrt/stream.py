@@ -228,6 +228,15 @@ class Stream:
         if self._destroyed:
             raise InvalidHandleError(f"{self!r} was destroyed")
 
+    def _refuse_while_capturing(self, what: str) -> None:
+        """``what`` (a synchronize, query or destroy) is illegal while the stream captures: the
+        capture is invalidated and CaptureUnsupportedError raised (see capture.illegal_sync)."""
+        cap = self._capture  # read once: another thread may end the capture
+        if cap is not None:
+            from .graph.capture import illegal_sync
+
+            illegal_sync(self, cap, what)
+
     def _refresh(self) -> None:
         """Recompute whether launches must leave the fast path (blocking, captured, destroyed)."""
         self._slow = not self.non_blocking or self._capture is not None or self._destroyed
@@ -474,11 +483,7 @@ class Stream:
     def synchronize(self) -> None:
         """Block until all work enqueued so far has completed (``cudaStreamSynchronize``)."""
         self._check_alive()
-        cap = self._capture  # read once: another thread may end the capture
-        if cap is not None:
-            from .graph.capture import illegal_sync
-
-            illegal_sync(self, cap, "synchronize")
+        self._refuse_while_capturing("synchronize")
         self._check_legacy_capture()
         # what is proved is read before waiting, the clock first: a wait another thread enqueues
         # meanwhile counts itself in _pos before it merges into _clock, so it is either in both
@@ -490,11 +495,7 @@ class Stream:
     def query(self) -> bool:
         """True when all enqueued work has completed (``cudaStreamQuery``); not a synchronize."""
         self._check_alive()
-        cap = self._capture  # read once: another thread may end the capture
-        if cap is not None:
-            from .graph.capture import illegal_sync
-
-            illegal_sync(self, cap, "query")
+        self._refuse_while_capturing("query")
         self._check_legacy_capture()
         return self._q.done >= self._pos
 
@@ -503,13 +504,9 @@ class Stream:
         if self._legacy:
             raise InvalidHandleError("the legacy default stream cannot be destroyed")
         self._check_alive()
-        cap = self._capture
-        if cap is not None:
-            # a capture keeps its streams until end_capture: destroying one would leave the
-            # capture active for good (refusing every unsafe call and device synchronize)
-            from .graph.capture import illegal_sync
-
-            illegal_sync(self, cap, "destroy")
+        # a capture keeps its streams until end_capture: destroying one would leave the capture
+        # active for good (refusing every unsafe call and device synchronize)
+        self._refuse_while_capturing("destroy")
         self._destroy_quiet()
 
     def _destroy_quiet(self) -> None:

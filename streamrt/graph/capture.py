@@ -288,13 +288,22 @@ def end(stream: Stream) -> Graph:
     return cap.graph
 
 
-def abandon(device: Device) -> None:
-    """End, with no graph, every capture that a stream of ``device`` takes part in (a reset)."""
+def _captures_on(device: Device) -> list[Capture]:
+    """The active captures that a stream of ``device`` takes part in."""
     with _lock:
         caps = list(_active)
-    for c in caps:
-        if any(s.device is device for s in list(c.deps)):
-            c.finish()
+    return [c for c in caps if any(s.device is device for s in list(c.deps))]
+
+
+def _blocking_captures(device: Device) -> list[tuple[Stream, Capture]]:
+    """Each blocking stream of ``device`` taking part in a capture, with that capture."""
+    return [(b, cap) for b in members(device._blocking) if (cap := b._capture) is not None]
+
+
+def abandon(device: Device) -> None:
+    """End, with no graph, every capture that a stream of ``device`` takes part in (a reset)."""
+    for c in _captures_on(device):
+        c.finish()
 
 
 def _unjoined(cap: Capture) -> list[Node]:
@@ -402,10 +411,8 @@ def check_device_sync(device: Device) -> None:
     """A device synchronize while one of its streams captures: refused, captures invalidated."""
     if not _active:
         return
-    with _lock:
-        caps = list(_active)
-    hit = [c for c in caps if any(s.device is device for s in list(c.deps))
-           and c.invalidate(f"{device.name} was synchronized during the capture")]
+    hit = [c for c in _captures_on(device)
+           if c.invalidate(f"{device.name} was synchronized during the capture")]
     if hit:
         raise CaptureUnsupportedError(
             f"synchronize of {device.name} is not permitted while {hit[0]!r} is active"
@@ -414,9 +421,8 @@ def check_device_sync(device: Device) -> None:
 
 def check_legacy(stream: Stream) -> None:
     """Work on the legacy default stream while a blocking stream of its device captures."""
-    for b in members(stream.device._blocking):
-        cap = b._capture
-        if cap is not None and cap.invalidate(f"the legacy default stream was used while {b!r} captures"):
+    for b, cap in _blocking_captures(stream.device):
+        if cap.invalidate(f"the legacy default stream was used while {b!r} captures"):
             raise CaptureImplicitError(
                 f"the legacy default stream of {stream.device.name} would implicitly synchronize "
                 f"with capturing {b!r}; use non-blocking streams"
@@ -427,9 +433,8 @@ def check_legacy_query(stream: Stream) -> None:
     """A capture query of the legacy default stream while a blocking stream of its device takes
     part in a capture: ``cudaErrorStreamCaptureImplicit``, as CUDA returns it; unlike a use of the
     legacy stream, the query leaves the capture as it is."""
-    for b in members(stream.device._blocking):
-        cap = b._capture
-        if cap is not None and cap.status is not CaptureStatus.NONE:
+    for b, cap in _blocking_captures(stream.device):
+        if cap.status is not CaptureStatus.NONE:
             raise CaptureImplicitError(
                 f"the capture status of the legacy default stream of {stream.device.name} is "
                 f"unspecified while blocking {b!r} captures; use non-blocking streams"

@@ -202,7 +202,7 @@ class GraphExec:
                     stream.wait(n._params["event"])
             fn, args = (run_plan, (plan,)) if stream._q.inline else stream._q.op_graph(plan)
             extra = None
-            if self._mem_nodes and stream._q.inline and plan.mem:  # an instrumented plan
+            if stream._q.inline and plan.mem:  # an instrumented plan of a graph with memory
                 extra = {instrument.GRAPH_MEMORY: self._memory_events(plan, auto_freed)}
             stream._submit(fn, args, "graph", f"graph launch ({len(self._template._nodes)} nodes)",
                            extra=extra)
