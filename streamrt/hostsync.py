@@ -156,9 +156,8 @@ def reset_device(device: Device) -> None:
     from .event import UNRECORDED
 
     for e in members(device._events):  # destroyed, as aclrtResetDevice destroys them
-        e._rec = UNRECORDED
-        e._destroyed = True
-        device._events.discard(e)
+        e._rec = UNRECORDED  # and its record, which names streams that are gone
+        e.destroy()
     for pool in members(device._pools):
         pool._reset()
     device._default_pool = None
