@@ -27,19 +27,18 @@ class Dim3(NamedTuple):
 _DIMS: dict[Any, Dim3] = {}
 
 
-BOOLS = frozenset({bool, np.bool_})  # not ints here, though True == 1
+def exact_ints(value: Any) -> bool:
+    """Whether ``value`` is a Python int or a tuple of them: a safe key for the launch caches."""
+    cls = value.__class__
+    return cls is int or (cls is tuple and all(p.__class__ is int for p in value))
 
 
 def dim3(value: Any, what: str = "grid") -> Dim3:
     """Normalise an int or a 1-3 tuple of positive ints to a :class:`Dim3` (cached)."""
-    # True == 1 (and (True, 2) == (1, 2)) would find 1's entry: a hit must be made of ints
-    if value.__class__ not in BOOLS:
-        try:
-            cached = _DIMS.get(value)
-        except TypeError:
-            cached = None
-        if cached is not None and (value.__class__ is not tuple
-                                   or all(p.__class__ is int for p in value)):
+    # True == 1 and 2.0 == 2 (in tuples too) would find the int's entry: only ints may hit
+    if exact_ints(value):
+        cached = _DIMS.get(value)
+        if cached is not None:
             return cached
     if is_int(value):
         parts: tuple = (value,)
@@ -53,7 +52,7 @@ def dim3(value: Any, what: str = "grid") -> Dim3:
         if p < 1:
             raise InvalidValueError(f"{what} dimensions must be >= 1, got {value!r}")
     d = Dim3(*(int(p) for p in parts))
-    if isinstance(value, int | tuple) and len(_DIMS) < 4096:
+    if exact_ints(value) and len(_DIMS) < 4096:
         _DIMS[value] = d
     return d
 

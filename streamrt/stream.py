@@ -33,7 +33,7 @@ from .errors import (
 )
 from .event import Event
 from .hostsync import after_sync, covered, reach, reset_device, retire, synchronize_device
-from .kernel import BOOLS, Kernel, KernelContext, dim3
+from .kernel import Kernel, KernelContext, dim3, exact_ints
 from .memory import MemPool, _owners, pool_of
 from .validate import check_byte, check_ptr, check_size, host_view, is_bool, is_int
 
@@ -258,13 +258,13 @@ class Stream:
         """Enqueue ``kernel`` (``cudaLaunchKernel``); returns at once."""
         if grid is _ONE and block is _ONE:  # the default launch shape: skip the lookup
             ctx = self._ctx1
-        elif grid.__class__ in BOOLS or block.__class__ in BOOLS:  # True == 1: not a cache hit
-            ctx = self._context(grid, block)  # refuses it
-        else:
+        elif exact_ints(grid) and exact_ints(block):  # True == 1, 2.0 == 2: those never hit
             try:
                 ctx = self._ctxs[grid, block]
-            except (KeyError, TypeError):
+            except KeyError:
                 ctx = self._context(grid, block)
+        else:
+            ctx = self._context(grid, block)  # validates (numpy ints pass, others are refused)
         if self._slow or _global_slow or type(kernel) is not Kernel:
             return self._launch_slow(kernel, ctx, args)
         # the hottest path of the runtime: a non-blocking stream with no capture or hooks
@@ -281,11 +281,8 @@ class Stream:
 
     def _context(self, grid: Any, block: Any) -> KernelContext:
         ctx = KernelContext(dim3(grid, "grid"), dim3(block, "block"), self.device, self)
-        try:
-            if len(self._ctxs) < 256:
-                self._ctxs[grid, block] = ctx
-        except TypeError:
-            pass  # unhashable (a list): not cached
+        if len(self._ctxs) < 256 and exact_ints(grid) and exact_ints(block):
+            self._ctxs[grid, block] = ctx
         return ctx
 
     def _launch_slow(self, kernel: Any, ctx: KernelContext, args: tuple) -> None:

@@ -152,6 +152,25 @@ def test_errors_bools_and_floats_are_not_ints(call):
         BAD_TYPES[call]()
 
 
+@pytest.mark.parametrize("bad", [2.0, (2.0,), (2, 1.0), (2, True), (np.True_, 1), np.float64(2)])
+def test_errors_launch_shapes_equal_to_cached_ints_are_still_refused(bad):
+    # 2.0 == 2 and (2, True) == (2, 1) find the int shapes' entries in the launch caches
+    s = srt.Stream(non_blocking=True)
+    for ok in (2, (2,), (2, 1), (1, 1)):
+        s.launch(_noop_kernel, grid=ok)
+        s.launch(_noop_kernel, block=ok)
+    g = srt.Graph()
+    g.add_kernel_node(_noop_kernel, grid=2, block=(2, 1))
+    with pytest.raises(srt.InvalidTypeError):
+        s.launch(_noop_kernel, grid=bad)
+    with pytest.raises(srt.InvalidTypeError):
+        s.launch(_noop_kernel, block=bad)
+    with pytest.raises(srt.InvalidTypeError):
+        g.add_kernel_node(_noop_kernel, grid=bad)
+    s.launch(_noop_kernel, grid=np.int64(2), block=(np.int32(2), 1))  # numpy ints are ints
+    s.synchronize()
+
+
 def test_errors_pool_sizes_past_uint64_mean_no_limit():
     # CUDA's attributes are uint64; a Python size past them asks for no limit, as 2**64 - 1 does
     pool = srt.MemPool(max_size=2 ** 70)
