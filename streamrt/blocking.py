@@ -90,8 +90,12 @@ def memset(ptr: int, value: int, nbytes: int) -> None:
 
 def _stream_for(*ends: Any) -> Any:
     """The current stream, unless a device pointer belongs to another device: as ``cudaMemcpy``
-    with unified addressing, the copy then runs on that device's default stream."""
+    with unified addressing, the copy then runs on that device's default stream. A capturing
+    current stream (``graph_capture`` makes its stream current) cannot run it either: as
+    ``cudaMemcpy``, it runs on the legacy stream (where RELAXED mode lets it through)."""
     s = current_stream()
+    if s._capture is not None:
+        s = s.device.default_stream
     for end in ends:
         if is_int(end):
             dev = device_of(int(end))

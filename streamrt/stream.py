@@ -459,7 +459,7 @@ class Stream:
                 instrument.notify("capture", self, "end")
 
     def is_capturing(self) -> bool:
-        """True while the stream takes part in an active capture (``cudaStreamIsCapturing``)."""
+        """True from ``begin_capture`` (or joining one) to ``end_capture``, invalidated or not."""
         from .graph import capture
 
         return capture.is_capturing(self)

@@ -61,7 +61,7 @@ def assert_invalidated_then_ended(origin, *joined):
     """end_capture of an invalidated capture raises 901, returns no graph, and all streams leave."""
     for st in (origin, *joined):
         assert st.capture_info().status is srt.CaptureStatus.INVALIDATED
-        assert not st.is_capturing()
+        assert st.is_capturing()  # until end_capture, as CUDA's status and PyTorch's test
     with pytest.raises(srt.CaptureInvalidatedError) as ei:
         origin.end_capture()
     assert ei.value.code == 901
@@ -291,6 +291,48 @@ def test_graph_capture_context_manager_begins_with_its_mode(s, buf):
         srt.memset(buf, 0, 4)  # an unsafe call: refused in the default GLOBAL mode
         s.launch_host_func(noop)
     assert len(cap.graph.nodes()) == 1
+
+
+def test_graph_capture_context_manager_makes_its_stream_current(s, buf):
+    # as torch.cuda.graph: calls that default to the current stream are captured, not run
+    from streamrt import ops
+
+    before = srt.current_stream()
+    x = srt.Tensor.from_numpy(np.ones((2, 3), np.float32), stream=s)
+    out = srt.Tensor(srt.TensorDesc((2,), np.float32), buf)
+    s.synchronize()
+    with srt.graph_capture(s) as cap:
+        assert srt.current_stream() is s
+        ops.run(ops.reduce_sum, x, out, axis=1)  # no stream: the capturing one
+    assert srt.current_stream() is before
+    assert cap.graph.nodes() and (_read(buf)[:2] == 0).all()  # captured, not run
+    cap.graph.instantiate().launch(s)
+    s.synchronize()
+    assert (_read(buf)[:2] == 3.0).all()
+    with pytest.raises(KeyError), srt.graph_capture(s):
+        raise KeyError("boom")
+    assert srt.current_stream() is before and not s.is_capturing()
+    with pytest.raises(srt.CaptureUnsupportedError), srt.graph_capture(s.device.default_stream):
+        pass  # the legacy stream cannot capture: refused at the start, nothing left current
+    assert srt.current_stream() is before
+    x.free(s)
+
+
+def test_graph_capture_invalidated_stream_is_capturing_until_ended(s):
+    # cudaStreamIsCapturing reports INVALIDATED until cudaStreamEndCapture; the usual cleanup
+    # ``if s.is_capturing(): s.end_capture()`` must end it, or the stream stays refused
+    s.begin_capture()
+    with pytest.raises(srt.CaptureUnsupportedError):
+        s.synchronize()
+    assert s.is_capturing() and s.capture_info().status is srt.CaptureStatus.INVALIDATED
+    with pytest.raises(srt.CaptureUnsupportedError):
+        s.query()  # still in the capture sequence: refused
+    if s.is_capturing():
+        with pytest.raises(srt.CaptureInvalidatedError):
+            s.end_capture()
+    assert not s.is_capturing()
+    assert s.query()  # usable again
+    s.synchronize()
 
 
 def test_graph_capture_malloc_free_become_memory_nodes(s, buf):

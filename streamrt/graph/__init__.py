@@ -16,7 +16,7 @@ __all__ = [
 
 
 class graph_capture:  # noqa: N801 - used like a function, as torch.cuda.graph
-    """``with srt.graph_capture(s, mode=...) as cap:`` captures ``s``; then ``cap.graph``."""
+    """``with srt.graph_capture(s, mode=...) as cap:`` captures ``s`` (current in the block)."""
 
     def __init__(self, stream: Any, mode: CaptureMode = CaptureMode.GLOBAL) -> None:
         from ..errors import InvalidTypeError
@@ -29,14 +29,25 @@ class graph_capture:  # noqa: N801 - used like a function, as torch.cuda.graph
         self.graph: Graph | None = None
 
     def __enter__(self) -> graph_capture:
-        self.stream.begin_capture(self.mode)
+        # the stream is current inside the block (as torch.cuda.graph): ``ops.run``,
+        # ``Tensor.empty`` and the rest that default to the current stream are captured too,
+        # not run eagerly on the legacy stream
+        self.stream.__enter__()
+        try:
+            self.stream.begin_capture(self.mode)
+        except BaseException:
+            self.stream.__exit__()
+            raise
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is None:
-            self.graph = self.stream.end_capture()
-            return
-        cap = self.stream._capture
-        if cap is not None:  # an error inside the block: end the capture, keep the error
-            cap.invalidate(f"{exc_type.__name__} raised inside graph_capture")
-            cap.finish()
+        try:
+            if exc_type is None:
+                self.graph = self.stream.end_capture()
+                return
+            cap = self.stream._capture
+            if cap is not None:  # an error inside the block: end the capture, keep the error
+                cap.invalidate(f"{exc_type.__name__} raised inside graph_capture")
+                cap.finish()
+        finally:
+            self.stream.__exit__()

@@ -331,11 +331,12 @@ def info(stream: Stream) -> CaptureInfo:
 
 
 def is_capturing(stream: Stream) -> bool:
-    """``cudaStreamIsCapturing``: status ACTIVE."""
+    """``cudaStreamIsCapturing`` status not NONE: ACTIVE, or INVALIDATED until ``end_capture``
+    (as PyTorch): the stream is still in its capture sequence, and ``if s.is_capturing():
+    s.end_capture()`` must end an invalidated one too, or the stream stays refused."""
     if stream._legacy and _active:
         check_legacy_query(stream)
-    cap = stream._capture  # read once: another thread may end the capture
-    return cap is not None and cap.status is CaptureStatus.ACTIVE
+    return stream._capture is not None
 
 
 def update_dependencies(stream: Stream, nodes: Any, replace: bool) -> None:
