@@ -139,6 +139,7 @@ def test_graph_exec_kernel_failure_reported_at_synchronize(s, dev):
     with pytest.raises(srt.LaunchError) as ei:
         s.synchronize()
     assert isinstance(ei.value.__cause__, RuntimeError)
+    assert "graph launch (graph node: boom)" in str(ei.value)  # the node, not run_plan
 
 
 def test_graph_exec_host_node_failure_reported_at_synchronize(s):
@@ -177,6 +178,7 @@ def test_graph_exec_failure_in_a_parallel_branch_reported_and_exec_reusable(s, d
     with pytest.raises(srt.LaunchError) as ei:
         s.synchronize()
     assert "branch boom" in str(ei.value.__cause__)
+    assert "graph node: host function" in str(ei.value) and ".bad'" in str(ei.value)
     assert "join" not in log  # a failed node's dependents do not run
     ge.set_host_node_params(x, log.append, "x")
     ge.launch(s)

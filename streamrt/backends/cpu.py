@@ -360,7 +360,7 @@ class CpuQueue(Queue):
             try:
                 fn(*args)
             except BaseException as exc:  # reported at the next synchronize, never lost
-                self._errors.append((done + 1, exc, describe(fn, args)))
+                self._errors.append((done + 1, exc, describe(fn, args, exc)))
             done += 1
             self.done = done
             if done >= self._wake_at:
@@ -399,10 +399,13 @@ class CpuQueue(Queue):
             self._work.notify()
 
 
-def describe(fn: Callable[..., Any], args: tuple) -> str:
-    """A human label for a queued operation (used only when it failed)."""
+def describe(fn: Callable[..., Any], args: tuple, exc: BaseException | None = None) -> str:
+    """A human label for a queued operation (used only when it failed, raising ``exc``)."""
     if fn is instrument.run and len(args) == 3:  # wrapped by the sanitizer or tracer: the op inside
-        return describe(args[1], args[2])
+        return describe(args[1], args[2], exc)
+    node = [n for n in getattr(exc, "__notes__", ()) if n.startswith("in graph node: ")]
+    if node:  # a graph launch (see graph.plan): the node that failed
+        return f"graph launch ({node[-1][3:]})"
     label = getattr(fn, "__self__", None)
     if label is not None and hasattr(label, "name"):  # a bound Kernel method
         return f"kernel {label.name!r}"

@@ -76,9 +76,21 @@ def run_plan(plan: Plan) -> None:
         if cpu.delay_us():
             ops = _delayed(ops)
         for fn, args in ops:
-            fn(*args)
+            try:
+                fn(*args)
+            except BaseException as exc:
+                _in_node(exc, fn, args)
+                raise
         return
     _run_parallel(plan)
+
+
+def _in_node(exc: BaseException, fn: Any, args: tuple) -> BaseException:
+    """Name the failing node: the stream reports the whole launch as the operation."""
+    if fn is _node_call:  # instrumented: the node's own call
+        fn, args = args[1], args[2]
+    exc.add_note(f"in graph node: {cpu.describe(fn, args)}")
+    return exc
 
 
 def _delayed(ops: list[tuple]) -> Any:
@@ -123,7 +135,7 @@ def _run_parallel(plan: Plan) -> None:
                     for fn, args in chain:
                         fn(*args)
                 except BaseException as exc:  # stop the replay; reported by the stream
-                    errors.append(exc)
+                    errors.append(_in_node(exc, fn, args))
             ready = []
             with lock:
                 for j in succ[i]:
