@@ -44,7 +44,7 @@ test-sanitize: $(VENV)/.installed-test
 
 # the cuda tests on the fake runtime under the oldest cuda-bindings of each extra (cuda12, cuda),
 # each in its own venv: the backend's calls are checked against those versions' signatures
-BINDINGS ?= 12.9.10 13.0.0
+BINDINGS ?= 12.9.1 13.0.0
 test-bindings:
 	@for v in $(BINDINGS); do \
 	  env=$(VENV)-cb$$v; \

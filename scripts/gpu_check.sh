@@ -6,7 +6,7 @@
 # Environment: PYTHON (default python3), GPU_CHECK_QUICK=1 (benchmarks in --quick mode),
 # GPU_CHECK_BUDGET_S (default 345: the whole script stays under 6 minutes).
 # Writes exactly six files to OUTDIR (the device runner brings back at most eight):
-#   env.txt           nvidia-smi, package versions, `streamrt info`
+#   env.txt           nvidia-smi, package versions, `streamrt info`, the host-function probe
 #   pytest.log        pytest -m cuda output;  pytest-junit.xml  its JUnit XML
 #   bench.log         every benchmark's stderr, exit status and raw JSON
 #   summary.json      pytest exit code and counts, each benchmark's rows or error, overall verdict
@@ -81,6 +81,11 @@ EOF
     else  # no __main__.py in this version: the CLI module runs as a script
         timeout 30 "$PY" -m streamrt.cli info
     fi
+    echo "(exit status $?)"
+    # first, so a stall it finds is on record before pytest runs into it: which CUDA calls wait
+    # behind a running host function (streamrt's trampoline holds the driver's thread meanwhile)
+    echo "## host-function probe (scripts/probe_hostfn.py)"
+    timeout -k 5 60 "$PY" scripts/probe_hostfn.py
     echo "(exit status $?)"
 } >"$OUT/env.txt" 2>&1
 

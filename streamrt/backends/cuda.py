@@ -50,7 +50,7 @@ except ImportError as exc:  # pragma: no cover - the registry reports this as un
         "the cuda backend needs the 'cuda-bindings' package (pip install 'streamrt[cuda]')"
     ) from exc
 
-from .cuda_errors import check
+from .cuda_errors import check, error_for
 
 _SUCCESS = rt.cudaError_t.cudaSuccess
 _NOT_READY = rt.cudaError_t.cudaErrorNotReady
@@ -595,7 +595,10 @@ class CudaDevice(DeviceImpl):
         with self._lock:
             _activate(self.index)
             module = check(drv.cuModuleLoadData(image))
-            fn = check(drv.cuModuleGetFunction(module, kernel.name.encode()))
+            err, fn = drv.cuModuleGetFunction(module, kernel.name.encode())
+            if err != 0:  # CUDA_ERROR_NOT_FOUND: the source names its kernel otherwise
+                raise error_for(err, f"kernel {kernel.name!r}: its CUDA source has no "
+                                f'extern "C" __global__ function of that name')
             hit = self._functions[kernel] = (fn, packer(types))
         return hit
 

@@ -70,6 +70,7 @@ _CUDA_TABLE: dict[int, type[StreamRTError]] = {
     709: InvalidHandleError,  # ContextIsDestroyed
     401: IllegalStateError,  # IllegalState
     600: NotReadyError,  # NotReady
+    500: InvalidValueError,  # SymbolNotFound / NOT_FOUND (cuModuleGetFunction: no kernel of that name)
     # kernel images and kernel execution: both surface at launch or the next synchronize
     52: LaunchError,  # cudaErrorMissingConfiguration
     53: LaunchError,  # cudaErrorPriorLaunchFailure
