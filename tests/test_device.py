@@ -207,6 +207,19 @@ def test_device_reset_destroys_graph_execs(any_dev):
             e.launch(srt.Stream(d, non_blocking=True))
 
 
+def test_device_reset_destroys_execs_made_there_never_launched(any_dev):
+    # cudaGraphInstantiate makes the exec in the current context, which cudaDeviceReset destroys
+    d = any_dev
+    p = srt.malloc(4096, d)
+    with d:
+        g = srt.Graph()
+        g.add_memset_node(p, 1, 4096)  # no node names a device
+        ge = g.instantiate()
+    d.reset()
+    with pytest.raises(srt.InvalidHandleError, match="destroyed"):
+        ge.launch(srt.Stream(d, non_blocking=True))
+
+
 def test_device_backend_without_index_follows_current():
     # "cpu" names the current device when it is a cpu one (as "cuda" does with cudaGetDevice)
     with srt.Device("cpu:1"):

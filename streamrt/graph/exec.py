@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import instrument
 from ..backends.cpu import SPACE
+from ..device import current_device
 from ..errors import (
     GraphExecUpdateError,
     InvalidHandleError,
@@ -96,6 +97,9 @@ class GraphExec:
         self._finalizer: weakref.finalize | None = None
         self.memory_footprint = 0
         self._map_memory()
+        # made in the current device's context, as cudaGraphInstantiate: its reset destroys it,
+        # launched there or not (an exec of memset nodes only named no device otherwise)
+        _execs_of(current_device()).add(self)
 
     def __repr__(self) -> str:
         return f"<GraphExec of {len(self._template._nodes)} nodes>"
@@ -434,5 +438,5 @@ def _collected(mem: memory.ExecMemory, last: list[tuple[Stream, int] | None]) ->
 
 
 def _execs_of(device: Any) -> weakref.WeakSet:
-    """The execs a device's reset must destroy (those mapping its memory or run on it)."""
+    """The execs a device's reset must destroy (made, mapping memory or run on it)."""
     return device.__dict__.setdefault("_execs", weakref.WeakSet())
