@@ -179,7 +179,10 @@ class GraphExec:
 
     # -- launch --------------------------------------------------------------------------------
     def launch(self, stream: Stream) -> None:
-        """Enqueue the whole graph as one operation of ``stream`` (``cudaGraphLaunch``)."""
+        """Enqueue the whole graph as one operation of ``stream`` (``cudaGraphLaunch``).
+
+        Event nodes act at the launch's edges (waits before it, records after it), not at their
+        place in the DAG as in CUDA: never a weaker order, but a later one (see the README)."""
         self._check(stream)
         cap = stream._capture  # once: another thread may end the capture
         if cap is not None:
