@@ -395,6 +395,31 @@ def test_graph_memory_of_a_destroyed_exec_outlives_it_until_freed_in_stream_orde
         srt.memset(a.ptr, 0, 4)
 
 
+def test_graph_memory_of_a_destroyed_exec_outlives_it_until_a_graph_launch_frees_it(s, out, gate):
+    # as above, freed by a MEM_FREE node of another graph: the memory stays mapped until that
+    # launch has run (its copy reads the allocation before the free node), not only until the
+    # work enqueued before the launch has
+    g = srt.Graph()
+    a = g.add_mem_alloc_node(N * 4)
+    g.add_kernel_node(fill_kernel, a.ptr, N, 5.0, deps=a)
+    ge = g.instantiate()
+    ge.launch(s)
+    s.synchronize()
+    ge.destroy()
+    s.begin_capture(srt.CaptureMode.RELAXED)  # the gate's pinned flag (cuda) is allocated here
+    hold = gate(s)  # a node of the graph: the launch itself waits for it
+    s.launch(copy_kernel, out, a.ptr, N)
+    s.free(a.ptr)
+    consumer = s.end_capture().instantiate()
+    consumer.launch(s)
+    hold.open()
+    s.synchronize()  # no LaunchError: the copy ran on mapped memory
+    assert (_read(out) == 5.0).all()
+    consumer.destroy()
+    with pytest.raises(srt.InvalidAddressError):
+        srt.memset(a.ptr, 0, 4)
+
+
 def test_graph_memory_destroy_with_launch_in_flight(s, out, gate):
     # cudaGraphExecDestroy of an exec still running: the launch completes on its own memory
     g = _fill_use_free(copy_kernel, out, 3.0)

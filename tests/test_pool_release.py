@@ -362,6 +362,35 @@ def test_pool_device_oom_without_pool_limit(dev):
     assert dev.memory_info()[0] == free
 
 
+def test_pool_device_oom_after_a_merge_keeps_the_merged_free_pending(dev, gate, monkeypatch):
+    # Before growing, a ready block and a neighbour pending on a are merged for a's request; when
+    # the device cannot back the ready part, the rollback must leave the merged block pending on
+    # a (not ready: another stream would take a's memory while a's work on it is pending).
+    pool = srt.MemPool(dev, reuse_follow_event_dependencies=False, reuse_allow_opportunistic=False,
+                       reuse_allow_internal_dependencies=False)
+    a, b, c = stream(dev), stream(dev), stream(dev)
+    x = b.malloc(BLOCK, pool)
+    y = a.malloc(BLOCK, pool)
+    assert y == x + BLOCK  # neighbours, each on a granule of its own
+    gate(a)
+    a.memset(y, 1, BLOCK)
+    a.free(y)  # pending on a, behind the gate
+    b.free(x)
+    b.synchronize()  # x ready (not merged with y, pending on a), and its granule released
+    assert pool.stats()["reserved_mem_current"] == BLOCK
+    monkeypatch.setattr(dev._impl, "capacity", dev._impl._used)  # the device is full
+    before = pool.stats()
+    with pytest.raises(srt.OutOfMemoryError):
+        a.malloc(2 * BLOCK, pool)  # merges x and y, then cannot map x's granule
+    assert without(pool.stats(), "oom_count") == without(before, "oom_count")
+    monkeypatch.undo()
+    q = c.malloc(512, pool)  # c has no order with a: y is not reusable by c
+    assert not x <= q < y + BLOCK
+    after = pool.stats()
+    assert (after["grow_count"], after["reuse_after_sync"]) == (before["grow_count"] + 1,
+                                                               before["reuse_after_sync"])
+
+
 # -- destroy -------------------------------------------------------------------------------------
 def test_pool_destroy_deferred_until_last_allocation_freed(dev, gate):
     pool = srt.MemPool(dev, release_threshold=BIG)

@@ -151,6 +151,24 @@ def test_pool_sync_does_not_prove_work_enqueued_while_it_waited(dev, gate, monke
     srt.free(src)
 
 
+def test_pool_event_sync_proves_only_the_clock_of_its_record(dev, gate):
+    # An event synchronize proves the event's clock, not the one its stream has now: s waits on
+    # b's pending free after e was recorded, so synchronizing e proves nothing about b.
+    pool = pool_with(dev, False)
+    s, b, c = stream(dev), stream(dev), stream(dev)
+    g = gate(b)
+    p = used_then_freed(pool, b)
+    s.launch_host_func(lambda: None)
+    e = s.record()
+    s.wait(b.record())
+    e.synchronize()
+    before = pool.stats()
+    q = c.malloc(BLOCK, pool)
+    assert q != p  # b is still held by its gate: its free cannot have run
+    assert served(pool, before) == ["grow_count"]
+    g.open()
+
+
 def test_pool_completed_but_unsynchronized_free_is_not_after_sync(dev):
     pool = pool_with(dev, False)
     a, b = stream(dev), stream(dev)
@@ -162,6 +180,37 @@ def test_pool_completed_but_unsynchronized_free_is_not_after_sync(dev):
     q = a.malloc(BLOCK, pool)
     assert q != p
     assert served(pool, before) == ["grow_count"]
+
+
+def test_pool_true_query_then_another_sync_is_not_after_sync(dev):
+    # A query that answers True proves nothing (DESIGN.md §2), not even once a later synchronize
+    # of an unrelated stream makes the pool look at what the host saw.
+    pool = pool_with(dev, False)
+    a, b, c = stream(dev), stream(dev), stream(dev)
+    p = used_then_freed(pool, b)
+    e = b.record()
+    b._q._wait(b._pos)  # the worker's own count (cpu): not a host synchronize
+    assert b.query() and e.query()
+    c.synchronize()
+    before = pool.stats()
+    q = a.malloc(BLOCK, pool)
+    assert q != p
+    assert served(pool, before) == ["grow_count"]
+
+
+@pytest.mark.parametrize("how", ["stream", "event"])
+def test_pool_sync_proves_the_frees_the_synchronized_work_waited_for(dev, how):
+    # A synchronize proves every position its stream's (or event's) clock covers: b's free, which
+    # c waited for, is reusable by a third stream after a synchronize of c, whatever the flags.
+    pool = pool_with(dev, False)
+    a, b, c = stream(dev), stream(dev), stream(dev)
+    p = used_then_freed(pool, b)
+    c.wait(b.record())
+    c.synchronize() if how == "stream" else c.record().synchronize()
+    before = pool.stats()
+    q = a.malloc(BLOCK, pool)
+    assert q == p
+    assert served(pool, before) == ["reuse_after_sync"]
 
 
 def test_pool_event_sync_promotes_split_remainder(dev):
@@ -209,9 +258,26 @@ def test_pool_reuse_event_dependency(dev, gate, on):
         assert served(pool, before) == ["grow_count"]
 
 
-def test_pool_event_recorded_before_free_is_no_dependency(dev, gate):
+def test_pool_event_dependency_comes_before_opportunistic_reuse(dev, gate):
+    # Step 3 before step 4: a block a is ordered after by an event wins over a closer-sized one
+    # whose free has merely executed.
     pool = pool_with(dev)
-    a, b = stream(dev), stream(dev)
+    a, b, c = stream(dev), stream(dev), stream(dev)
+    gate(b)
+    p = used_then_freed(pool, b, 4 * BLOCK)
+    used_then_freed(pool, c, BLOCK)  # the best fit, but only for step 4
+    a.wait(b.record())
+    executed(c)
+    before = pool.stats()
+    assert a.malloc(BLOCK, pool) == p  # p splits: a takes its low end
+    assert served(pool, before) == ["reuse_event_dependency"]
+
+
+@pytest.mark.parametrize("non_blocking", [True, False])
+def test_pool_event_recorded_before_free_is_no_dependency(dev, gate, non_blocking):
+    # on a blocking stream too, whose free takes the slow path (tagged there with its position)
+    pool = pool_with(dev)
+    a, b = stream(dev), srt.Stream(dev, non_blocking=non_blocking)
     gate(b)
     p = b.malloc(BLOCK, pool)
     b.memset(p, 1, BLOCK)
@@ -469,6 +535,40 @@ def test_pool_split_remainder_keeps_pending_free(dev, gate):
     r = a.malloc(BLOCK // 2, pool)
     assert p < r < p + BLOCK
     assert served(pool, before) == ["reuse_event_dependency"]
+
+
+def test_pool_split_remainder_of_a_large_request_keeps_pending_free(dev, gate):
+    # As above, for a request over 1 MiB, which takes the low end of its block (another split).
+    pool = pool_with(dev)
+    a, b, c = stream(dev), stream(dev), stream(dev)
+    gate(b)
+    p = used_then_freed(pool, b, 2 * BLOCK)
+    a.wait(b.record())
+    assert a.malloc(BLOCK, pool) == p  # event dependency; the upper half splits off
+    before = pool.stats()
+    q = c.malloc(BLOCK, pool)  # fits the remainder, but c has no order with b
+    assert not p - BLOCK < q < p + 2 * BLOCK
+    assert served(pool, before) == ["grow_count"]
+
+
+def test_pool_coalesced_pending_free_keeps_the_later_position(dev, gate):
+    # Two neighbours freed on b coalesce into one block pending at the later free: an event of
+    # b between the two frees orders a after the first only, so a cannot reuse the whole.
+    pool = pool_with(dev)
+    a, b = stream(dev), stream(dev)
+    gate(b)
+    x = b.malloc(BLOCK, pool)
+    y = b.malloc(BLOCK, pool)
+    assert y == x + BLOCK  # neighbours
+    b.memset(x, 1, BLOCK)
+    b.free(x)
+    a.wait(b.record())  # after x's free, before y's
+    b.memset(y, 2, BLOCK)
+    b.free(y)  # merges with x: the whole is freed at y's position
+    before = pool.stats()
+    q = a.malloc(2 * BLOCK, pool)
+    assert not x - 2 * BLOCK < q < y + BLOCK
+    assert served(pool, before) == ["grow_count"]
 
 
 def test_pool_split_and_coalesce(dev):
