@@ -89,7 +89,8 @@ def _in_node(exc: BaseException, fn: Any, args: tuple) -> BaseException:
     """Name the failing node: the stream reports the whole launch as the operation."""
     if fn is _node_call:  # instrumented: the node's own call
         fn, args = args[1], args[2]
-    exc.add_note(f"in graph node: {cpu.describe(fn, args)}")
+    if fn is not None:
+        exc.add_note(f"in graph node: {cpu.describe(fn, args)}")
     return exc
 
 
@@ -130,6 +131,7 @@ def _run_parallel(plan: Plan) -> None:
         _launch_tls.parent = parent
         while i is not None:
             if not errors:
+                fn, args = None, ()  # (named in the error only once a node ran)
                 try:
                     chain = _delayed(chains[i]) if cpu.delay_us() else chains[i]
                     for fn, args in chain:
