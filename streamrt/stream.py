@@ -376,6 +376,10 @@ class Stream:
         cap = self._capture  # once: another thread may end the capture
         if cap is not None:
             return cap.add_mem_free(self, ptr)
+        if not self.non_blocking:
+            # the free is a stream operation: legacy ordering applies before it, and before
+            # the sanitizer reads its clock (the pool's own ordering below is then a no-op)
+            self._implicit()
         if instrument.listeners and pool is not None:
             instrument.notify("free", self, ptr)
         if pool is None and graph_memory.find(ptr) is not None:

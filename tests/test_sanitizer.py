@@ -104,6 +104,26 @@ def test_sanitizer_use_after_free(dev, san, gate):
     assert "free of" in rep[0].message and rep[0].message.count(HERE) == 2
 
 
+def test_sanitizer_legacy_ordering_covers_stream_ordered_frees(dev, san):
+    # CUDA: a legacy-stream action waits for every blocking stream, and a blocking stream's
+    # action for the legacy stream; a free is such an action (pool memory and graph memory)
+    leg, s = dev.default_stream, srt.Stream(dev)  # s blocking
+    p = s.malloc(1024)
+    s.launch(write_k, p, 256, 1.0)
+    leg.free(p)  # after s's kernel
+    q = leg.malloc(1024)
+    leg.launch(write_k, q, 256, 2.0)
+    s.free(q)  # after the legacy kernel
+    g = srt.Graph()
+    a = g.add_mem_alloc_node(1024)
+    g.add_kernel_node(write_k, a.ptr, 256, 3.0, deps=[a])
+    g.instantiate().launch(s)
+    leg.launch(write_k, a.ptr, 256, 4.0)  # after the launch
+    s.free(a.ptr)  # graph memory freed outside its graph: after the legacy kernel
+    dev.synchronize()
+    assert san.report() == []
+
+
 def test_sanitizer_use_after_free_of_an_access_that_already_ran(dev, san):
     # the read has run when the free is enqueued, and no synchronize proved it: still a bug
     # (on a GPU it could have run after the free), found whatever the schedule
