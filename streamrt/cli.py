@@ -44,7 +44,7 @@ def _info(args: argparse.Namespace) -> int:
         "STREAMRT_CPU_DELAY_US": "random worker delay before each op, for ordering tests",
         "STREAMRT_LAUNCH_BLOCKING": "every enqueue synchronous",
         "STREAMRT_CACHE_DIR": "NVRTC kernel cache root (default ~/.cache/streamrt)",
-        "STREAMRT_SANITIZE": "1 (raise) or collect: the sanitizer on from the start",
+        "STREAMRT_SANITIZE": "1/raise or collect: the sanitizer on from the start",
         "STREAMRT_TRACE": "path of a Chrome/Perfetto trace written at exit",
         "STREAMRT_OPS_LOG": "1: log every operator plan (logger streamrt.ops)",
     }
@@ -84,6 +84,11 @@ def _bench(args: argparse.Namespace) -> int:
     return run_all(quick=args.quick, json_path=args.json, markdown_path=args.markdown)
 
 
+def _device_spec(text: str) -> str | int:
+    """``--device``: an index on the current backend (as ``srt.Device(1)``) or a name."""
+    return int(text) if text.isdigit() else text
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``streamrt`` console script."""
     from .demos import SECTION_NAMES
@@ -93,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--version", action="version", version=f"streamrt {__version__}")
     sub = ap.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("demo", help="run the seed scenarios and print what happened")
-    d.add_argument("--device", default=None, help="device to run on, e.g. cpu:0 (default: current)")
+    d.add_argument("--device", default=None, type=_device_spec,
+                   help="device to run on, e.g. cpu:0 or 1 (default: current)")
     d.add_argument("--only", choices=SECTION_NAMES, help="run one section only")
     d.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace of the demo")
     d.set_defaults(fn=_demo)
@@ -105,7 +111,13 @@ def main(argv: list[str] | None = None) -> int:
     i = sub.add_parser("info", help="versions, backends, devices, settings")
     i.set_defaults(fn=_info)
     args = ap.parse_args(argv)
-    return args.fn(args)
+    from .errors import StreamRTError
+
+    try:
+        return args.fn(args)
+    except StreamRTError as exc:  # a bad setting or device: its message, not a traceback
+        print(f"streamrt {args.cmd}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

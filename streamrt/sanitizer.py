@@ -26,7 +26,6 @@ import atexit
 import bisect
 import heapq
 import math
-import os
 import sys
 import threading
 from collections import deque
@@ -39,7 +38,7 @@ from . import instrument
 from .device import members
 from .errors import InvalidValueError, SanitizerError
 from .instrument import GRAPH_MEMORY, OpInfo
-from .validate import is_int
+from .validate import env_choice, is_int
 
 __all__ = ["enable", "disable", "enabled", "report", "clear", "check_leaks", "Finding"]
 
@@ -512,5 +511,8 @@ def _report_leaks_at_exit() -> None:
         print(f"streamrt sanitizer: {f}", file=sys.stderr)
 
 
-if os.environ.get("STREAMRT_SANITIZE", "") not in ("", "0"):
-    enable("collect" if os.environ["STREAMRT_SANITIZE"] == "collect" else "raise")
+_MODE = env_choice("STREAMRT_SANITIZE", {"": None, "0": None, "false": None, "off": None,
+                                          "no": None, "1": "raise", "true": "raise", "on": "raise",
+                                          "yes": "raise", "raise": "raise", "collect": "collect"})
+if _MODE is not None:
+    enable(_MODE)

@@ -17,7 +17,6 @@ as :class:`LaunchError` by the first synchronize that covers them.
 from __future__ import annotations
 
 import itertools
-import os
 import threading
 import weakref
 from collections.abc import Callable
@@ -35,7 +34,7 @@ from .event import Event
 from .hostsync import after_sync, covered, reach, reset_device, retire, synchronize_device
 from .kernel import Kernel, KernelContext, dim3, exact_ints
 from .memory import MemPool, _owners, pool_of
-from .validate import check_byte, check_ptr, check_size, host_view, is_bool, is_int
+from .validate import check_byte, check_ptr, check_size, env_flag, host_view, is_bool, is_int
 
 _owners_get = _owners.get  # live pool pointer -> pool
 
@@ -43,7 +42,7 @@ __all__ = ["Stream", "Event", "current_stream", "synchronize_device", "reset_dev
 
 _ids = itertools.count(1)
 _tls = threading.local()
-_launch_blocking = os.environ.get("STREAMRT_LAUNCH_BLOCKING", "") not in ("", "0")
+_launch_blocking = env_flag("STREAMRT_LAUNCH_BLOCKING")
 # True when any process-wide switch (launch blocking, sanitizer, trace) needs the slow path
 _global_slow = _launch_blocking
 _capturing = False  # set once any capture has begun: enables the legacy-stream capture check

@@ -20,6 +20,7 @@ from typing import Any
 
 from . import instrument
 from .device import members
+from .errors import InvalidValueError
 from .instrument import OpInfo
 
 __all__ = ["trace", "Tracer"]
@@ -34,6 +35,12 @@ class Tracer:
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
+        try:  # now, not after the traced program ran: a path it cannot write is an error here
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "a"):
+                pass
+        except OSError as exc:
+            raise InvalidValueError(f"cannot write a trace to {str(path)!r}: {exc}") from None
         self._lock = threading.Lock()
         self._t0 = time.perf_counter()
         self.events: list[dict] = []
@@ -216,7 +223,10 @@ def _start_from_env() -> None:
     path = os.environ.get("STREAMRT_TRACE")
     if not path:
         return
-    tracer = Tracer(path)
+    try:
+        tracer = Tracer(path)
+    except InvalidValueError as exc:
+        raise InvalidValueError(f"environment variable STREAMRT_TRACE: {exc.args[0]}") from None
     instrument.add(tracer)
 
     def finish() -> None:

@@ -1,14 +1,17 @@
-"""Argument checks shared by every enqueue and allocation call: sizes, pointers, host buffers."""
+"""Argument checks shared by every enqueue and allocation call: sizes, pointers, host buffers;
+and the reading of ``STREAMRT_*`` environment settings."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
 
 from .errors import InvalidTypeError, InvalidValueError
 
-__all__ = ["check_size", "check_ptr", "check_byte", "host_view", "is_int", "is_bool"]
+__all__ = ["check_size", "check_ptr", "check_byte", "host_view", "is_int", "is_bool", "env_int",
+           "env_choice", "env_flag"]
 
 
 def is_int(v: Any) -> bool:
@@ -75,3 +78,37 @@ def check_byte(value: Any) -> int:
     if not 0 <= value <= 255:
         raise InvalidValueError(f"memset value must be a byte 0-255, got {value}")
     return int(value)
+
+
+_OFF = {"": False, "0": False, "false": False, "off": False, "no": False}
+_ON = {"1": True, "true": True, "on": True, "yes": True}
+
+
+def env_int(name: str, default: int, *, minimum: int = 0) -> int:
+    """An integer setting (unset or empty: ``default``); anything else is InvalidValueError."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidValueError(f"environment variable {name}={raw!r} is not an integer") from None
+    if value < minimum:
+        raise InvalidValueError(f"environment variable {name}={raw!r} must be >= {minimum}")
+    return value
+
+
+def env_choice(name: str, choices: dict[str, Any]) -> Any:
+    """A setting that must be one of ``choices`` (case-insensitive keys; unset is ``""``)."""
+    raw = os.environ.get(name, "").strip()
+    try:
+        return choices[raw.lower()]
+    except KeyError:
+        shown = ", ".join(repr(k) for k in choices if k)
+        raise InvalidValueError(f"environment variable {name}={raw!r}: expected one of {shown} "
+                                "(or unset)") from None
+
+
+def env_flag(name: str) -> bool:
+    """An on/off setting: 1/true/on/yes or 0/false/off/no (unset: off)."""
+    return env_choice(name, {**_OFF, **_ON})

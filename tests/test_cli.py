@@ -137,3 +137,40 @@ def test_cli_info_in_process(capsys):
 
     assert cli.main(["info"]) == 0
     assert "cpu:0" in capsys.readouterr().out
+
+
+SETTINGS = {  # (variable, value) -> what `streamrt info` says is in effect; None: refused
+    ("STREAMRT_SANITIZE", "off"): "sanitizer off",
+    ("STREAMRT_SANITIZE", "No"): "sanitizer off",
+    ("STREAMRT_SANITIZE", "COLLECT"): "sanitizer on",
+    ("STREAMRT_SANITIZE", "true"): "sanitizer on",
+    ("STREAMRT_LAUNCH_BLOCKING", "yes"): "launch blocking True",
+    ("STREAMRT_LAUNCH_BLOCKING", "false"): "launch blocking False",
+    ("STREAMRT_CPU_DELAY_US", " 7 "): "cpu delay 7 us",
+    ("STREAMRT_SANITIZE", "2"): None,
+    ("STREAMRT_LAUNCH_BLOCKING", "maybe"): None,
+    ("STREAMRT_OPS_LOG", "verbose"): None,
+    ("STREAMRT_CPU_DELAY_US", "-5"): None,  # every worker died of it, and synchronize hung
+    ("STREAMRT_CPU_DELAY_US", "abc"): None,
+    ("STREAMRT_CPU_DEVICES", "abc"): None,
+    ("STREAMRT_CPU_DEVICES", "-1"): None,
+    ("STREAMRT_CPU_MEMORY", "-1"): None,  # every allocation failed
+    ("STREAMRT_TRACE", "/proc/no/such/dir/t.json"): None,  # found only at exit, after the run
+}
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS), ids="=".join)
+def test_cli_settings_are_read_strictly(setting):
+    # "false" or "off" once switched the sanitizer on, and a bad value was taken for another
+    import os
+
+    name, value = setting
+    r = subprocess.run([sys.executable, "-m", "streamrt.cli", "info"], capture_output=True,
+                       text=True, timeout=120, env=dict(os.environ, **{name: value}))
+    want = SETTINGS[setting]
+    if want is None:
+        assert r.returncode != 0 and name in r.stderr and "InvalidValueError" in r.stderr or (
+            r.returncode == 2 and f"streamrt info: environment variable {name}" in r.stderr)
+    else:
+        assert r.returncode == 0, r.stderr
+        assert want in r.stdout

@@ -8,6 +8,7 @@ import time
 from collections import defaultdict
 
 import numpy as np
+import pytest
 
 import streamrt as srt
 
@@ -256,3 +257,11 @@ def test_trace_env_switch(tmp_path):
     subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True)
     events = load(path)
     assert any(e["ph"] == "X" and e["cat"] == "host" for e in events)
+
+
+def test_trace_to_a_path_it_cannot_write_is_refused_before_the_run(tmp_path):
+    # before: the whole traced program ran, then writing the file failed
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(srt.InvalidValueError, match="cannot write a trace"):
+        srt.trace(blocker / "t.json")  # its directory would be a file

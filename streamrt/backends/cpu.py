@@ -35,13 +35,14 @@ from sortedcontainers import SortedDict
 from .. import instrument
 from ..errors import (
     InvalidAddressError,
+    InvalidTypeError,
     InvalidValueError,
     NotPermittedError,
     NotReadyError,
     OutOfMemoryError,
 )
 from ..reclaim import Reclaim
-from ..validate import is_int
+from ..validate import env_int, is_int
 from .base import Backend, DeviceImpl, Queue
 
 ALIGN = 512
@@ -56,22 +57,16 @@ def _round_up(n: int, a: int = ALIGN) -> int:
     return (n + a - 1) // a * a
 
 
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise InvalidValueError(f"environment variable {name}={raw!r} is not an integer") from None
-
-
-_delay_us = _env_int("STREAMRT_CPU_DELAY_US", 0)
+_delay_us = env_int("STREAMRT_CPU_DELAY_US", 0)
 
 
 def set_delay_us(us: int) -> int:
     """Set the worker delay injection (0 = off); returns the previous value."""
     global _delay_us
+    if not is_int(us):
+        raise InvalidTypeError(f"the delay must be an int of microseconds, not {us!r}")
+    if us < 0:
+        raise InvalidValueError(f"the delay must be >= 0 microseconds, got {us}")
     prev, _delay_us = _delay_us, int(us)
     return prev
 
@@ -438,7 +433,7 @@ class CpuDevice(DeviceImpl):
 
     def __init__(self, index: int) -> None:
         self.index = index
-        self.capacity = _env_int("STREAMRT_CPU_MEMORY", 0) or physical_memory()
+        self.capacity = env_int("STREAMRT_CPU_MEMORY", 0) or physical_memory()
         self._used = 0
         self._lock = threading.Lock()
         self._arenas: dict[int, mmap.mmap] = {}
@@ -556,7 +551,7 @@ class CpuBackend(Backend):
     name = "cpu"
 
     def device_count(self) -> int:
-        return max(_env_int("STREAMRT_CPU_DEVICES", 2), 0)
+        return env_int("STREAMRT_CPU_DEVICES", 2)
 
     def open_device(self, index: int) -> CpuDevice:
         return CpuDevice(index)

@@ -10,10 +10,11 @@ that an op that rebuilds its executor on every call stands out.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import threading
 from typing import TYPE_CHECKING, Any
+
+from ..validate import env_flag
 
 if TYPE_CHECKING:
     from .executor import Executor
@@ -85,5 +86,5 @@ class OpStats:
             }
 
 
-if os.environ.get("STREAMRT_OPS_LOG", "") not in ("", "0"):
+if env_flag("STREAMRT_OPS_LOG"):
     set_log(True)
