@@ -9,7 +9,9 @@ State and invariants (guarded by ``_lock``):
   and before whatever is ordered after the launch; a MEM_FREE node likewise. Freed
   generations are kept for a while, so a late access is reported as a use-after-free rather
   than as an unknown address.
-- Each generation keeps its recent accesses ``(lo, hi, write, op)``. A new access is checked
+- Each generation keeps its accesses ``(lo, hi, write, op)``, less those a later write ordered
+  after them covers and those the host saw complete before every operation still to be checked
+  (past ``_MAX_ACCESSES`` unproven ones, the oldest go). A new access is checked
   against the newest generation whose alloc is ordered before it (none: use-before-alloc),
   against that generation's bounds (out-of-bounds) and free (not ordered before the free:
   use-after-free), and against earlier accesses that conflict and are not ordered before it
@@ -45,7 +47,8 @@ __all__ = ["enable", "disable", "enabled", "report", "clear", "check_leaks", "Fi
 KINDS = ("race", "use-after-free", "use-before-alloc", "out-of-bounds", "invalid-address",
          "workspace", "leak")
 _HISTORY = 4096  # freed generations remembered
-_MAX_ACCESSES = 64  # accesses remembered per generation
+_PRUNE_AT = 64  # accesses per generation past which the proven-complete ones are forgotten
+_MAX_ACCESSES = 4096  # and past which the oldest are (a race with those could go unseen)
 _PER_ADDRESS = 4  # generations remembered per start address (more while not proven freed)
 _PROOFS = 4096  # host proofs remembered per stream
 
@@ -105,7 +108,7 @@ class _Event:
 
 
 class _Gen:
-    __slots__ = ("lo", "hi", "alloc", "free", "accesses", "label")
+    __slots__ = ("lo", "hi", "alloc", "free", "accesses", "label", "prune_at")
 
     def __init__(self, lo: int, hi: int, alloc: _Event, label: str) -> None:
         self.lo, self.hi = lo, hi
@@ -113,6 +116,7 @@ class _Gen:
         self.free: _Event | None = None
         self.accesses: list[tuple[int, int, bool, OpInfo]] = []
         self.label = label
+        self.prune_at = _PRUNE_AT
 
 
 def _seq_of(g: _Gen) -> int:
@@ -315,9 +319,21 @@ class Sanitizer:
                     acc[:] = [a for a in acc if not (lo <= a[0] and a[1] <= hi
                                                      and op_before_op(a[3], op))]
                 acc.append((lo, hi, write, op))
-                if len(acc) > _MAX_ACCESSES:
-                    del acc[0]
+                if len(acc) > cur.prune_at:
+                    self._forget_proven(cur)
             return found
+
+    def _forget_proven(self, g: _Gen) -> None:
+        """Forget the accesses no operation still to be checked can race with: the host saw them
+        complete before the oldest operation in flight was enqueued (later ones come later still).
+        The rest are kept, however many (an unordered write must never drop out); only past
+        ``_MAX_ACCESSES`` do the oldest go. Amortized: the next pass waits for twice as many."""
+        oldest = self._oldest_inflight()
+        acc = g.accesses
+        acc[:] = [a for a in acc if not _host_saw(_top(a[3]).stream.id, _top(a[3]).pos, oldest)]
+        if len(acc) > _MAX_ACCESSES:
+            del acc[:len(acc) - _MAX_ACCESSES]
+        g.prune_at = max(_PRUNE_AT, 2 * len(acc))
 
     @staticmethod
     def _in_pool_chunk(ptr: int) -> bool:

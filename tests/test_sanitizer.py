@@ -124,6 +124,30 @@ def test_sanitizer_legacy_ordering_covers_stream_ordered_frees(dev, san):
     assert san.report() == []
 
 
+def test_sanitizer_unordered_write_never_drops_out_of_the_history(dev, san):
+    # 80 later accesses to other slices of the buffer once evicted the write (a cap of 64), and
+    # its race with a read on a third stream went unseen; a query is no proof it completed
+    from streamrt.sanitizer import _PRUNE_AT, _SAN
+
+    a, b, c = streams(dev, 3)
+    p = srt.malloc(1 << 20)
+    a.launch(write_k, p, 4, 1.0)
+    for i in range(1, 80):
+        c.launch(write_k, p + 1024 * i, 4, 2.0)
+    a._q._wait(a._pos)  # ran: the workers' counts, not a host synchronize
+    c._q._wait(c._pos)
+    out = []
+    b.launch(read_k, p, 4, out)  # BUG: never ordered after a's write
+    dev.synchronize()
+    rep = san.report()
+    assert kinds(rep) == ["race"] and rep[0].ptr == p and a.name in str(rep[0])
+    for i in range(3 * _PRUNE_AT):  # proven complete: forgotten, the history stays short
+        c.launch(write_k, p + 1024 * (i % 500), 4, 3.0)
+        c.synchronize()
+    assert len(_SAN._live[p].accesses) <= 2 * _PRUNE_AT
+    srt.free(p)
+
+
 def test_sanitizer_use_after_free_of_an_access_that_already_ran(dev, san):
     # the read has run when the free is enqueued, and no synchronize proved it: still a bug
     # (on a GPU it could have run after the free), found whatever the schedule
