@@ -344,7 +344,9 @@ class Sanitizer:
         return alloc is not None and any(alloc.base in p._chunks for p in members(_pools))
 
     def _find(self, kind: str, ptr: int, nbytes: int, op: Any, other: Any, msg: str) -> Finding:
-        key = (kind, ptr, nbytes, id(op), id(other))  # ids stay valid: the finding holds both
+        # one finding per pair of operations (ids stay valid: the finding holds both), whichever
+        # parts of the memory they touch: two views of one buffer are one bug, not two
+        key = (kind, id(op), id(other)) if other is not None else (kind, ptr, nbytes, id(op))
         f = self._seen.get(key)
         if f is not None:
             return f
@@ -477,16 +479,18 @@ def _checked_array(ctx: Any, ptr: int, shape: Any, dtype: Any, *, readonly: bool
         p = None
     if p is not None:
         op = instrument.current()
-        if SPACE.find(p) is None and op is not None:
+        unmapped = SPACE.find(p) is None
+        # a freed generation still names the free (use-after-free); else: no allocation at all
+        found = _SAN.access(op, p, nbytes, not readonly)
+        if found is None and unmapped and op is not None:
             with _SAN._lock:
                 found = _SAN._find("invalid-address", p, nbytes, op, None,
                                    f"{op.describe()} touches {hex(p)}+{nbytes}, which is inside "
                                    "no allocation")
-        else:
-            found = _SAN.access(op, p, nbytes, not readonly)
-        if found is not None and found.kind in ("out-of-bounds", "invalid-address") \
-                and _SAN.mode == "raise":
-            raise SanitizerError(str(found), found)  # stop the kernel before it writes
+        if found is not None and (unmapped or found.kind == "out-of-bounds"):
+            # stop the kernel before it writes (as compute-sanitizer aborts it), in collect mode
+            # too: the synchronize reports no LaunchError for it (see hostsync)
+            raise SanitizerError(str(found), found)
     return SPACE.array(ptr, shape, dtype, readonly)
 
 

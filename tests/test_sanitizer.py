@@ -229,22 +229,50 @@ def test_sanitizer_alloc_then_event_is_clean(dev, san):
     assert san.report() == []
 
 
-def test_sanitizer_out_of_bounds_stops_the_kernel(dev, san):
-    srt.sanitizer.enable("raise")
+@pytest.mark.parametrize("mode", ["raise", "collect"])
+def test_sanitizer_out_of_bounds_stops_the_kernel(dev, san, mode):
+    # in collect mode too (it wrote the neighbour block): compute-sanitizer aborts the kernel
+    srt.sanitizer.enable(mode)
     s, = streams(dev, 1)
-    p = s.malloc(1024)
-    q = s.malloc(1024)  # the neighbour in the same pool chunk
+    a, b = s.malloc(1024), s.malloc(1024)
+    p, q = min(a, b), max(a, b)  # q: the neighbour above p in the same pool chunk
+    assert q == p + 1024
     s.memset(q, 7, 1024)
     s.launch(write_k, p, 512, 1.0)  # BUG: 2048 bytes from a 1024-byte block
-    with pytest.raises(srt.SanitizerError) as info:
-        s.synchronize()
-    assert info.value.kind == "out-of-bounds" and info.value.ptr == p
+    if mode == "raise":
+        with pytest.raises(srt.SanitizerError) as info:
+            s.synchronize()
+        found = info.value
+    else:
+        s.synchronize()  # collected: no error, the kernel's own failure not raised either
+        found, = san.report()
+    assert found.kind == "out-of-bounds" and found.ptr == p
     s.synchronize()  # reported once; the kernel's own failure is not raised again
     out = np.empty(1024, np.uint8)
     s.memcpy(out, q, 1024)
     assert (out == 7).all()  # stopped before writing
     s.free(p)
     s.free(q)
+
+
+@srt.kernel
+def read_halves_k(ctx, p, n):
+    for half in (p, p + n * 2):
+        ctx.array(half, (n // 2,), np.float32, readonly=True).sum()
+
+
+def test_sanitizer_one_bug_of_one_operation_is_one_finding(dev, san, gate):
+    # a kernel reading both halves of a buffer freed too early: one use-after-free, not two
+    a, b = streams(dev)
+    p = a.malloc(1024)
+    a.memset(p, 0, 1024)
+    b.wait(a.record())
+    g = gate(b)
+    b.launch(read_halves_k, p, 256)
+    a.free(p)  # BUG: not ordered after b's kernel
+    g.open()
+    dev.synchronize()
+    assert kinds(san.report()) == ["use-after-free"]
 
 
 def test_sanitizer_invalid_address(dev, san):
@@ -257,6 +285,18 @@ def test_sanitizer_invalid_address(dev, san):
     s.free(p)
     s.synchronize()
     pool.destroy()
+
+
+def test_sanitizer_access_after_srt_free_is_use_after_free(dev, san):
+    # it was "invalid-address" (inside no allocation), which lost where the memory was freed
+    s, = streams(dev, 1)
+    p = srt.malloc(1024)
+    srt.free(p)
+    s.launch(write_k, p, 4, 1.0)  # BUG: freed; the kernel is stopped, its failure not raised
+    s.synchronize()
+    found, = san.report()
+    assert found.kind == "use-after-free" and found.ptr == p
+    assert "free of" in found.message and HERE in found.message
 
 
 def test_sanitizer_raise_mode_raises_at_synchronize(dev, san):
