@@ -560,6 +560,8 @@ class MemPool(ArenaMixin, ReuseMixin):
                 self._settle()
             if self._reserved > keep:
                 self._release_granules(keep)
+        if instrument.listeners:  # the trace's reserved counter
+            instrument.notify("freed", None, self)
 
     def destroy(self) -> None:
         """``cudaMemPoolDestroy``: memory goes back once its last allocation is freed and proven."""
@@ -574,6 +576,8 @@ class MemPool(ArenaMixin, ReuseMixin):
             self._release_granules(0)
             if self._arena and self._idle():
                 self._drop_arena()
+        if instrument.listeners:
+            instrument.notify("freed", None, self)
 
     def _reset(self) -> None:
         """Device reset: the backend frees the memory; forget every block."""
