@@ -33,7 +33,7 @@ class OpInfo:
 
     __slots__ = (
         "stream", "pos", "seq", "kind", "name", "site", "clock", "accesses", "t0", "t1", "args",
-        "parent", "index", "ancestors", "thread", "stamps",
+        "parent", "index", "ancestors", "node", "thread", "stamps",
     )
 
     def __init__(self, stream: Any, kind: str, name: str, clock: dict[int, int],
@@ -49,7 +49,8 @@ class OpInfo:
         self.args = args or {}
         self.t0 = self.t1 = 0.0
         self.parent: OpInfo | None = None  # the graph launch of a graph node
-        self.index = -1  # node index within its launch
+        self.index = -1  # node index within its launch (topological: ancestor bitsets use it)
+        self.node = ""  # the node as the program knows it: "#3" (creation order in its graph)
         self.ancestors = 0  # bitset of node indices ordered before it within the launch
         self.thread = ""
         self.stamps: tuple | None = None  # (queue, start, end) timing stamps on an enqueuing backend
@@ -57,7 +58,7 @@ class OpInfo:
     def where(self) -> str:
         """``stream@pos`` (and the node within its graph launch)."""
         if self.parent is not None:
-            return f"{self.parent.where()} node #{self.index}"
+            return f"{self.parent.where()} node {self.node or f'#{self.index}'}"
         return f"{self.stream.name}@{self.pos}" if self.stream is not None else "host"
 
     def describe(self) -> str:

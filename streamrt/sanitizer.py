@@ -74,7 +74,7 @@ class _Event:
     graph memory node (``index`` >= 0) of the graph launch at that stream position, with the
     bitset of the launch's nodes ordered before it."""
 
-    __slots__ = ("stream", "pos", "clock", "seq", "site", "what", "index", "ancestors")
+    __slots__ = ("stream", "pos", "clock", "seq", "site", "what", "index", "ancestors", "node")
 
     def __init__(self, stream: Any, what: str, clock: dict[int, int] | None = None) -> None:
         self.stream = stream
@@ -85,14 +85,15 @@ class _Event:
         self.what = what
         self.index = -1
         self.ancestors = 0
+        self.node = ""
 
     @classmethod
     def of_launch(cls, launch: OpInfo, what: str, seq: float, index: int = -1,
-                  ancestors: int = 0) -> _Event:
+                  ancestors: int = 0, node: str = "") -> _Event:
         """An event of graph launch ``launch``: at its node ``index``, or at its start (-1)."""
         e = cls.__new__(cls)
         e.stream, e.pos, e.clock, e.seq = launch.stream, launch.pos, launch.clock, seq
-        e.site, e.what, e.index, e.ancestors = launch.site, what, index, ancestors
+        e.site, e.what, e.index, e.ancestors, e.node = launch.site, what, index, ancestors, node
         return e
 
     def in_launch_of(self, x: OpInfo) -> bool:
@@ -103,7 +104,7 @@ class _Event:
     def describe(self) -> str:
         where = f"{self.stream.name}@{self.pos}" if self.stream is not None else "the host"
         if self.index >= 0:
-            where += f" node #{self.index}"
+            where += f" node {self.node or f'#{self.index}'}"
         return f"{self.what} on {where}" + (f" (at {self.site})" if self.site else "")
 
 
@@ -364,16 +365,16 @@ class Sanitizer:
 
     def _graph_memory(self, launch: OpInfo, mem: tuple) -> None:
         """The memory nodes of graph launch ``launch``, in topological order: ``(what, ptr,
-        nbytes, index, ancestors)``, what being "alloc", "free", or "auto-free" (the previous
-        launch's allocation, freed as this one starts: ``auto_free_on_launch``)."""
-        for what, ptr, nbytes, index, ancestors in mem:
+        nbytes, index, ancestors, node label)``, what being "alloc", "free", or "auto-free" (the
+        previous launch's allocation, freed as this one starts: ``auto_free_on_launch``)."""
+        for what, ptr, nbytes, index, ancestors, node in mem:
             if what == "alloc":  # before any node of the launch (whose seq is the launch's)
                 ev = _Event.of_launch(launch, f"graph allocation of {hex(ptr)} ({nbytes} B)",
-                                      launch.seq - 0.5, index, ancestors)
+                                      launch.seq - 0.5, index, ancestors, node)
                 self._allocated(ptr, nbytes, ev, "graph allocation")
             else:
                 ev = _Event.of_launch(launch, f"graph free of {hex(ptr)}", launch.seq + 0.5,
-                                      index if what == "free" else -1, ancestors)
+                                      index if what == "free" else -1, ancestors, node)
                 self._freed_at(ptr, ev)
 
     def _oldest_inflight(self) -> int:

@@ -114,7 +114,7 @@ class Tracer:
         """One operation's slice (and the flow arrow of a wait); called holding ``_lock``."""
         pid, tid = self._track(op)
         args = {k: _plain(v) for k, v in op.args.items() if not k.startswith("_")}
-        args["position"] = op.pos if op.parent is None else f"node #{op.index}"
+        args["position"] = op.pos if op.parent is None else f"node {op.node or op.index}"
         self.events.append({"name": op.name, "cat": op.kind, "ph": "X", "ts": ts,
                             "dur": max(end - ts, 0.001), "pid": pid, "tid": tid,
                             "args": args})

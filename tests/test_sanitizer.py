@@ -275,6 +275,33 @@ def test_sanitizer_one_bug_of_one_operation_is_one_finding(dev, san, gate):
     assert kinds(san.report()) == ["use-after-free"]
 
 
+@srt.kernel
+def inc_k(ctx, p, n):
+    ctx.array(p, (n,), np.float32)[:] += 1
+
+
+def test_sanitizer_names_graph_nodes_as_g_nodes_lists_them(dev, san, tmp_path):
+    # "node #k" was the node's place in the replay order, not in g.nodes(): here #1 was nodes()[0]
+    s, = streams(dev, 1)
+    p, q = srt.malloc(1024), srt.malloc(1024)
+    g = srt.Graph()
+    a = g.add_kernel_node(inc_k, p, 256)
+    b = g.add_kernel_node(write_k, q, 256, 1.0)
+    c = g.add_kernel_node(write_k, p, 256, 2.0)  # BUG: unordered with a
+    g.add_dependencies([b, b], [a, c])  # b runs first
+    with srt.trace(tmp_path / "t.json"):
+        g.instantiate().launch(s)
+        s.synchronize()
+    f, = san.report()
+    assert "'inc_k' on" in f.message and "node #0" in f.message and "node #2" in f.message
+    assert "node #1" not in f.message
+    import json
+
+    positions = {e["name"]: e["args"].get("position") for e in
+                 json.loads((tmp_path / "t.json").read_text())["traceEvents"] if e.get("ph") == "X"}
+    assert positions.get("inc_k") == "node #0"
+
+
 def test_sanitizer_invalid_address(dev, san):
     s, = streams(dev, 1)
     pool = srt.MemPool(dev)  # its own: other tests' blocks of the default pool may live there

@@ -37,7 +37,7 @@ from ..validate import is_bool, is_int
 from . import memory
 from .graph import Graph, host_params, memcpy_params, memset_params
 from .node import Node, NodeType
-from .plan import compile_plan, flatten, run_plan, topo
+from .plan import compile_plan, flatten, node_label, run_plan, topo
 
 _DISABLEABLE = (NodeType.KERNEL, NodeType.MEMCPY, NodeType.MEMSET)  # as cudaGraphNodeSetEnabled
 
@@ -232,13 +232,14 @@ class GraphExec:
         """What this launch does to graph memory, for the sanitizer: ``auto_freed``, the
         allocations the previous launch left live, are freed as it starts
         (``auto_free_on_launch``), then each memory node acts where it lies in the DAG."""
-        auto = [("auto-free", a.ptr, a.nbytes, -1, 0) for a in auto_freed]
+        auto = [("auto-free", a.ptr, a.nbytes, -1, 0, "") for a in auto_freed]
         nodes = []
         for n in self._mem_nodes:
             index, ancestors = plan.mem[id(n)]
             a = n._params["alloc"]
             what = "alloc" if n.type is NodeType.MEM_ALLOC else "free"
-            nodes.append((what, a.ptr, a.nbytes, index, ancestors))
+            nodes.append((what, a.ptr, a.nbytes, index, ancestors,
+                          node_label(n, self._template)))
         return (*auto, *nodes)
 
     def _check(self, stream: Any) -> None:

@@ -106,13 +106,13 @@ _launch_tls = threading.local()  # the graph launch an instrumented node belongs
 
 def _node_call(meta: tuple, fn: Any, args: tuple) -> None:
     """An instrumented node: its own OpInfo, nested in the launch, with its DAG ancestry."""
-    index, kind, name, ancestors, accesses, site = meta
+    index, label, kind, name, ancestors, accesses, site = meta
     parent = getattr(_launch_tls, "parent", None)
     if parent is not None and parent.site:
         site = f"{site}, launched at {parent.site}" if site else f"launched at {parent.site}"
     op = instrument.OpInfo(None, kind, name, {}, accesses, site=site)
     op.parent = parent
-    op.index, op.ancestors = index, ancestors
+    op.index, op.node, op.ancestors = index, label, ancestors
     instrument.run(op, fn, args)
 
 
@@ -190,7 +190,7 @@ def compile_plan(template: Graph, disabled: set[int], stream: Stream) -> Plan:
         (op_of(n, stream) if n is not None and on else None, deps) for n, deps, on in nodes]
     if not instrument.listeners:
         return chains_of(flat)
-    flat, anc = instrumented(flat, [n for n, _, _ in nodes])
+    flat, anc = instrumented(flat, [n for n, _, _ in nodes], template)
     plan = chains_of(flat)
     plan.mem = {id(n): (i, anc[i]) for i, (n, _, _) in enumerate(nodes)
                 if n is not None and n.type in (NodeType.MEM_ALLOC, NodeType.MEM_FREE)}
@@ -216,7 +216,12 @@ def topo(graph: Graph) -> list[Node]:
     return out
 
 
-def instrumented(flat: list[tuple[Any, list[int]]], nodes: list[Node | None]
+def node_label(n: Node, top: Graph) -> str:
+    """How findings and traces name a node: its creation index, as ``g.nodes()`` lists it."""
+    return f"#{n.index}" if n.graph is top else f"#{n.index} of a child graph"
+
+
+def instrumented(flat: list[tuple[Any, list[int]]], nodes: list[Node | None], top: Graph
                  ) -> tuple[list[tuple[Any, list[int]]], list[int]]:
     """Wrap every node op with its index, name, ancestors and declared memory (for the
     sanitizer and traces); also returns every node's ancestor bitset."""
@@ -231,7 +236,7 @@ def instrumented(flat: list[tuple[Any, list[int]]], nodes: list[Node | None]
         if op is not None and n is not None:
             kind, name, accesses = _describe(n)
             site = n.site
-            op = (_node_call, ((i, kind, name, acc, accesses, site), *op))
+            op = (_node_call, ((i, node_label(n, top), kind, name, acc, accesses, site), *op))
         out.append((op, deps))
     return out, anc
 
