@@ -130,8 +130,11 @@ class Tracer:
                 spid, stid, sts = src
                 self.events.append({"name": "wait", "cat": "flow", "ph": "s", "id": self._flow,
                                     "ts": max(sts - 0.001, 0), "pid": spid, "tid": stid})
+                # bound at the wait's end, when the awaited work is done: at its start the arrow
+                # pointed back in time whenever the wait had to block
                 self.events.append({"name": "wait", "cat": "flow", "ph": "f", "bp": "e",
-                                    "id": self._flow, "ts": ts, "pid": pid, "tid": tid})
+                                    "id": self._flow, "ts": max(end - 0.001, ts), "pid": pid,
+                                    "tid": tid})
 
     def on_alloc(self, stream: Any, ptr: int, nbytes: int) -> None:
         self._pool_counter(ptr)

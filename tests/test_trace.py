@@ -207,6 +207,7 @@ def test_trace_flow_binds_the_awaited_op_to_the_wait_across_devices(tmp_path, ga
     assert finish["bp"] == "e"
     assert (finish["pid"], finish["tid"]) == (wait["pid"], wait["tid"])
     assert slice_contains(wait, finish["ts"])
+    assert finish["ts"] >= start["ts"]  # forward in time: the wait blocked until fill ended
 
 
 def test_trace_parallel_graph_branches_get_tracks_of_their_own(tmp_path, dev):
@@ -289,3 +290,44 @@ def test_trace_pool_counters_follow_trim_and_destroy(tmp_path, dev):
         if e["ph"] == "C":
             last[e["name"]] = e["args"]["reserved"]
     assert last[name] == 0 and last[gone] == 0
+
+
+def test_trace_flow_arrow_points_forward_when_the_wait_blocked(tmp_path, gate):
+    # the wait starts before the awaited kernel ends: its arrow ended at the wait's start, back
+    # in time; bound at the wait's end, it goes forward
+    from streamrt import instrument
+
+    started = threading.Event()
+
+    class SeeWait:
+        def op_start(self, op):
+            if op.kind == "wait":
+                started.set()
+
+        def op_end(self, op):
+            pass
+
+    a, b = srt.Stream("cpu:0", non_blocking=True), srt.Stream("cpu:0", non_blocking=True)
+    p = a.malloc(64)
+    path = tmp_path / "flow.json"
+    with srt.trace(path):
+        g = gate(a)
+        a.launch(fill_kernel, p, 16, 1.0)
+        see = SeeWait()
+        instrument.add(see)
+        try:
+            b.wait(a.record())
+            assert started.wait(30)  # b's wait is running, blocked behind the gate
+            g.open()
+            b.synchronize()
+        finally:
+            instrument.remove(see)
+    a.free(p)
+    a.synchronize()
+    events = load(path)
+    (fill,) = [e for e in events if e["ph"] == "X" and e["name"] == "fill_kernel"]
+    (wait,) = [e for e in events if e["ph"] == "X" and e["cat"] == "wait"]
+    (start,) = [e for e in events if e["ph"] == "s"]
+    (finish,) = [e for e in events if e["ph"] == "f"]
+    assert wait["ts"] < fill["ts"] + fill["dur"]  # the wait blocked
+    assert slice_contains(wait, finish["ts"]) and finish["ts"] >= start["ts"]
