@@ -201,7 +201,8 @@ class Sanitizer:
     def on_alloc(self, stream: Any, ptr: int, nbytes: int, label: str = "allocation") -> None:
         """A stream-ordered (stream given) or host allocation of ``[ptr, ptr + nbytes)``."""
         if stream is not None:
-            stream._submit(_marker, ())  # the malloc gets a position of its own
+            # the malloc gets a position of its own (and a name in traces)
+            stream._submit(_marker, (), "malloc", f"malloc {nbytes} B")
         ev = _Event(stream, f"malloc of {hex(ptr)} ({nbytes} B)",
                     instrument.before_clock(stream) if stream is not None else None)
         self._allocated(ptr, nbytes, ev, label)

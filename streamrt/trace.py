@@ -63,6 +63,11 @@ class Tracer:
         self._procs.setdefault(pid, f"device {device.name}")
         return pid
 
+    @staticmethod
+    def _stream_track(s: Any) -> str:
+        kind = "legacy default" if s._legacy else ("non-blocking" if s.non_blocking else "blocking")
+        return f"stream {s.name} ({kind})"
+
     def _track(self, op: OpInfo) -> tuple[int, Any]:
         top = op.parent if op.parent is not None else op
         s = top.stream
@@ -75,9 +80,7 @@ class Tracer:
             self._tracks.setdefault((pid, tid), f"stream {s.name} graph worker {op.thread}")
         else:
             tid = s.id
-            kind = "legacy default" if s._legacy else ("non-blocking" if s.non_blocking else
-                                                       "blocking")
-            self._tracks.setdefault((pid, tid), f"stream {s.name} ({kind})")
+            self._tracks.setdefault((pid, tid), self._stream_track(s))
         return pid, tid
 
     # -- listener interface ------------------------------------------------------------------
@@ -166,7 +169,7 @@ class Tracer:
     def on_capture(self, stream: Any, what: str) -> None:
         with self._lock:
             pid = self._pid(stream.device)
-            self._tracks.setdefault((pid, stream.id), f"stream {stream.name}")
+            self._tracks.setdefault((pid, stream.id), self._stream_track(stream))
             self.events.append({"name": f"capture {what}", "ph": "i", "s": "t",
                                 "ts": self._us(time.perf_counter()), "pid": pid,
                                 "tid": stream.id})

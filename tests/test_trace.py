@@ -331,3 +331,28 @@ def test_trace_flow_arrow_points_forward_when_the_wait_blocked(tmp_path, gate):
     (finish,) = [e for e in events if e["ph"] == "f"]
     assert wait["ts"] < fill["ts"] + fill["dur"]  # the wait blocked
     assert slice_contains(wait, finish["ts"]) and finish["ts"] >= start["ts"]
+
+
+def test_trace_names_mallocs_and_tracks_first_seen_in_a_capture(tmp_path, dev):
+    # with the sanitizer on, a stream-ordered malloc is an operation: it was a slice named "op";
+    # a stream first seen at a capture marker lost "(non-blocking)" from its track name
+    path = tmp_path / "t.json"
+    srt.sanitizer.enable("collect")
+    try:
+        with srt.trace(path):
+            c = srt.Stream(dev, non_blocking=True)
+            c.begin_capture()
+            c.end_capture()
+            s = srt.Stream(dev, non_blocking=True)
+            p = s.malloc(4096)
+            s.free(p)
+            c.launch(fill_kernel, 0, 0, 0.0)
+            dev.synchronize()
+    finally:
+        srt.sanitizer.disable()
+        srt.sanitizer.clear()
+    events = load(path)
+    names = {e["name"] for e in events if e["ph"] == "X"}
+    assert "malloc 4096 B" in names and "op" not in names
+    tracks = {e["tid"]: e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    assert tracks[c.id] == f"stream {c.name} (non-blocking)"
