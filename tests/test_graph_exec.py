@@ -1050,3 +1050,28 @@ def test_graph_exec_destroy(s, bufs):
     g.instantiate().launch(s)
     s.synchronize()
     assert (_read(a) == 2.0).all()
+
+
+@pytest.mark.parametrize("bad", ["event of another device", "destroyed event"])
+def test_graph_exec_refused_launch_launches_nothing(bad):
+    # the record node's event was checked after the graph was enqueued: the launch raised, yet
+    # the graph ran, and the next launch of the exec was not ordered after it
+    log = []
+    e = srt.Event("cpu:0")
+    g = srt.Graph()
+    h = g.add_host_node(log.append, "ran")
+    g.add_event_record_node(e, deps=h)
+    ge = g.instantiate()
+    s = srt.Stream("cpu:1" if bad == "event of another device" else "cpu:0", non_blocking=True)
+    if bad == "destroyed event":
+        e.destroy()
+    pos = s._pos
+    with pytest.raises(srt.InvalidHandleError):
+        ge.launch(s)
+    s.synchronize()
+    assert log == [] and s._pos == pos  # nothing enqueued, nothing ran
+    if bad == "event of another device":
+        ok = srt.Stream("cpu:0", non_blocking=True)
+        ge.launch(ok)
+        ok.synchronize()
+        assert log == ["ran"] and e.query()

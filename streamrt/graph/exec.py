@@ -248,6 +248,15 @@ class GraphExec:
         if not isinstance(stream, Stream):
             raise InvalidTypeError(f"launch needs a Stream, not {type(stream).__name__}")
         stream._check_alive()
+        # what the event nodes' waits and records would refuse, refused before anything is
+        # enqueued: a launch that fails has launched nothing (it ran and overlapped the next)
+        for n in self._event_nodes:
+            event = n._params["event"]
+            event._check_alive()
+            if n.type is NodeType.EVENT_RECORD and event.device is not stream.device:
+                raise InvalidHandleError(
+                    f"{n!r} records {event!r}, which cannot be recorded on a stream of "
+                    f"{stream.device.name}")
 
     def _check_memory(self) -> list[Any]:
         """Refuse a launch that would reuse live graph memory; returns the allocations that
