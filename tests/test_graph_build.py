@@ -269,6 +269,23 @@ def test_graph_child_graph_with_memory_nodes_refused():
         srt.Graph().add_child_graph_node(child)
 
 
+def test_graph_child_graph_node_graph_refuses_memory_nodes():
+    # cudaGraphChildGraphNodeGetGraph: "Allocation and free nodes cannot be added to the returned
+    # graph"; they were accepted, never mapped, and the launch failed late
+    child = srt.Graph()
+    parent = srt.Graph()
+    node = parent.add_child_graph_node(child)
+    elsewhere = srt.Graph().add_mem_alloc_node(64)
+    for embedded in (node.params["graph"], parent.clone().nodes()[0].params["graph"]):
+        with pytest.raises(srt.InvalidValueError, match="child graph"):
+            embedded.add_mem_alloc_node(64)
+        with pytest.raises(srt.InvalidValueError, match="child graph"):
+            embedded.add_mem_free_node(elsewhere.ptr)
+        assert embedded.nodes() == []
+    child.add_mem_alloc_node(64)  # the graph passed in stays the caller's own
+    embedded.clone().add_mem_alloc_node(64)  # and a clone of the embedded one is standalone
+
+
 def test_graph_clone_is_independent_of_later_edits(buf):
     g = srt.Graph()
     a = g.add_kernel_node(fill_kernel, buf, N, 1.0)

@@ -225,7 +225,7 @@ class Capture:
                 "an executable graph with memory allocation or free nodes cannot be launched into "
                 "a capture (it would become a child graph)"
             )
-        return self.add(stream, NodeType.GRAPH, {"graph": graph.clone()}) is not None
+        return self.add(stream, NodeType.GRAPH, {"graph": graph._embedded_clone()}) is not None
 
     def record(self, stream: Stream, event: Event) -> Event:
         with self._lock:

@@ -37,6 +37,7 @@ class Graph:
         self._origin: dict[int, tuple[Node, Node]] = {}
         self._keep: list[Any] = []  # objects the graph's work needs alive (captured executors)
         self._slabs: dict[Any, Any] = {}  # device -> the range its next small MEM_ALLOC takes bytes of
+        self._embedded = False  # a child graph node's own graph: no memory nodes may join it
 
     def __repr__(self) -> str:
         return f"<Graph #{self.id} {len(self._nodes)} nodes>"
@@ -93,7 +94,7 @@ class Graph:
             raise InvalidTypeError(f"a child graph node needs a Graph, not {type(child).__name__}")
         if any(n.type in (NodeType.MEM_ALLOC, NodeType.MEM_FREE) for n in child._walk()):
             raise InvalidValueError("a child graph cannot contain memory allocation or free nodes")
-        return self._add(NodeType.GRAPH, {"graph": child.clone()}, deps)
+        return self._add(NodeType.GRAPH, {"graph": child._embedded_clone()}, deps)
 
     def add_empty_node(self, deps: Any = ()) -> Node:
         """Add an EMPTY node (a join point)."""
@@ -109,6 +110,7 @@ class Graph:
 
     def add_mem_alloc_node(self, nbytes: int, deps: Any = ()) -> Node:
         """Add a MEM_ALLOC node; ``node.ptr`` is fixed now and stays valid across launches."""
+        self._refuse_memory_node()
         n = check_size(nbytes)
         alloc = GraphAlloc(Device(), n, self._slabs)
         return self._add(NodeType.MEM_ALLOC, {"nbytes": n, "ptr": alloc.ptr, "alloc": alloc}, deps)
@@ -117,6 +119,7 @@ class Graph:
         """Add a MEM_FREE node for graph memory (from a MEM_ALLOC node of this or another graph)."""
         from . import memory
 
+        self._refuse_memory_node()
         ptr = check_ptr(ptr)
         alloc = memory.find(ptr)
         if alloc is None:
@@ -197,6 +200,18 @@ class Graph:
                 yield from n._params["graph"]._walk()
 
     # -- clone, DOT, instantiate -------------------------------------------------------------
+    def _embedded_clone(self) -> Graph:
+        """The clone a child graph node owns (``node.params["graph"]``)."""
+        g = self.clone()
+        g._embedded = True
+        return g
+
+    def _refuse_memory_node(self) -> None:
+        if self._embedded:  # as cudaGraphChildGraphNodeGetGraph's graph: the outer exec would
+            # neither map the memory nor check its relaunch rule
+            raise InvalidValueError("memory allocation and free nodes cannot be added to the "
+                                    "graph of a child graph node")
+
     def clone(self) -> Graph:
         """A copy with the same nodes, params and edges (``cudaGraphClone``)."""
         g = Graph()
@@ -204,7 +219,7 @@ class Graph:
         for n in self._nodes:
             params = dict(n._params)
             if n.type is NodeType.GRAPH:
-                params["graph"] = params["graph"].clone()
+                params["graph"] = params["graph"]._embedded_clone()
             c = Node(g, n.type, n.index, params)
             c.site = n.site
             g._nodes.append(c)
