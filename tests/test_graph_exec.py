@@ -417,6 +417,8 @@ def test_graph_exec_enable_refused_for_other_node_types(bufs):
         ge.set_node_enabled(h, False)
     with pytest.raises(srt.InvalidTypeError):
         ge.set_node_enabled(h, 0)
+    with pytest.raises(srt.InvalidValueError):
+        ge.node_enabled(h)  # cudaGraphNodeGetEnabled too: kernel, memcpy and memset nodes only
 
 
 def test_graph_exec_disable_applies_to_later_launches_only(s, bufs, gate):

@@ -374,8 +374,9 @@ class GraphExec:
             self._refresh(lambda plan: plan.set_enabled(t, enabled))
 
     def node_enabled(self, node: Node) -> bool:
-        """Whether a node is enabled (``cudaGraphNodeGetEnabled``)."""
-        return self._node(node).index not in self._disabled
+        """Whether a kernel, memcpy or memset node is enabled (``cudaGraphNodeGetEnabled``, which
+        supports only those, as the setter)."""
+        return self._node(node, *_DISABLEABLE).index not in self._disabled
 
     # -- whole-graph update ------------------------------------------------------------------------
     def update(self, graph: Graph) -> None:
