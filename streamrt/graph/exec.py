@@ -345,7 +345,8 @@ class GraphExec:
         t = self._node(node, NodeType.MEMCPY)
         p = memcpy_params(dst, src, nbytes)
         if _kinds(p) != _kinds(t._params):
-            raise InvalidValueError("a copy node's direction (host/device operands) cannot change")
+            raise InvalidValueError("a copy node's direction and devices (which operand is host "
+                                    "memory, which is memory of which device) cannot change")
         self._set(t, p)
 
     def set_memset_node_params(self, node: Node, ptr: int, value: int, nbytes: int) -> None:
