@@ -15,6 +15,7 @@ import json
 import os
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,7 @@ class Tracer:
         self._workers: dict[tuple[int, str], int] = {}
         self._ends: dict[tuple[int, int], tuple[int, Any, float]] = {}  # (stream id, pos) -> end
         self._flow = 0
+        self._pool_names: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         # cuda: operations whose stamps are read once they completed, and per device the first
         # stamp with the host time of its enqueue (the device's clock is placed from it)
         self._pending: list[OpInfo] = []
@@ -162,9 +164,18 @@ class Tracer:
         reserved = pool.get_attr(MemPoolAttr.RESERVED_MEM_CURRENT)  # a cudaMemPool's too
         used = pool.get_attr(MemPoolAttr.USED_MEM_CURRENT)
         with self._lock:
-            self.events.append({"name": f"pool {id(pool):x} ({pool.device.name})", "ph": "C",
+            self.events.append({"name": self.pool_name(pool), "ph": "C",
                                 "ts": self._us(time.perf_counter()), "pid": self._pid(pool.device),
                                 "args": {"reserved": reserved, "used": used}})
+
+    def pool_name(self, pool: Any) -> str:
+        """A pool's counter track: "pool 3 (cpu:0)", numbered as this trace first saw it (an
+        ``id()`` could repeat once a pool is collected, merging two pools' tracks)."""
+        name = self._pool_names.get(pool)
+        if name is None:
+            kind = "default pool" if pool._is_default else f"pool {len(self._pool_names) + 1}"
+            name = self._pool_names[pool] = f"{kind} ({pool.device.name})"
+        return name
 
     def on_capture(self, stream: Any, what: str) -> None:
         with self._lock:

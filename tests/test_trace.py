@@ -271,7 +271,7 @@ def test_trace_to_a_path_it_cannot_write_is_refused_before_the_run(tmp_path):
 def test_trace_pool_counters_follow_trim_and_destroy(tmp_path, dev):
     # the reserved counter kept saying 8 MiB after trim_to(0) until the next synchronize
     path = tmp_path / "t.json"
-    with srt.trace(path):
+    with srt.trace(path) as tracer:
         s = srt.Stream(dev, non_blocking=True)
         pool = srt.MemPool(dev, release_threshold=64 << 20)
         s.free(s.malloc(8 << 20, pool))
@@ -279,17 +279,18 @@ def test_trace_pool_counters_follow_trim_and_destroy(tmp_path, dev):
         assert pool.reserved_mem_current >= 8 << 20
         pool.trim_to(0)
         assert pool.reserved_mem_current == 0
-        name = f"pool {id(pool):x} ({dev.name})"
+        name = tracer.pool_name(pool)
         other = srt.MemPool(dev, release_threshold=64 << 20)
         s.free(s.malloc(8 << 20, other))
         s.synchronize()
         other.destroy()
-        gone = f"pool {id(other):x} ({dev.name})"
+        gone = tracer.pool_name(other)
     last = {}
     for e in load(path):
         if e["ph"] == "C":
             last[e["name"]] = e["args"]["reserved"]
-    assert last[name] == 0 and last[gone] == 0
+    assert last[name] == 0 and last[gone] == 0 and name != gone
+    assert name.startswith("pool ") and name.endswith(f"({dev.name})")
 
 
 def test_trace_flow_arrow_points_forward_when_the_wait_blocked(tmp_path, gate):
