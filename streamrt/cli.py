@@ -96,7 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="streamrt", description="stream-ordered runtime: demo, "
                                  "benchmarks and environment information")
     ap.add_argument("--version", action="version", version=f"streamrt {__version__}")
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    # not required=True: argparse would then answer "streamrt --bogus" with "the following
+    # arguments are required: cmd" instead of naming the flag it does not know
+    sub = ap.add_subparsers(dest="cmd", metavar="{demo,bench,info}")
     d = sub.add_parser("demo", help="run the seed scenarios and print what happened")
     d.add_argument("--device", default=None, type=_device_spec,
                    help="device to run on, e.g. cpu:0 or 1 (default: current)")
@@ -110,7 +112,11 @@ def main(argv: list[str] | None = None) -> int:
     b.set_defaults(fn=_bench)
     i = sub.add_parser("info", help="versions, backends, devices, settings")
     i.set_defaults(fn=_info)
-    args = ap.parse_args(argv)
+    args, extra = ap.parse_known_args(argv)
+    if extra:
+        ap.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.cmd is None:
+        ap.error("a command is required: demo, bench or info")
     from .errors import StreamRTError
 
     try:

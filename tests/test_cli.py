@@ -45,11 +45,14 @@ def test_cli_demo_only(section):
     assert "cpu:1" in r.stdout
 
 
-@pytest.mark.parametrize("args", [("demo", "--bogus"), ("nosuch",), ("demo", "--only", "x")])
+@pytest.mark.parametrize("args", [("demo", "--bogus"), ("nosuch",), ("demo", "--only", "x"),
+                                  ("--bogus",), ()])
 def test_cli_usage_errors_are_clean(args):
     r = streamrt(*args)
     assert r.returncode == 2
     assert "usage:" in r.stderr and "Traceback" not in r.stderr
+    if "--bogus" in args:  # the flag is named (not "arguments are required: cmd")
+        assert "unrecognized arguments: --bogus" in r.stderr
 
 
 def test_cli_unknown_device_is_clean():
