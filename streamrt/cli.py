@@ -113,8 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     i = sub.add_parser("info", help="versions, backends, devices, settings")
     i.set_defaults(fn=_info)
     args, extra = ap.parse_known_args(argv)
-    if extra:
-        ap.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:  # with the usage of the command they were given to
+        ({"demo": d, "bench": b, "info": i}.get(args.cmd) or ap).error(
+            f"unrecognized arguments: {' '.join(extra)}")
     if args.cmd is None:
         ap.error("a command is required: demo, bench or info")
     from .errors import StreamRTError
