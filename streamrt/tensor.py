@@ -193,11 +193,10 @@ class Tensor:
             raise InvalidTypeError(f"ptr must be an int device pointer, not {type(ptr).__name__}")
         if ptr <= 0:
             raise InvalidValueError(f"ptr must be a device pointer (> 0), got {ptr}")
-        if device is None:
-            from .memory import find_pool
+        if device is None:  # the memory's device (srt.malloc's, interior pointers too), else current
+            from .memory import device_of
 
-            pool = find_pool(int(ptr))
-            dev = pool.device if pool is not None else Device(None)
+            dev = device_of(int(ptr)) or Device(None)
         else:
             dev = Device(device)
         self.desc = desc

@@ -210,6 +210,19 @@ def test_tensor_wraps_a_pool_pointer_and_infers_its_device(s):
     ptr = s1.malloc(64)
     t = srt.Tensor(srt.TensorDesc((16,), np.float32), ptr)
     assert t.device is d1
+    # srt.malloc memory and interior pointers too (they were taken for the current device, so
+    # an op on cpu:1 refused them, and one on cpu:0 read cpu:1 memory unordered)
+    raw = srt.malloc(256, d1)
+    for p in (raw, raw + 64, ptr + 32):
+        assert srt.Tensor(srt.TensorDesc((4,), np.float32), p).device is d1
+    from streamrt import ops
+
+    srt.write(raw, np.arange(4, dtype=np.float32))
+    x = srt.Tensor(srt.TensorDesc((4,), np.float32), raw)
+    out = srt.Tensor(srt.TensorDesc((4,), np.float32), raw + 128)
+    ops.run(ops.cumsum, x, out, stream=s1, sync=True)
+    assert (srt.read(raw + 128, (4,), np.float32) == [0, 1, 3, 6]).all()
+    srt.free(raw)
     t.free(s1)
     s1.synchronize()
     s1.destroy()
