@@ -150,6 +150,24 @@ def test_cache_keys_attrs_by_type(s, good, bad):
     c.clear()
 
 
+def test_cache_keys_float_attrs_by_their_exact_value(s):
+    # -0.0 == 0.0: alpha=-0.0 hit alpha=0.0's executor and gave +0.0 where numpy gives -0.0;
+    # nan != nan: alpha=nan never hit, planned every call and pushed live entries out
+    c = ops.ExecutorCache()
+    x = T(s, np.full(2, -0.0))
+    y = T(s, np.array([1.0, 5.0]))
+    o = T(s, np.zeros(2))
+    for alpha in (0.0, -0.0, np.float32(-0.0)):
+        ops.run(ops.add, x, y, o, stream=s, alpha=alpha, cache=c)
+        want = np.float32(-0.0) + np.float32(alpha) * np.array([1.0, 5.0], np.float32)
+        assert (np.signbit(o.numpy(s)) == np.signbit(want)).all(), alpha
+    assert c.stats()["hits"] == 0 and len(c) == 3
+    for _ in range(3):
+        ops.run(ops.add, x, y, o, stream=s, alpha=float("nan"), cache=c)
+    assert c.stats()["hits"] == 2 and len(c) == 4
+    c.clear()
+
+
 def test_cache_reduce_axis_as_list_is_not_cached_but_runs(s):
     c = ops.ExecutorCache()
     a = rnd((3, 4, 5))

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from ..errors import ExecutorError
 from ..stream import Stream, current_stream
 from .cache import ExecutorCache
@@ -40,7 +42,16 @@ def _resolve(op: Any) -> Op:
 def _typed(v: tuple) -> tuple:
     """A tuple attribute with the type of each element (recursively): ``(0, True)`` equals
     ``(0, 1)``, so without the types it would hit an executor that phase 1 would refuse."""
-    return tuple([(e.__class__, _typed(e) if isinstance(e, tuple) else e) for e in v])
+    return tuple([(e.__class__, _exact(e)) for e in v])
+
+
+def _exact(v: Any) -> Any:
+    """An attribute value as a key part that only an identical value equals: ``-0.0 == 0.0``
+    (a cache hit gave +0.0 where the plan gives -0.0), and a nan never equalled itself (every
+    call planned again); a float keys by its exact digits."""
+    if isinstance(v, float | np.floating):
+        return float(v).hex()
+    return _typed(v) if isinstance(v, tuple) else v
 
 
 def _key(op: Op, tensors: tuple, attrs: dict) -> tuple | None:
@@ -53,8 +64,7 @@ def _key(op: Op, tensors: tuple, attrs: dict) -> tuple | None:
         except AttributeError:
             return None  # phase 1 will say what is wrong
     if attrs:
-        key = (op, op.version, tk, tuple([(k, v.__class__, _typed(v) if isinstance(v, tuple) else v)
-                                          for k, v in attrs.items()]))
+        key = (op, op.version, tk, tuple([(k, v.__class__, _exact(v)) for k, v in attrs.items()]))
         try:
             hash(key)
         except TypeError:
