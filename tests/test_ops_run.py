@@ -420,3 +420,56 @@ def test_run_workspace_reused_across_streams_through_the_pool(dev, gate):
         pool.destroy()
         s1.destroy()
         s2.destroy()
+
+
+def _overlapping(s, pools):
+    """(op, tensors, attrs) whose output shares memory with an input without being that view."""
+    _, tp = pools
+    b = T(s, np.arange(1101) % 7, tp)
+    w = T(s, np.concatenate([rnd(8), np.zeros(24, F32)]), tp)
+    x = T(s, rnd((4, 8)), tp)
+    return [
+        (ops.cumsum, (b.as_strided((1100,), (1,), 0), b.as_strided((1100,), (1,), 1)),
+         {"axis": 0}),
+        (ops.layer_norm, (x, w.as_strided((8,), (1,), 0), None, w.as_strided((4, 8), (8, 1), 0)),
+         {}),
+        (ops.add, (b.as_strided((9,), (1,), 0), b.as_strided((9,), (1,), 0),
+                   b.as_strided((9,), (1,), 1)), {}),
+    ]
+
+
+@pytest.mark.parametrize("case", range(3), ids=["cumsum", "layer_norm", "add"])
+@pytest.mark.parametrize("cached", [False, True])
+def test_run_refuses_an_output_partly_overlapping_an_input(s, pools, case, cached):
+    # kernels that read an input after writing part of the output gave silently wrong sums
+    # (cumsum over blocks, layer_norm weights); PyTorch refuses the same partial overlap
+    ws_pool, _ = pools
+    op, ts, attrs = _overlapping(s, pools)[case]
+    cache = ops.ExecutorCache() if cached else None
+    if cached:  # a hit with the same metadata skips phase 1: checked at phase 2
+        fresh = [None if t is None else srt.Tensor.empty((2048,), F32, stream=s).as_strided(
+            t.shape, t.desc.strides, t.desc.offset) for t in ts]  # the same metadata, apart
+        ops.run(op, *fresh, stream=s, cache=cache, **attrs)
+    s.synchronize()
+    before = [t.numpy(s).copy() for t in ts if t is not None]
+    n_live, used = live(), ws_pool.used_mem_current
+    with pytest.raises(srt.ExecutorError) as info:
+        ops.run(op, *ts, stream=s, cache=cache, **attrs)
+    assert info.value.code == 161002 and isinstance(info.value, ValueError)
+    assert "overlaps" in str(info.value)
+    s.synchronize()
+    assert live() == n_live and ws_pool.used_mem_current == used  # nothing leaked
+    assert all((t.numpy(s) == b).all() for t, b in zip([t for t in ts if t is not None], before))
+    if cached:
+        assert cache.stats()["hits"] == 1  # it was a hit, refused all the same
+        cache.clear()
+
+
+def test_run_exact_in_place_alias_is_allowed(s, pools):
+    _, tp = pools
+    for op, attrs in ((ops.add, {}), (ops.cumsum, {"axis": 0}), (ops.softmax, {})):
+        x = T(s, np.arange(6), tp)
+        want = {"add": np.arange(6) * 2.0, "cumsum": np.cumsum(np.arange(6)),
+                "softmax": softmax_ref(np.arange(6, dtype=F32))}[op.name]
+        ops.run(op, *([x] * (len(op.inputs) + 1)), stream=s, **attrs)
+        assert np.allclose(x.numpy(s), want)

@@ -74,7 +74,7 @@ class Executor:
 
     __slots__ = (
         "op", "op_name", "device", "impl", "tiling", "descs", "n_inputs", "_ws", "_fn",
-        "_addrs", "_repeatable", "_state", "_ran", "_owner", "_runs", "__weakref__",
+        "_addrs", "_repeatable", "_state", "_ran", "_owner", "_runs", "_ins", "_outs", "__weakref__",
     )
 
     def __init__(
@@ -97,6 +97,11 @@ class Executor:
         self._ran = False
         self._owner = threading.current_thread()
         self._runs = 0
+        # (slot, first byte, end byte, metadata) of each input and output holding elements
+        spans = [(i, d._boff, d._boff + d._extent * d.itemsize, d._kid)
+                 for i, d in enumerate(descs) if d is not None and d.numel]
+        self._ins = tuple(sp for sp in spans if sp[0] < n_inputs)
+        self._outs = tuple(sp for sp in spans if sp[0] >= n_inputs)
         with _lock:
             _live += 1
 
@@ -183,8 +188,27 @@ class Executor:
         """The whole phase-2 enqueue: only stream methods, addresses passed by value."""
         self._fn(stream, workspace, self._addrs)
 
+    def _check_overlap(self) -> None:
+        """Refuse an output sharing memory with an input unless it is that very view (in place):
+        kernels that read an input after writing part of the output (a scan's blocks, a norm's
+        weights) gave silently wrong results. Conservative on byte ranges, as PyTorch's
+        partial-overlap check; addresses change per run (cache hits, set_*_addr): checked here."""
+        addrs, ins = self._addrs, self._ins
+        for o, lo, hi, kid in self._outs:
+            a = addrs[o]
+            lo += a
+            hi += a
+            for i, ilo, ihi, ikid in ins:
+                b = addrs[i]
+                if lo < b + ihi and b + ilo < hi and (a != b or kid != ikid):
+                    raise ExecutorError(
+                        f"ops.{self.op_name}: output {o - self.n_inputs} overlaps input {i} "
+                        "without being the same view; only an exact in-place alias is allowed",
+                        PARAM_INVALID)
+
     def _launch(self, stream: Stream, workspace: int | None, hit: bool = False) -> None:
         """Enqueue, count (``hit``: a cache hit), and queue a one-shot executor's release."""
+        self._check_overlap()
         st = self.op._stats
         try:
             self._enqueue(stream, workspace)
