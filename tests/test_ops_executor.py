@@ -397,7 +397,22 @@ def test_executor_address_setters_validate(s):
     raises(NULLPTR, ex.set_input_addr, 0, None)
     raises(NULLPTR, ex.set_output_addr, 0, 0)
     raises(INVALID, ex.set_output_addr, 0, 2.5)
+    # the memory itself, as a workspace is checked: they were taken, and the run used them
+    freed = srt.malloc(x.nbytes)
+    srt.free(freed)
+    other = srt.malloc(x.nbytes, "cpu:1")
+    block = s.malloc(512)  # (sizes round to 512 bytes)
+    raises(INVALID, ex.set_input_addr, 0, freed)
+    raises(INVALID, ex.set_input_addr, 0, other)
+    raises(INVALID, ex.set_input_addr, 0, block + 512 - 16)  # 16 bytes left, 128 needed
+    raises(INVALID, ex.set_output_addr, 0, srt.malloc_host(x.nbytes))  # pinned host memory
+    roomy = s.malloc(2 * x.nbytes)
+    ex.set_input_addr(0, roomy + x.nbytes)  # pointer arithmetic inside an allocation is fine
+    assert ex._addrs[0] == roomy + x.nbytes
     ex.destroy()
+    srt.free(other)
+    s.free(block)
+    s.free(roomy)
 
 
 def test_executor_set_repeatable_only_before_the_first_run(s):

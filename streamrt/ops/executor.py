@@ -176,7 +176,19 @@ class Executor:
         if not is_int(ptr) or ptr < 0:
             raise ExecutorError(f"{what}: ptr must be a device pointer int, not {ptr!r}",
                                 PARAM_INVALID)
-        self._addrs[slot] = int(ptr)
+        # as phase 2 checks a workspace: live memory of the executor's device, room for the
+        # tensor (a freed or foreign pointer was taken, and the run read or wrote it silently)
+        from ..memory import device_of, usable_bytes
+
+        ptr = int(ptr)
+        have, need = usable_bytes(ptr), self.descs[slot].storage_nbytes
+        if have is None or device_of(ptr) is not self.device:
+            raise ExecutorError(f"{what}: {hex(ptr)} is not live memory of {self.device.name}",
+                                PARAM_INVALID)
+        if have < need:
+            raise ExecutorError(f"{what}: {hex(ptr)} holds {have} bytes, the tensor needs {need}",
+                                PARAM_INVALID)
+        self._addrs[slot] = ptr
 
     def destroy(self) -> None:
         """Release the executor (``aclDestroyAclOpExecutor``); a no-op once it was released."""
