@@ -277,6 +277,23 @@ def test_executor_workspace_one_byte_short_is_refused(s, alloc):
     srt.free(base) if alloc == "srt.malloc" else s.free(base)
 
 
+def test_executor_workspace_overlapping_its_tensors_is_refused(s):
+    # the op writes partial results there: a workspace carved out of its own input corrupted it
+    xa = np.random.default_rng(0).standard_normal((4, 64)).astype(F32)
+    base = s.malloc(4 * 64 * 4 + 4096)
+    x = srt.Tensor(srt.TensorDesc((4, 64), F32), base)
+    srt.write(base, xa)
+    out = T(s, np.zeros((4, 64)))
+    size, ex = ops.softmax.get_workspace_size(x, out)
+    assert size
+    raises(INVALID, ops.softmax, base + 128, size, ex, s)  # inside x
+    raises(INVALID, ops.softmax, out.ptr, size, ex, s)  # the output
+    ops.softmax(base + 4 * 64 * 4, size, ex, s)  # just past x: fine
+    s.synchronize()
+    assert (srt.read(base, (4, 64), F32) == xa).all()
+    s.free(base)
+
+
 # -- one-shot and repeatable -----------------------------------------------------------------------
 def test_executor_one_shot_is_refused_on_a_second_run(s):
     x, out, _ = softmax_setup(s)
