@@ -52,6 +52,7 @@ class Tracer:
         self._ends: dict[tuple[int, int], tuple[int, Any, float]] = {}  # (stream id, pos) -> end
         self._flow = 0
         self._pool_names: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+        self._pools_seen = 0  # numbers pools (not len(_pool_names): collected ones leave it)
         # cuda: operations whose stamps are read once they completed, and per device the first
         # stamp with the host time of its enqueue (the device's clock is placed from it)
         self._pending: list[OpInfo] = []
@@ -173,7 +174,8 @@ class Tracer:
         ``id()`` could repeat once a pool is collected, merging two pools' tracks)."""
         name = self._pool_names.get(pool)
         if name is None:
-            kind = "default pool" if pool._is_default else f"pool {len(self._pool_names) + 1}"
+            self._pools_seen += 1
+            kind = "default pool" if pool._is_default else f"pool {self._pools_seen}"
             name = self._pool_names[pool] = f"{kind} ({pool.device.name})"
         return name
 

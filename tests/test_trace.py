@@ -285,6 +285,11 @@ def test_trace_pool_counters_follow_trim_and_destroy(tmp_path, dev):
         s.synchronize()
         other.destroy()
         gone = tracer.pool_name(other)
+        del pool  # collected: a later pool must not take its number (as id() could)
+        import gc
+
+        gc.collect()
+        assert tracer.pool_name(srt.MemPool(dev)) not in (name, gone)
     last = {}
     for e in load(path):
         if e["ph"] == "C":
