@@ -313,7 +313,7 @@ class Sanitizer:
                         "race", ptr, nbytes, op, aop,
                         f"{op.describe()} {'writes' if write else 'reads'} {hex(ptr)}+{nbytes} "
                         f"while {aop.describe()} {'writes' if aw else 'reads'} "
-                        f"{hex(alo)}+{ahi - alo}, and neither is ordered before the other")
+                        f"{hex(alo)}+{ahi - alo}, and neither is ordered before the other", cur)
                     break
             acc = cur.accesses
             if not (acc and acc[-1][3] is op and acc[-1][:3] == (lo, hi, write)):
@@ -345,10 +345,16 @@ class Sanitizer:
         alloc = SPACE.find(ptr)
         return alloc is not None and any(alloc.base in p._chunks for p in members(_pools))
 
-    def _find(self, kind: str, ptr: int, nbytes: int, op: Any, other: Any, msg: str) -> Finding:
-        # one finding per pair of operations (ids stay valid: the finding holds both), whichever
-        # parts of the memory they touch: two views of one buffer are one bug, not two
-        key = (kind, id(op), id(other)) if other is not None else (kind, ptr, nbytes, id(op))
+    def _find(self, kind: str, ptr: int, nbytes: int, op: Any, other: Any, msg: str,
+              gen: _Gen | None = None) -> Finding:
+        # one finding per pair of operations and allocation (ids stay valid: the finding holds
+        # both), whichever parts of it they touch: two views of one buffer are one bug, not two;
+        # ``other`` (an alloc or free event) names the allocation, else ``gen`` does (a race)
+        if other is None:
+            key: tuple = (kind, ptr, nbytes, id(op))
+        else:
+            key = (kind, id(op), id(other)) if gen is None else (
+                kind, id(op), id(other), gen.lo, gen.alloc.seq)
         f = self._seen.get(key)
         if f is not None:
             return f

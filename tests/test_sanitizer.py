@@ -302,6 +302,25 @@ def test_sanitizer_names_graph_nodes_as_g_nodes_lists_them(dev, san, tmp_path):
     assert positions.get("inc_k") == "node #0"
 
 
+@srt.kernel
+def write_pieces_k(ctx, ptrs, n):
+    for p in ptrs:
+        ctx.array(p, (n,), np.float32)[:] = 1
+
+
+def test_sanitizer_race_is_one_finding_per_allocation(dev, san):
+    # two unordered kernels writing two halves of one buffer: one race; of two buffers: two
+    a, b = streams(dev)
+    p, q = srt.malloc(1024), srt.malloc(1024)
+    a.launch(write_pieces_k, (p, p + 512, q), 128)
+    b.launch(write_pieces_k, (p, p + 512, q), 128)  # BUG: no wait
+    dev.synchronize()
+    rep = san.report()
+    assert kinds(rep) == ["race", "race"] and {f.ptr for f in rep} == {p, q}
+    srt.free(p)
+    srt.free(q)
+
+
 def test_sanitizer_invalid_address(dev, san):
     s, = streams(dev, 1)
     pool = srt.MemPool(dev)  # its own: other tests' blocks of the default pool may live there
