@@ -27,10 +27,16 @@ class Dim3(NamedTuple):
 _DIMS: dict[Any, Dim3] = {}
 
 
+# int and numpy's integer scalars (equal and hashing alike for one value), never bool/np.bool_
+INT_TYPES = frozenset({int, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
+                       np.uint64, np.intc, np.uintc, np.intp, np.uintp, np.longlong, np.ulonglong})
+
+
 def exact_ints(value: Any) -> bool:
-    """Whether ``value`` is a Python int or a tuple of them: a safe key for the launch caches."""
+    """Whether ``value`` is an int (Python's or numpy's, not a bool) or a tuple of them: a safe
+    key for the launch caches (2.0 and True equal ints of other meaning; np.int64(2) is 2)."""
     cls = value.__class__
-    return cls is int or (cls is tuple and all(p.__class__ is int for p in value))
+    return cls in INT_TYPES or (cls is tuple and all(p.__class__ in INT_TYPES for p in value))
 
 
 def dim3(value: Any, what: str = "grid") -> Dim3:

@@ -28,6 +28,7 @@ import atexit
 import bisect
 import heapq
 import math
+import os
 import sys
 import threading
 from collections import deque
@@ -40,7 +41,7 @@ from . import instrument
 from .device import members
 from .errors import InvalidValueError, SanitizerError
 from .instrument import GRAPH_MEMORY, OpInfo
-from .validate import env_choice, is_int
+from .validate import env_choice, env_flag, is_int
 
 __all__ = ["enable", "disable", "enabled", "report", "clear", "check_leaks", "Finding"]
 
@@ -495,7 +496,7 @@ def _checked_array(ctx: Any, ptr: int, shape: Any, dtype: Any, *, readonly: bool
                 found = _SAN._find("invalid-address", p, nbytes, op, None,
                                    f"{op.describe()} touches {hex(p)}+{nbytes}, which is inside "
                                    "no allocation")
-        if found is not None and (unmapped or found.kind == "out-of-bounds"):
+        if found is not None and (unmapped or found.kind in ("out-of-bounds", "invalid-address")):
             # stop the kernel before it writes (as compute-sanitizer aborts it), in collect mode
             # too: the synchronize reports no LaunchError for it (see hostsync)
             raise SanitizerError(str(found), found)
@@ -539,8 +540,21 @@ def _report_leaks_at_exit() -> None:
         print(f"streamrt sanitizer: {f}", file=sys.stderr)
 
 
-_MODE = env_choice("STREAMRT_SANITIZE", {"": None, "0": None, "false": None, "off": None,
-                                          "no": None, "1": "raise", "true": "raise", "on": "raise",
-                                          "yes": "raise", "raise": "raise", "collect": "collect"})
+def _env_mode() -> str | None:
+    """``STREAMRT_SANITIZE``: raise or collect, or an on/off setting (on: raise)."""
+    try:
+        return env_choice("STREAMRT_SANITIZE", {"raise": "raise", "collect": "collect"})
+    except InvalidValueError:
+        pass
+    try:
+        return "raise" if env_flag("STREAMRT_SANITIZE") else None
+    except InvalidValueError:
+        raise InvalidValueError(
+            f"environment variable STREAMRT_SANITIZE={os.environ['STREAMRT_SANITIZE']!r}: "
+            "expected raise, collect, an integer (non-zero: raise), true/on/yes or false/off/no "
+            "(or unset)") from None
+
+
+_MODE = _env_mode()
 if _MODE is not None:
     enable(_MODE)

@@ -110,5 +110,10 @@ def env_choice(name: str, choices: dict[str, Any]) -> Any:
 
 
 def env_flag(name: str) -> bool:
-    """An on/off setting: 1/true/on/yes or 0/false/off/no (unset: off)."""
-    return env_choice(name, {**_OFF, **_ON})
+    """An on/off setting: an integer (non-zero: on, as ``CUDA_LAUNCH_BLOCKING``), or
+    true/on/yes, false/off/no (unset: off); anything else is InvalidValueError."""
+    raw = os.environ.get(name, "").strip()
+    try:
+        return int(raw) != 0
+    except ValueError:
+        return env_choice(name, {**_OFF, **_ON})

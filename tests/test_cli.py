@@ -150,7 +150,9 @@ SETTINGS = {  # (variable, value) -> what `streamrt info` says is in effect; Non
     ("STREAMRT_LAUNCH_BLOCKING", "yes"): "launch blocking True",
     ("STREAMRT_LAUNCH_BLOCKING", "false"): "launch blocking False",
     ("STREAMRT_CPU_DELAY_US", " 7 "): "cpu delay 7 us",
-    ("STREAMRT_SANITIZE", "2"): None,
+    ("STREAMRT_SANITIZE", "2"): "sanitizer on",  # an integer: non-zero is on, as before
+    ("STREAMRT_LAUNCH_BLOCKING", "2"): "launch blocking True",
+    ("STREAMRT_SANITIZE", "loud"): None,
     ("STREAMRT_LAUNCH_BLOCKING", "maybe"): None,
     ("STREAMRT_OPS_LOG", "verbose"): None,
     ("STREAMRT_CPU_DELAY_US", "-5"): None,  # every worker died of it, and synchronize hung

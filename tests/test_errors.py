@@ -171,6 +171,23 @@ def test_errors_launch_shapes_equal_to_cached_ints_are_still_refused(bad):
     s.synchronize()
 
 
+def test_errors_launch_with_numpy_int_shapes_hits_the_launch_cache(monkeypatch):
+    # np.int64(4) is 4: refusing 2.0 and True must not make every launch with a numpy shape
+    # build its context again (4-5x the host cost of a launch)
+    s = srt.Stream(non_blocking=True)
+    s.launch(_noop_kernel, grid=np.int64(4), block=(np.int32(8), 2))
+    made = []
+    real = srt.Stream._context
+    monkeypatch.setattr(srt.Stream, "_context", lambda self, g, b: made.append(1) or real(self, g, b))
+    for _ in range(3):
+        s.launch(_noop_kernel, grid=np.int64(4), block=(np.int32(8), 2))
+        s.launch(_noop_kernel, grid=4, block=(8, 2))  # the same shape
+    assert made == []
+    with pytest.raises(srt.InvalidTypeError):
+        s.launch(_noop_kernel, grid=np.True_, block=(8, 2))
+    s.synchronize()
+
+
 def test_errors_pool_sizes_past_uint64_mean_no_limit():
     # CUDA's attributes are uint64; a Python size past them asks for no limit, as 2**64 - 1 does
     pool = srt.MemPool(max_size=2 ** 70)

@@ -333,6 +333,30 @@ def test_sanitizer_invalid_address(dev, san):
     pool.destroy()
 
 
+@pytest.mark.parametrize("mode", ["raise", "collect"])
+def test_sanitizer_invalid_address_in_a_pool_chunk_stops_the_kernel(dev, san, mode):
+    # mapped pool memory no allocation covers: the write was stopped in raise mode before, and
+    # must be in both modes now (it was let through once only unmapped memory stopped a kernel)
+    from streamrt.backends.cpu import SPACE
+
+    srt.sanitizer.enable(mode)
+    s, = streams(dev, 1)
+    pool = srt.MemPool(dev)
+    p = s.malloc(512, pool)
+    s.synchronize()
+    before = SPACE.array(p + 8192, (4,), np.float32, True).copy()
+    s.launch(write_k, p + 8192, 4, 1.0)  # BUG: inside the pool chunk, never allocated
+    if mode == "raise":
+        with pytest.raises(srt.SanitizerError):
+            s.synchronize()
+    s.synchronize()
+    assert kinds(san.report()) == ["invalid-address"]
+    assert (SPACE.array(p + 8192, (4,), np.float32, True) == before).all()  # never written
+    s.free(p)
+    s.synchronize()
+    pool.destroy()
+
+
 def test_sanitizer_access_after_srt_free_is_use_after_free(dev, san):
     # it was "invalid-address" (inside no allocation), which lost where the memory was freed
     s, = streams(dev, 1)

@@ -266,7 +266,7 @@ def _check_workspace(name: str, ws: Any, size: int, ex: Executor) -> None:
         raise _bad(name, f"workspace {hex(ws)} holds {have} bytes, the executor needs {size}")
     if device_of(ws) is not ex.device:
         raise _bad(name, f"workspace {hex(ws)} is not memory of {ex.device.name}")
-    for slot, lo, hi, _kid in ex._ins + ex._outs:  # scratch the op writes: not its tensors
+    for slot, lo, hi, _kid in ex._ins + ex._outs if size else ():  # scratch: not its tensors
         a = ex._addrs[slot]
         if ws < a + hi and a + lo < ws + size:
             raise _bad(name, f"workspace {hex(ws)}+{size} overlaps tensor {slot} of the executor")

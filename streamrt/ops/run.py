@@ -45,13 +45,21 @@ def _typed(v: tuple) -> tuple:
     return tuple([(e.__class__, _exact(e)) for e in v])
 
 
+_FLOATS = (float, np.floating)
+
+
 def _exact(v: Any) -> Any:
     """An attribute value as a key part that only an identical value equals: ``-0.0 == 0.0``
     (a cache hit gave +0.0 where the plan gives -0.0), and a nan never equalled itself (every
     call planned again); a float keys by its exact digits."""
-    if isinstance(v, float | np.floating):
+    cls = v.__class__
+    if cls is float:  # the usual attribute: no isinstance walk
+        return v.hex()
+    if cls is int or cls is bool or cls is str:
+        return v
+    if isinstance(v, _FLOATS):
         return float(v).hex()
-    return _typed(v) if isinstance(v, tuple) else v
+    return _typed(v) if cls is tuple else v
 
 
 def _key(op: Op, tensors: tuple, attrs: dict) -> tuple | None:
