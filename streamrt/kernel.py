@@ -27,9 +27,8 @@ class Dim3(NamedTuple):
 _DIMS: dict[Any, Dim3] = {}
 
 
-# int and numpy's integer scalars (equal and hashing alike for one value), never bool/np.bool_
-INT_TYPES = frozenset({int, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
-                       np.uint64, np.intc, np.uintc, np.intp, np.uintp, np.longlong, np.ulonglong})
+# int and numpy's integer scalar types (equal and hashing alike for one value), never bool/np.bool_
+INT_TYPES = frozenset({int, *(np.dtype(c).type for c in np.typecodes["AllInteger"])})
 
 
 def exact_ints(value: Any) -> bool:
