@@ -28,7 +28,6 @@ import atexit
 import bisect
 import heapq
 import math
-import os
 import sys
 import threading
 from collections import deque
@@ -41,7 +40,7 @@ from . import instrument
 from .device import members
 from .errors import InvalidValueError, SanitizerError
 from .instrument import GRAPH_MEMORY, OpInfo
-from .validate import env_choice, env_flag, is_int
+from .validate import env_flag, is_int
 
 __all__ = ["enable", "disable", "enabled", "report", "clear", "check_leaks", "Finding"]
 
@@ -540,21 +539,7 @@ def _report_leaks_at_exit() -> None:
         print(f"streamrt sanitizer: {f}", file=sys.stderr)
 
 
-def _env_mode() -> str | None:
-    """``STREAMRT_SANITIZE``: raise or collect, or an on/off setting (on: raise)."""
-    try:
-        return env_choice("STREAMRT_SANITIZE", {"raise": "raise", "collect": "collect"})
-    except InvalidValueError:
-        pass
-    try:
-        return "raise" if env_flag("STREAMRT_SANITIZE") else None
-    except InvalidValueError:
-        raise InvalidValueError(
-            f"environment variable STREAMRT_SANITIZE={os.environ['STREAMRT_SANITIZE']!r}: "
-            "expected raise, collect, an integer (non-zero: raise), true/on/yes or false/off/no "
-            "(or unset)") from None
-
-
-_MODE = _env_mode()
-if _MODE is not None:
-    enable(_MODE)
+# STREAMRT_SANITIZE: on (raise mode), or the mode by name
+_MODE = env_flag("STREAMRT_SANITIZE", {"raise": "raise", "collect": "collect"})
+if _MODE:
+    enable("raise" if _MODE is True else _MODE)

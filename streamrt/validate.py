@@ -11,7 +11,7 @@ import numpy as np
 from .errors import InvalidTypeError, InvalidValueError
 
 __all__ = ["check_size", "check_ptr", "check_byte", "host_view", "is_int", "is_bool", "env_int",
-           "env_choice", "env_flag"]
+           "env_flag"]
 
 
 def is_int(v: Any) -> bool:
@@ -80,8 +80,7 @@ def check_byte(value: Any) -> int:
     return int(value)
 
 
-_OFF = {"": False, "0": False, "false": False, "off": False, "no": False}
-_ON = {"1": True, "true": True, "on": True, "yes": True}
+_WORDS = {"false": False, "off": False, "no": False, "true": True, "on": True, "yes": True}
 
 
 def env_int(name: str, default: int, *, minimum: int = 0) -> int:
@@ -98,22 +97,19 @@ def env_int(name: str, default: int, *, minimum: int = 0) -> int:
     return value
 
 
-def env_choice(name: str, choices: dict[str, Any]) -> Any:
-    """A setting that must be one of ``choices`` (case-insensitive keys; unset is ``""``)."""
+def env_flag(name: str, words: dict[str, Any] | None = None) -> Any:
+    """An on/off setting: unset, or an integer (non-zero: on, as ``CUDA_LAUNCH_BLOCKING``), or
+    true/on/yes, false/off/no, or one of ``words`` (any case: its value is returned)."""
     raw = os.environ.get(name, "").strip()
-    try:
-        return choices[raw.lower()]
-    except KeyError:
-        shown = ", ".join(repr(k) for k in choices if k)
-        raise InvalidValueError(f"environment variable {name}={raw!r}: expected one of {shown} "
-                                "(or unset)") from None
-
-
-def env_flag(name: str) -> bool:
-    """An on/off setting: an integer (non-zero: on, as ``CUDA_LAUNCH_BLOCKING``), or
-    true/on/yes, false/off/no (unset: off); anything else is InvalidValueError."""
-    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return False
     try:
         return int(raw) != 0
     except ValueError:
-        return env_choice(name, {**_OFF, **_ON})
+        pass
+    choices = {**_WORDS, **(words or {})}
+    try:
+        return choices[raw.lower()]
+    except KeyError:
+        raise InvalidValueError(f"environment variable {name}={raw!r}: expected an integer or one "
+                                f"of {', '.join(choices)} (or unset)") from None
