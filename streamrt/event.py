@@ -54,6 +54,14 @@ class Event:
         if self._destroyed:
             raise InvalidHandleError(f"{self!r} was destroyed")
 
+    def _check_recordable(self, stream: Stream) -> None:
+        """What ``cudaEventRecord`` refuses: a destroyed event, or one of another device."""
+        self._check_alive()
+        if self.device is not stream.device:
+            raise InvalidHandleError(
+                f"event of {self.device.name} cannot be recorded on a stream of "
+                f"{stream.device.name}")
+
     def _check_capture(self, what: str) -> None:
         cap = self._capture  # read once: another thread may end the capture
         if cap is not None:

@@ -397,11 +397,7 @@ class Stream:
             event = Event(self.device)
         elif not isinstance(event, Event):
             raise InvalidTypeError(f"record needs an Event, not {type(event).__name__}")
-        event._check_alive()
-        if event.device is not self.device:
-            raise InvalidHandleError(
-                f"event of {event.device.name} cannot be recorded on a stream of {self.device.name}"
-            )
+        event._check_recordable(self)
         cap = self._capture  # once: another thread may end the capture
         if cap is not None:
             return cap.record(self, event)

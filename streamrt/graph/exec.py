@@ -252,11 +252,10 @@ class GraphExec:
         # enqueued: a launch that fails has launched nothing (it ran and overlapped the next)
         for n in self._event_nodes:
             event = n._params["event"]
-            event._check_alive()
-            if n.type is NodeType.EVENT_RECORD and event.device is not stream.device:
-                raise InvalidHandleError(
-                    f"{n!r} records {event!r}, which cannot be recorded on a stream of "
-                    f"{stream.device.name}")
+            if n.type is NodeType.EVENT_RECORD:
+                event._check_recordable(stream)
+            else:
+                event._check_alive()
 
     def _check_memory(self) -> list[Any]:
         """Refuse a launch that would reuse live graph memory; returns the allocations that
