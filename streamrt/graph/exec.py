@@ -37,7 +37,7 @@ from ..validate import is_bool, is_int
 from . import memory
 from .graph import Graph, host_params, memcpy_params, memset_params
 from .node import Node, NodeType
-from .plan import compile_plan, flatten, node_label, run_plan, topo
+from .plan import compile_plan, flatten, run_plan, topo
 
 _DISABLEABLE = (NodeType.KERNEL, NodeType.MEMCPY, NodeType.MEMSET)  # as cudaGraphNodeSetEnabled
 
@@ -235,11 +235,9 @@ class GraphExec:
         auto = [("auto-free", a.ptr, a.nbytes, -1, 0, "") for a in auto_freed]
         nodes = []
         for n in self._mem_nodes:
-            index, ancestors = plan.mem[id(n)]
             a = n._params["alloc"]
             what = "alloc" if n.type is NodeType.MEM_ALLOC else "free"
-            nodes.append((what, a.ptr, a.nbytes, index, ancestors,
-                          node_label(n, self._template)))
+            nodes.append((what, a.ptr, a.nbytes, *plan.mem[id(n)]))
         return (*auto, *nodes)
 
     def _check(self, stream: Any) -> None:

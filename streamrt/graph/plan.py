@@ -57,8 +57,9 @@ class Plan:
     __slots__ = ("chains", "succ", "npred", "roots", "single", "mem")
 
     def __init__(self, chains: list[list[tuple]], succ: list[list[int]], npred: list[int]) -> None:
-        # instrumented: id(memory node) -> (its index in the launch, bitset of its ancestors)
-        self.mem: dict[int, tuple[int, int]] = {}
+        # instrumented: id(memory node) -> (its index in the launch, bitset of its ancestors,
+        # its label)
+        self.mem: dict[int, tuple[int, int, str]] = {}
         self.chains = chains
         self.succ = succ
         self.npred = npred
@@ -192,7 +193,7 @@ def compile_plan(template: Graph, disabled: set[int], stream: Stream) -> Plan:
         return chains_of(flat)
     flat, anc = instrumented(flat, [n for n, _, _ in nodes], template)
     plan = chains_of(flat)
-    plan.mem = {id(n): (i, anc[i]) for i, (n, _, _) in enumerate(nodes)
+    plan.mem = {id(n): (i, anc[i], node_label(n, template)) for i, (n, _, _) in enumerate(nodes)
                 if n is not None and n.type in (NodeType.MEM_ALLOC, NodeType.MEM_FREE)}
     return plan
 
