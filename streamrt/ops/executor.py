@@ -69,6 +69,23 @@ def live_executors() -> int:
     return _live
 
 
+def check_room(what: str, ptr: int, need: int, device: Any) -> int:
+    """``ptr`` must be in live memory of ``device`` with ``need`` bytes from it (pointer
+    arithmetic inside an allocation is fine); returns the bytes there."""
+    from ..memory import device_of, usable_bytes  # stream.py must be imported before memory.py
+
+    have = usable_bytes(ptr)
+    if have is None:
+        raise ExecutorError(f"{what}: {hex(ptr)} is not in a live device allocation (freed, or "
+                            "never allocated)", PARAM_INVALID)
+    if device_of(ptr) is not device:
+        raise ExecutorError(f"{what}: {hex(ptr)} is not memory of {device.name}", PARAM_INVALID)
+    if have < need:
+        raise ExecutorError(f"{what}: {hex(ptr)} holds {have} bytes, {need} are needed",
+                            PARAM_INVALID)
+    return have
+
+
 class Executor:
     """Phase 1's product: the validated plan of one operator call (``aclOpExecutor``)."""
 
@@ -176,18 +193,10 @@ class Executor:
         if not is_int(ptr) or ptr < 0:
             raise ExecutorError(f"{what}: ptr must be a device pointer int, not {ptr!r}",
                                 PARAM_INVALID)
-        # as phase 2 checks a workspace: live memory of the executor's device, room for the
-        # tensor (a freed or foreign pointer was taken, and the run read or wrote it silently)
-        from ..memory import device_of, usable_bytes
-
+        # as phase 2 checks a workspace (a freed or foreign pointer was taken, and the run read
+        # or wrote it silently)
         ptr = int(ptr)
-        have, need = usable_bytes(ptr), self.descs[slot].storage_nbytes
-        if have is None or device_of(ptr) is not self.device:
-            raise ExecutorError(f"{what}: {hex(ptr)} is not live memory of {self.device.name}",
-                                PARAM_INVALID)
-        if have < need:
-            raise ExecutorError(f"{what}: {hex(ptr)} holds {have} bytes, the tensor needs {need}",
-                                PARAM_INVALID)
+        check_room(what, ptr, self.descs[slot].storage_nbytes, self.device)
         self._addrs[slot] = ptr
 
     def destroy(self) -> None:

@@ -27,7 +27,15 @@ from ..stream import Stream, current_stream
 from ..tensor import Tensor, TensorDesc
 from ..validate import is_bool, is_int
 from .common import FLOATS
-from .executor import INNER, INNER_FIND_KERNEL, NULLPTR, PARAM_INVALID, Executor, live_executors
+from .executor import (
+    INNER,
+    INNER_FIND_KERNEL,
+    NULLPTR,
+    PARAM_INVALID,
+    Executor,
+    check_room,
+    live_executors,
+)
 from .stats import OpStats
 
 __all__ = ["Op", "Plan", "Attr", "OPS", "stats", "float_attr", "bool_attr", "int_attr",
@@ -242,8 +250,6 @@ class Op:
 
 
 def _check_workspace(name: str, ws: Any, size: int, ex: Executor) -> None:
-    from ..memory import device_of, usable_bytes  # stream.py must be imported before memory.py
-
     if not is_int(ws):
         raise _bad(name, f"workspace must be a device pointer int or None, not {type(ws).__name__}")
     ws = int(ws)
@@ -252,25 +258,17 @@ def _check_workspace(name: str, ws: Any, size: int, ex: Executor) -> None:
             raise _bad(name, f"workspace is a null pointer but the executor needs {size} bytes",
                        NULLPTR)
         return
-    have = usable_bytes(ws)
-    from .. import sanitizer
-
-    # a workspace refused below is an error, not a sanitizer finding too: nothing was enqueued,
-    # and a finding would raise again at the next synchronize an error the caller handled
-    if sanitizer.enabled() and have is not None and have >= size:
-        sanitizer._SAN.tag(ws, f"workspace of {name}")  # names it in later findings
-    if have is None:
-        raise _bad(name, f"workspace {hex(ws)} is not in a live device allocation (freed, or "
-                         "never allocated)")
-    if have < size:
-        raise _bad(name, f"workspace {hex(ws)} holds {have} bytes, the executor needs {size}")
-    if device_of(ws) is not ex.device:
-        raise _bad(name, f"workspace {hex(ws)} is not memory of {ex.device.name}")
+    check_room(f"ops.{name}: workspace", ws, size, ex.device)
     for slot, lo, hi, _kid in ex._ins + ex._outs if size else ():  # scratch: not its tensors
         a = ex._addrs[slot]
         if ws < a + hi and a + lo < ws + size:
             raise _bad(name, f"workspace {hex(ws)}+{size} overlaps tensor {slot} of the executor")
+    from .. import sanitizer
 
+    # a workspace refused above is an error, not a sanitizer finding too: nothing was enqueued,
+    # and a finding would raise again at the next synchronize an error the caller handled
+    if sanitizer.enabled():
+        sanitizer._SAN.tag(ws, f"workspace of {name}")  # names it in later findings
 
 
 def stats(*, reset: bool = False) -> dict[str, Any]:
