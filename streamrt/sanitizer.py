@@ -9,14 +9,16 @@ State and invariants (guarded by ``_lock``):
   and before whatever is ordered after the launch; a MEM_FREE node likewise. Freed
   generations are kept for a while, so a late access is reported as a use-after-free rather
   than as an unknown address.
-- Each generation keeps its accesses ``(lo, hi, write, op)``, less those a later write ordered
-  after them covers and those the host saw complete before every operation still to be checked
-  (past ``_MAX_ACCESSES`` unproven ones, the oldest go). A new access is checked
+- Each generation keeps its accesses per stream in stream order, less those a later write
+  ordered after them covers and those the host saw complete before every operation still to be
+  checked (past ``_MAX_ACCESSES`` unproven ones, the oldest go). A new access is checked
   against the newest generation whose alloc is ordered before it (none: use-before-alloc),
   against that generation's bounds (out-of-bounds) and free (not ordered before the free:
   use-after-free), and against earlier accesses that conflict and are not ordered before it
   (race). Operation A is ordered before X when X's clock covers A's position (graph nodes of one
-  launch: when A is an ancestor of X in the DAG).
+  launch: when A is an ancestor of X in the DAG). A stream's accesses up to the position X's clock
+  (or a host proof) covers are all ordered before X: the race check scans only the later ones,
+  so a long run of ordered work on one buffer costs nothing per access.
 - Findings are kept in order. In ``raise`` mode the next synchronize raises the first one not yet
   raised as :class:`SanitizerError`; in ``collect`` mode they only accumulate (``report()``).
   A correct program produces no finding: a false positive is a bug.
@@ -27,6 +29,7 @@ from __future__ import annotations
 import atexit
 import bisect
 import heapq
+import itertools
 import math
 import sys
 import threading
@@ -47,8 +50,7 @@ __all__ = ["enable", "disable", "enabled", "report", "clear", "check_leaks", "Fi
 KINDS = ("race", "use-after-free", "use-before-alloc", "out-of-bounds", "invalid-address",
          "workspace", "leak")
 _HISTORY = 4096  # freed generations remembered
-_PRUNE_AT = 64  # accesses per generation past which the proven-complete ones are forgotten
-_MAX_ACCESSES = 4096  # and past which the oldest are (a race with those could go unseen)
+_MAX_ACCESSES = 4096  # unproven accesses per generation past which the oldest are forgotten
 _PER_ADDRESS = 4  # generations remembered per start address (more while not proven freed)
 _PROOFS = 4096  # host proofs remembered per stream
 
@@ -108,16 +110,35 @@ class _Event:
         return f"{self.what} on {where}" + (f" (at {self.site})" if self.site else "")
 
 
+# an access: (its operation's stream position, order of arrival, lo, hi, write, operation); a
+# stream's accesses sorted by position, so ``(pos, _AFTER)`` bisects past every access at ``pos``
+_Access = tuple[int, int, int, int, bool, OpInfo]
+_AFTER = math.inf
+_arrival = itertools.count()
+
+
 class _Gen:
-    __slots__ = ("lo", "hi", "alloc", "free", "accesses", "label", "prune_at")
+    __slots__ = ("lo", "hi", "alloc", "free", "streams", "count", "label")
 
     def __init__(self, lo: int, hi: int, alloc: _Event, label: str) -> None:
         self.lo, self.hi = lo, hi
         self.alloc = alloc
         self.free: _Event | None = None
-        self.accesses: list[tuple[int, int, bool, OpInfo]] = []
+        self.streams: dict[int, list[_Access]] = {}  # stream id -> its accesses, in stream order
+        self.count = 0
         self.label = label
-        self.prune_at = _PRUNE_AT
+
+    def accesses(self) -> list[_Access]:
+        """Every remembered access, in order of arrival."""
+        return sorted((a for lst in self.streams.values() for a in lst), key=_arrival_of)
+
+
+def _arrival_of(a: _Access) -> int:
+    return a[1]
+
+
+def _oldest_arrival(accs: list[_Access]) -> int:
+    return accs[0][1]
 
 
 def _seq_of(g: _Gen) -> int:
@@ -134,13 +155,19 @@ def _top(op: OpInfo) -> OpInfo:
 _proofs: dict[int, list[tuple[int, int]]] = {}
 
 
-def _host_saw(sid: int, pos: int, seq: int) -> bool:
-    """The host saw stream ``sid`` reach ``pos`` before enqueue sequence ``seq``."""
+def _proven(sid: int, seq: float) -> int:
+    """The newest position of stream ``sid`` the host saw completed before enqueue sequence
+    ``seq`` (0: none)."""
     proofs = _proofs.get(sid)
     if not proofs:
-        return False
+        return 0
     i = bisect.bisect_left(proofs, (seq, -1)) - 1
-    return i >= 0 and proofs[i][1] >= pos
+    return proofs[i][1] if i >= 0 else 0
+
+
+def _host_saw(sid: int, pos: int, seq: int) -> bool:
+    """The host saw stream ``sid`` reach ``pos`` before enqueue sequence ``seq``."""
+    return _proven(sid, seq) >= pos
 
 
 def op_before_op(a: OpInfo, x: OpInfo) -> bool:
@@ -249,7 +276,7 @@ class Sanitizer:
             g.free = ev
             # an access that already ran is checked against this free here: left to the access's
             # own check, the finding would depend on whether it ran before the free was enqueued
-            for alo, ahi, _w, aop in g.accesses:
+            for _pos, _n, alo, ahi, _w, aop in g.accesses():
                 if not _before_free(aop, g.free):
                     self._find("workspace" if "workspace" in g.label else "use-after-free", alo,
                                ahi - alo, aop, g.free,
@@ -305,37 +332,65 @@ class Sanitizer:
                                   f"{op.describe()} touches {hex(ptr)}+{nbytes} of a {cur.label} "
                                   f"that may already be freed: {cur.free.describe()} is not "
                                   "ordered after it")
+            # per stream, what op's clock or a host proof covers is ordered before it: only the
+            # later accesses are checked; the race reported is with the oldest conflicting one
+            top = _top(op)
+            bounds = {}
+            first: _Access | None = None
+            for sid, lst in cur.streams.items():
+                b = bounds[sid] = max(top.clock.get(sid, 0), _proven(sid, top.seq))
+                for a in lst[bisect.bisect_right(lst, (b, _AFTER)):]:
+                    if (a[4] or write) and a[2] < hi and lo < a[3] and a[5] is not op \
+                            and not op_before_op(a[5], op):
+                        if first is None or a[1] < first[1]:
+                            first = a
+                        break
             found = None
-            for alo, ahi, aw, aop in cur.accesses:
-                if (aw or write) and alo < hi and lo < ahi and aop is not op \
-                        and not op_before_op(aop, op):
-                    found = self._find(
-                        "race", ptr, nbytes, op, aop,
-                        f"{op.describe()} {'writes' if write else 'reads'} {hex(ptr)}+{nbytes} "
-                        f"while {aop.describe()} {'writes' if aw else 'reads'} "
-                        f"{hex(alo)}+{ahi - alo}, and neither is ordered before the other", cur)
-                    break
-            acc = cur.accesses
-            if not (acc and acc[-1][3] is op and acc[-1][:3] == (lo, hi, write)):
-                if write:  # superseded: earlier accesses ordered before this write, inside it
-                    acc[:] = [a for a in acc if not (lo <= a[0] and a[1] <= hi
-                                                     and op_before_op(a[3], op))]
-                acc.append((lo, hi, write, op))
-                if len(acc) > cur.prune_at:
-                    self._forget_proven(cur)
+            if first is not None:
+                _p, _n, alo, ahi, aw, aop = first
+                found = self._find(
+                    "race", ptr, nbytes, op, aop,
+                    f"{op.describe()} {'writes' if write else 'reads'} {hex(ptr)}+{nbytes} "
+                    f"while {aop.describe()} {'writes' if aw else 'reads'} "
+                    f"{hex(alo)}+{ahi - alo}, and neither is ordered before the other", cur)
+            self._remember(cur, (top.pos, next(_arrival), lo, hi, write, op), top.stream.id,
+                           bounds)
             return found
 
-    def _forget_proven(self, g: _Gen) -> None:
-        """Forget the accesses no operation still to be checked can race with: the host saw them
-        complete before the oldest operation in flight was enqueued (later ones come later still).
-        The rest are kept, however many (an unordered write must never drop out); only past
-        ``_MAX_ACCESSES`` do the oldest go. Amortized: the next pass waits for twice as many."""
+    def _remember(self, g: _Gen, a: _Access, sid: int, bounds: dict[int, int]) -> None:
+        """Add access ``a`` of stream ``sid`` to ``g``'s history (``bounds``: per stream, the
+        position up to which its accesses are ordered before ``a``), and forget what no later
+        operation can race with."""
+        streams = g.streams
+        lst = streams.setdefault(sid, [])
+        _p, _n, lo, hi, write, op = a
+        if lst and lst[-1][5] is op and lst[-1][2:5] == (lo, hi, write):
+            return  # the same view again (``ops.add(t, t, t)``)
+        if write:  # superseded: earlier accesses ordered before this write, inside it
+            for s, accs in streams.items():
+                b = bounds.get(s, 0)
+                keep = [x for x in accs if not (lo <= x[2] and x[3] <= hi and (
+                    x[0] <= b or op_before_op(x[5], op)))]
+                if len(keep) < len(accs):
+                    g.count -= len(accs) - len(keep)
+                    accs[:] = keep
+        lst.append(a)
+        g.count += 1
+        # Forget the accesses the host saw complete before the oldest operation still in flight
+        # was enqueued: no operation still to be checked can race with them (later ones come
+        # later still). The rest are kept (an unordered write must never drop out), up to
+        # ``_MAX_ACCESSES``; past it, the oldest go.
         oldest = self._oldest_inflight()
-        acc = g.accesses
-        acc[:] = [a for a in acc if not _host_saw(_top(a[3]).stream.id, _top(a[3]).pos, oldest)]
-        if len(acc) > _MAX_ACCESSES:
-            del acc[:len(acc) - _MAX_ACCESSES]
-        g.prune_at = max(_PRUNE_AT, 2 * len(acc))
+        for s, accs in list(streams.items()):
+            if accs and accs[0][0] <= (seen := _proven(s, oldest)):
+                k = bisect.bisect_right(accs, (seen, _AFTER))
+                del accs[:k]
+                g.count -= k
+            if not accs:
+                del streams[s]
+        while g.count > _MAX_ACCESSES:
+            min((x for x in streams.values() if x), key=_oldest_arrival).pop(0)
+            g.count -= 1
 
     @staticmethod
     def _in_pool_chunk(ptr: int) -> bool:
