@@ -14,7 +14,7 @@ from .graph.capture import check_unsafe
 from .hostsync import synchronize_device
 from .memory import device_of
 from .stream import current_stream
-from .validate import check_ptr, check_size, is_int
+from .validate import check_ptr, check_size, host_array, is_int
 
 
 def malloc(nbytes: int, device: Any = None) -> int:
@@ -108,7 +108,7 @@ def read(ptr: int, shape: Any, dtype: Any) -> np.ndarray:
     """Copy device memory out into a new array (synchronous; a copy, not a view)."""
     try:
         dt = np.dtype(dtype)
-    except TypeError as exc:
+    except (TypeError, ValueError, SyntaxError) as exc:
         raise InvalidTypeError(f"srt.read: {dtype!r} is not a numpy dtype") from exc
     try:
         out = np.empty(shape, dt)
@@ -125,5 +125,5 @@ def read(ptr: int, shape: Any, dtype: Any) -> np.ndarray:
 
 def write(ptr: int, array: Any) -> None:
     """Copy a host array into device memory (synchronous)."""
-    a = np.ascontiguousarray(array)
+    a = host_array(array, "srt.write")
     memcpy(ptr, a, a.nbytes)

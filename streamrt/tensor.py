@@ -13,6 +13,7 @@ defaults to it. ``as_strided`` views share memory and own nothing.
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 from typing import Any
 
@@ -20,11 +21,12 @@ import numpy as np
 
 from .device import Device
 from .errors import InvalidHandleError, InvalidTypeError, InvalidValueError
-from .validate import is_int
+from .validate import host_array, is_int
 
 __all__ = ["TensorDesc", "Tensor", "FORMATS"]
 
 MAX_DIMS = 8  # as aclnn: tensors have at most 8 dimensions
+_MAX_BYTES = 2**63 - 1  # numpy's and PyTorch's limit on an array's nominal bytes
 # format -> required ndim (None: any); the private (non-ND-like) formats are accepted here and
 # refused by the operators that cannot read them, as aclnn does
 FORMATS: dict[str, int | None] = {
@@ -64,7 +66,7 @@ def _dims(value: Any, what: str) -> tuple[int, ...]:
 def _dtype(dtype: Any) -> np.dtype:
     try:
         dt = np.dtype(dtype)
-    except TypeError:
+    except (TypeError, ValueError, SyntaxError):
         raise InvalidTypeError(f"{dtype!r} is not a numpy dtype") from None
     if dt.kind not in _KINDS or dt.fields is not None or dt.subdtype is not None:
         raise InvalidTypeError(f"tensors hold bool, integer, float or complex numbers, not {dt}")
@@ -90,6 +92,10 @@ class TensorDesc:
         if any(d < 0 for d in shp):
             raise InvalidValueError(f"negative dimension in shape {shp}")
         dt = _dtype(dtype)
+        numel = math.prod(shp)  # exact: numpy's int64 product wrapped (2**32 x 2**32 gave 0)
+        if numel * dt.itemsize > _MAX_BYTES:
+            raise InvalidValueError(f"shape {shp} of {dt} holds {numel} elements: more bytes than "
+                                    "a 64-bit index can address")
         if strides is None:
             st: list[int] = []
             acc = 1
@@ -121,7 +127,7 @@ class TensorDesc:
         self.offset = int(offset)
         self.format = format
         self.ndim = len(shp)
-        self.numel = int(np.prod(shp, dtype=np.int64)) if shp else 1
+        self.numel = numel
         self.itemsize = dt.itemsize
         self._bstrides = tuple(s * dt.itemsize for s in std)
         self._boff = self.offset * dt.itemsize
@@ -219,7 +225,7 @@ class Tensor:
     @classmethod
     def from_numpy(cls, a: Any, *, stream: Any = None, pool: Any = None) -> Tensor:
         """A contiguous device copy of ``a`` (the data is taken at call time: a pageable copy)."""
-        arr = np.asarray(a, order="C")  # not ascontiguousarray: it turns 0-d into 1-d
+        arr = host_array(a, "Tensor.from_numpy")  # not ascontiguousarray: it turns 0-d into 1-d
         desc = TensorDesc(arr.shape, arr.dtype)
         s = _stream(stream)
         ptr = s.malloc(desc.storage_nbytes, pool)

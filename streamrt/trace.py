@@ -23,6 +23,7 @@ from . import instrument
 from .device import members
 from .errors import InvalidValueError
 from .instrument import OpInfo
+from .validate import as_path
 
 __all__ = ["trace", "Tracer"]
 
@@ -35,7 +36,7 @@ class Tracer:
     wants_sites = False
 
     def __init__(self, path: str | os.PathLike) -> None:
-        self.path = Path(path)
+        self.path = as_path(path, "trace path")
         try:  # now, not after the traced program ran: a path it cannot write is an error here
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.path, "a"):

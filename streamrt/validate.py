@@ -4,14 +4,15 @@ and the reading of ``STREAMRT_*`` environment settings."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .errors import InvalidTypeError, InvalidValueError
 
-__all__ = ["check_size", "check_ptr", "check_byte", "host_view", "is_int", "is_bool", "env_int",
-           "env_flag"]
+__all__ = ["check_size", "check_ptr", "check_byte", "host_view", "host_array", "as_path", "is_int",
+           "is_bool", "env_int", "env_flag"]
 
 
 def is_int(v: Any) -> bool:
@@ -69,6 +70,21 @@ def host_view(obj: Any, nbytes: int, *, writable: bool) -> np.ndarray:
     if flat.size < nbytes:
         raise InvalidValueError(f"host buffer holds {flat.size} bytes, the copy needs {nbytes}")
     return flat[:nbytes]
+
+
+def host_array(obj: Any, what: str) -> np.ndarray:
+    """``obj`` as a C-ordered numpy array (a ragged nested list is InvalidValueError)."""
+    try:
+        return np.asarray(obj, order="C")
+    except (ValueError, TypeError) as exc:
+        raise InvalidValueError(f"{what}: {type(obj).__name__} is not array-like: {exc}") from None
+
+
+def as_path(path: Any, what: str) -> Path:
+    """A file path: a str or an ``os.PathLike``."""
+    if not isinstance(path, str | os.PathLike):
+        raise InvalidTypeError(f"{what} must be a str or os.PathLike path, not {type(path).__name__}")
+    return Path(path)
 
 
 def check_byte(value: Any) -> int:

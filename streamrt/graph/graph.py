@@ -17,7 +17,7 @@ from ..device import Device
 from ..errors import InvalidTypeError, InvalidValueError
 from ..event import Event
 from ..kernel import Kernel, dim3
-from ..validate import check_byte, check_ptr, check_size, host_view, is_int
+from ..validate import as_path, check_byte, check_ptr, check_size, host_view, is_int
 from .memory import GraphAlloc
 from .node import Node, NodeType
 
@@ -57,9 +57,11 @@ class Graph:
     def _as_nodes(self, nodes: Any, what: str) -> list[Node]:
         if isinstance(nodes, Node):
             nodes = (nodes,)
-        if not isinstance(nodes, Iterable):
-            raise InvalidTypeError(f"{what} must be a Node or a sequence of Nodes")
-        out = list(nodes)
+        try:
+            out = list(nodes)
+        except TypeError:  # not iterable (a 0-d array passes the Iterable test, then fails)
+            raise InvalidTypeError(f"{what} must be a Node or a sequence of Nodes, not "
+                                   f"{type(nodes).__name__}") from None
         for n in out:
             if not isinstance(n, Node):
                 raise InvalidTypeError(f"{what} must contain Nodes, not {type(n).__name__}")
@@ -251,7 +253,11 @@ class Graph:
         lines.append("}")
         text = "\n".join(lines) + "\n"
         if path is not None:
-            Path(path).write_text(text)
+            p = as_path(path, "to_dot path")
+            try:
+                p.write_text(text)
+            except OSError as exc:  # as srt.trace: a path it cannot write is a bad argument
+                raise InvalidValueError(f"cannot write the graph to {str(p)!r}: {exc}") from None
         return text
 
     def _dot_body(self, lines: list[str], prefix: str, indent: str) -> None:

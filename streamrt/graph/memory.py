@@ -33,7 +33,13 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from ..arena import ALIGN
-from ..errors import InvalidAddressError, InvalidValueError, NotSupportedError, StreamRTError
+from ..errors import (
+    InvalidAddressError,
+    InvalidValueError,
+    NotSupportedError,
+    OutOfMemoryError,
+    StreamRTError,
+)
 from ..hooks import sync_listeners
 
 if TYPE_CHECKING:
@@ -71,6 +77,10 @@ class GraphAlloc:
     __slots__ = ("ptr", "nbytes", "size", "range", "device", "live", "__weakref__")
 
     def __init__(self, device: Device, nbytes: int, slabs: dict[Device, Range]) -> None:
+        capacity = device._impl.capacity
+        if nbytes > capacity:  # never mappable; reserving it would spill past the device's addresses
+            raise OutOfMemoryError(f"graph allocation of {nbytes} bytes on {device.name}: more "
+                                   f"than the device's {capacity} bytes")
         granule = device._impl.graph_granule
         size = (max(nbytes, 1) + ALIGN - 1) // ALIGN * ALIGN  # in a slab: aligned as pool blocks
         if size <= granule // 2:

@@ -1,0 +1,140 @@
+"""Bad input gets an error of the API's hierarchy (API.md §6) and leaves state intact: argument
+shapes a fuzzer of the public API found escaping as bare Python errors, or accepted silently."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import streamrt as srt
+
+
+@pytest.fixture
+def s():
+    st = srt.Stream("cpu:0", non_blocking=True)
+    yield st
+    st.synchronize()
+    st.destroy()
+
+
+# -- graph memory: a size no device can hold is refused before it takes addresses ---------------
+@pytest.mark.parametrize("nbytes", [2**64, 2**48, np.uint64(2**64 - 1)])
+def test_bad_input_graph_mem_alloc_node_larger_than_the_device_is_refused(nbytes):
+    g = srt.Graph()
+    with pytest.raises(srt.OutOfMemoryError, match="more than the device's"):
+        g.add_mem_alloc_node(nbytes)
+    assert g.nodes() == []
+    # the reservation never happened: later allocations stay in the device's 64-bit window (a
+    # 2**64-byte reservation pushed every later cpu:0 pointer past 2**64, and one of 2**48 into
+    # cpu:1's addresses)
+    p = srt.malloc(64, "cpu:0")
+    try:
+        assert p < 2 << 48
+        assert srt.memory.device_of(p) is srt.Device("cpu:0")
+    finally:
+        srt.free(p)
+
+
+def test_bad_input_captured_malloc_larger_than_the_device_is_refused(s):
+    s.begin_capture()
+    with pytest.raises(srt.OutOfMemoryError):
+        s.malloc(2**64)
+    s.memset(s.malloc(64), 0, 64)  # the capture goes on
+    g = s.end_capture()
+    assert [n.type for n in g.nodes()] == [srt.NodeType.MEM_ALLOC, srt.NodeType.MEMSET]
+    p = srt.malloc(64)  # no address past the device's window for later allocations
+    srt.free(p)
+    assert p < 2 << 48
+
+
+# -- tensor metadata: element counts are exact ---------------------------------------------------
+@pytest.mark.parametrize("shape", [(2**32, 2**32), (2**31, 2**31, 3), (2**64,), (2**62, 4)])
+def test_bad_input_tensor_desc_too_many_elements_is_refused(shape):
+    # numpy's int64 product wrapped: (2**32, 2**32) had numel 0 and storage 0 bytes, so
+    # Tensor.empty "succeeded" with no memory; (2**64,) raised a bare OverflowError
+    with pytest.raises(srt.InvalidValueError, match="64-bit index"):
+        srt.TensorDesc(shape, np.float32)
+
+
+def test_bad_input_tensor_empty_too_many_elements_allocates_nothing(s):
+    pool = s.device.mem_pool
+    used = pool.used_mem_current
+    with pytest.raises(srt.InvalidValueError):
+        srt.Tensor.empty((2**32, 2**32), np.float32, stream=s)
+    assert pool.used_mem_current == used
+
+
+def test_bad_input_tensor_desc_numel_large_but_valid():
+    d = srt.TensorDesc((2**20, 2**20), np.float32)
+    assert d.numel == 2**40 and type(d.numel) is int
+    assert d.storage_nbytes == 2**42
+
+
+@pytest.mark.parametrize("dtype", ["f4,(", "i4,,"])
+def test_bad_input_malformed_dtype_string(dtype):
+    with pytest.raises(srt.InvalidTypeError, match="not a numpy dtype"):
+        srt.TensorDesc((2,), dtype)
+    with pytest.raises(srt.InvalidTypeError, match="not a numpy dtype"):
+        srt.read(1, (1,), dtype)
+
+
+# -- host arrays ---------------------------------------------------------------------------------
+def test_bad_input_ragged_host_data(s):
+    ragged = [[1, [2]]]
+    pool = s.device.mem_pool
+    used = pool.used_mem_current
+    with pytest.raises(srt.InvalidValueError, match="Tensor.from_numpy"):
+        srt.Tensor.from_numpy(ragged, stream=s)
+    assert pool.used_mem_current == used
+    p = s.malloc(64)
+    s.synchronize()
+    with pytest.raises(srt.InvalidValueError, match="srt.write"):
+        srt.write(p, ragged)
+    srt.write(p, np.arange(4, dtype=np.float32))  # still works
+    assert srt.read(p, (4,), np.float32).tolist() == [0, 1, 2, 3]
+    s.free(p)
+
+
+# -- graphs: dependency lists and DOT paths --------------------------------------------------------
+def test_bad_input_graph_deps_zero_dim_array():
+    g = srt.Graph()
+    a = g.add_empty_node()
+    with pytest.raises(srt.InvalidTypeError, match="sequence of Nodes"):
+        g.add_empty_node(deps=np.array(3))
+    with pytest.raises(srt.InvalidTypeError, match="sequence of Nodes"):
+        g.add_dependencies(np.array(3), a)
+    with pytest.raises(srt.InvalidTypeError, match="sequence of Nodes"):
+        g.add_empty_node(deps=5)
+    assert g.nodes() == [a] and g.edges() == []
+
+
+def test_bad_input_update_capture_dependencies_zero_dim_array(s):
+    s.begin_capture()
+    try:
+        with pytest.raises(srt.InvalidTypeError):
+            s.update_capture_dependencies(np.array(3))
+        assert s.capture_info().status is srt.CaptureStatus.ACTIVE
+    finally:
+        s.end_capture()
+
+
+@pytest.mark.parametrize("path", [1, 1.5, b"x.dot", ["x.dot"]])
+def test_bad_input_to_dot_path_type(path):
+    g = srt.Graph()
+    g.add_empty_node()
+    with pytest.raises(srt.InvalidTypeError, match="to_dot path"):
+        g.to_dot(path)
+
+
+def test_bad_input_to_dot_unwritable_path(tmp_path):
+    g = srt.Graph()
+    g.add_empty_node()
+    with pytest.raises(srt.InvalidValueError, match="cannot write the graph"):
+        g.to_dot(tmp_path)  # a directory
+    assert "digraph" in g.to_dot(tmp_path / "g.dot")
+
+
+@pytest.mark.parametrize("path", [None, 3, b"t.json"])
+def test_bad_input_trace_path_type(path):
+    with pytest.raises(srt.InvalidTypeError, match="trace path"):
+        srt.trace(path)
