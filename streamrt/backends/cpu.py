@@ -47,6 +47,7 @@ from .base import Backend, DeviceImpl, Queue
 
 ALIGN = 512
 _GUARD = ALIGN  # gap between consecutive allocations
+_WINDOW = 1 << 48  # addresses of one device (and of pinned host memory)
 HOST_DEVICE = -1  # device index of pinned host memory
 _NEVER = float("inf")
 # reserve addresses without committing swap (Linux's value; Python < 3.13 does not export it)
@@ -129,11 +130,26 @@ class AddressSpace:
             # 256 TiB of addresses per device: pool arenas reserve whole device capacities
             start = (0x7F << 48) if device == HOST_DEVICE else (device + 1) << 48
             base = self._next.get(device, start)
-            self._next[device] = base + size + _GUARD
+            if base + size + _GUARD <= start + _WINDOW:
+                self._next[device] = base + size + _GUARD
+            else:  # a long-running process used the window up: reuse addresses freed since
+                base = self._gap(start, size + _GUARD)
             alloc = Allocation(base, size, device, virtual=virtual, buf=buf)
             self._allocs[base] = alloc
         self.reclaim.drain()
         return alloc
+
+    def _gap(self, start: int, need: int) -> int:
+        """The lowest free ``need`` bytes (a guard included) of the window at ``start``: never
+        an address of the next device's window, where ``device_of`` would find the wrong one."""
+        at = start
+        for base in self._allocs.irange(start, start + _WINDOW, inclusive=(True, False)):
+            if base - at >= need:
+                return at
+            at = self._allocs[base].end + _GUARD
+        if start + _WINDOW - at >= need:
+            return at
+        raise OutOfMemoryError(f"no {need} bytes of addresses left in the window at {_hex(start)}")
 
     def reserve(self, device: int, nbytes: int) -> Allocation:
         """Reserve a virtual range with no backing (graph memory)."""
