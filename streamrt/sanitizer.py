@@ -486,7 +486,10 @@ def enable(mode: str = "raise", *, leaks: bool = False) -> None:
     global _on
     if mode not in ("raise", "collect"):
         raise InvalidValueError(f"sanitizer mode must be 'raise' or 'collect', not {mode!r}")
-    _SAN.mode = mode
+    with _SAN._lock:
+        if mode == "raise" and _SAN.mode == "collect":
+            _SAN._raised = len(_SAN.findings)  # collected findings were reported by report()
+        _SAN.mode = mode
     if not _on:
         from .kernel import KernelContext
 
