@@ -25,6 +25,11 @@ class Dim3(NamedTuple):
 
 
 _DIMS: dict[Any, Dim3] = {}
+# what every NVIDIA GPU since compute capability 3.0 accepts (cudaDeviceProp maxGridSize,
+# maxThreadsDim, maxThreadsPerBlock)
+_MAX_GRID = (2**31 - 1, 65535, 65535)
+_MAX_BLOCK = (1024, 1024, 64)
+_MAX_THREADS = 1024
 
 
 # int and numpy's integer scalar types (equal and hashing alike for one value), never bool/np.bool_
@@ -57,6 +62,14 @@ def dim3(value: Any, what: str = "grid") -> Dim3:
         if p < 1:
             raise InvalidValueError(f"{what} dimensions must be >= 1, got {value!r}")
     d = Dim3(*(int(p) for p in parts))
+    # CUDA's limits on every backend: a program the cpu backend runs must launch on a GPU too
+    # (cudaErrorInvalidConfiguration)
+    limits = _MAX_BLOCK if what == "block" else _MAX_GRID
+    if any(n > m for n, m in zip(d, limits, strict=True)) or (
+            what == "block" and d.x * d.y * d.z > _MAX_THREADS):
+        raise InvalidValueError(
+            f"{what} {tuple(d)} is past CUDA's limits: {what} dimensions up to {limits}"
+            + (f", at most {_MAX_THREADS} threads in all" if what == "block" else ""))
     if exact_ints(value) and len(_DIMS) < 4096:
         _DIMS[value] = d
     return d

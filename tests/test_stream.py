@@ -79,6 +79,26 @@ def test_stream_launch_bad_dims(s, grid, err):
     assert s._pos == 0  # nothing enqueued
 
 
+@pytest.mark.parametrize(("grid", "block"), [
+    (2**31, 1), ((1, 65536), 1), ((1, 1, 65536), 1), (1, 1025), (1, (1, 1025)), (1, (1, 1, 65)),
+    (1, (32, 32, 2)), (1, (16, 16, 8)),
+])
+def test_stream_launch_past_cuda_limits_is_refused_on_every_backend(s, grid, block):
+    # a launch the cpu backend ran would fail on a GPU (cudaErrorInvalidConfiguration)
+    with pytest.raises(srt.InvalidValueError, match="CUDA's limits"):
+        s.launch(fill_kernel, 0, 0, 0.0, grid=grid, block=block)
+    g = srt.Graph()
+    with pytest.raises(srt.InvalidValueError, match="CUDA's limits"):
+        g.add_kernel_node(fill_kernel, 0, 0, 0.0, grid=grid, block=block)
+    assert s._pos == 0 and g.nodes() == []
+    g.add_kernel_node(fill_kernel, 0, 0, 0.0, grid=(2**31 - 1, 65535, 65535), block=(8, 8, 16))
+    p = s.malloc(4)
+    s.launch(fill_kernel, p, 1, 2.0, block=(8, 8, 16))  # the limits themselves are launches
+    s.synchronize()
+    assert srt.read(p, (1,), np.float32)[0] == 2.0
+    s.free(p)
+
+
 def test_stream_launch_needs_a_kernel(s):
     with pytest.raises(srt.InvalidTypeError):
         s.launch(lambda ctx: None)
