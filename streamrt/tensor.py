@@ -52,6 +52,9 @@ def _intern(key: tuple) -> int:
 def _dims(value: Any, what: str) -> tuple[int, ...]:
     if is_int(value):
         value = (value,)
+    elif isinstance(value, str | bytes | bytearray | memoryview | set | frozenset | dict):
+        # iterable, but not a shape: b"\x02\x03" would be (2, 3), a set has no order
+        raise InvalidTypeError(f"{what} must be a sequence of ints, not {type(value).__name__}")
     try:
         items = tuple(value)
     except TypeError:

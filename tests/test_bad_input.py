@@ -70,6 +70,15 @@ def test_bad_input_tensor_desc_numel_large_but_valid():
     assert d.storage_nbytes == 2**42
 
 
+@pytest.mark.parametrize("shape", [b"\x02\x03", "", "23", {2, 3}, {2: 3}, bytearray(b"\x02")])
+def test_bad_input_tensor_shape_of_bytes_text_or_a_set_is_refused(shape):
+    # iterables of ints, or of nothing, but no shape: b"\x02\x03" was taken as (2, 3)
+    with pytest.raises(srt.InvalidTypeError, match="sequence of ints"):
+        srt.TensorDesc(shape, np.float32)
+    with pytest.raises(srt.InvalidTypeError, match="sequence of ints"):
+        srt.TensorDesc((2, 3), np.float32, strides=shape)
+
+
 @pytest.mark.parametrize("dtype", ["f4,(", "i4,,"])
 def test_bad_input_malformed_dtype_string(dtype):
     with pytest.raises(srt.InvalidTypeError, match="not a numpy dtype"):
