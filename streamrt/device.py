@@ -198,6 +198,8 @@ def current_device() -> Device:
 
 def device_count(backend: str = "cpu") -> int:
     """Number of devices of ``backend`` usable here (0 for an unavailable backend)."""
+    if not isinstance(backend, str):
+        raise InvalidTypeError(f"a backend is named by a str such as 'cuda', not {type(backend).__name__}")
     if backend not in BACKENDS:
         raise InvalidDeviceError(f"unknown backend {backend!r}: known are {', '.join(BACKENDS)}")
     return _backend_device_count(backend)

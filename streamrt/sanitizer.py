@@ -43,7 +43,7 @@ from . import instrument
 from .device import members
 from .errors import InvalidValueError, SanitizerError
 from .instrument import GRAPH_MEMORY, OpInfo
-from .validate import env_flag, is_int
+from .validate import check_bool, env_flag, is_int
 
 __all__ = ["enable", "disable", "enabled", "report", "clear", "check_leaks", "Finding"]
 
@@ -484,8 +484,9 @@ _on = False
 def enable(mode: str = "raise", *, leaks: bool = False) -> None:
     """Turn the sanitizer on: ``mode`` "raise" (synchronize raises) or "collect"."""
     global _on
-    if mode not in ("raise", "collect"):
+    if not isinstance(mode, str) or mode not in ("raise", "collect"):
         raise InvalidValueError(f"sanitizer mode must be 'raise' or 'collect', not {mode!r}")
+    check_bool(leaks, "leaks")
     with _SAN._lock:
         if mode == "raise" and _SAN.mode == "collect":
             _SAN._raised = len(_SAN.findings)  # collected findings were reported by report()

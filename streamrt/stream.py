@@ -34,7 +34,16 @@ from .event import Event
 from .hostsync import after_sync, covered, reach, reset_device, retire, synchronize_device
 from .kernel import Kernel, KernelContext, dim3, exact_ints
 from .memory import MemPool, _owners, pool_of
-from .validate import check_byte, check_ptr, check_size, env_flag, host_view, is_bool, is_int
+from .validate import (
+    check_bool,
+    check_byte,
+    check_ptr,
+    check_size,
+    env_flag,
+    host_view,
+    is_bool,
+    is_int,
+)
 
 _owners_get = _owners.get  # live pool pointer -> pool
 
@@ -473,7 +482,7 @@ class Stream:
         """Add (or, with ``replace``, set) the capture dependencies of this stream."""
         from .graph import capture
 
-        capture.update_dependencies(self, nodes, replace)
+        capture.update_dependencies(self, nodes, check_bool(replace, "replace"))
 
     # -- host synchronization ----------------------------------------------------------------
     def synchronize(self) -> None:

@@ -11,8 +11,8 @@ import numpy as np
 
 from .errors import InvalidTypeError, InvalidValueError
 
-__all__ = ["check_size", "check_ptr", "check_byte", "host_view", "host_array", "as_path", "is_int",
-           "is_bool", "env_int", "env_flag"]
+__all__ = ["check_bool", "check_size", "check_ptr", "check_byte", "host_view", "host_array",
+           "as_path", "is_int", "is_bool", "env_int", "env_flag"]
 
 
 def is_int(v: Any) -> bool:
@@ -23,6 +23,13 @@ def is_int(v: Any) -> bool:
 def is_bool(v: Any) -> bool:
     """A bool, Python's or numpy's."""
     return isinstance(v, bool | np.bool_)
+
+
+def check_bool(v: Any, what: str) -> bool:
+    """Validate a flag: a bool (numpy's too); an array's truth would be ambiguous."""
+    if not is_bool(v):
+        raise InvalidTypeError(f"{what} must be a bool, not {type(v).__name__}")
+    return bool(v)
 
 
 def check_size(nbytes: Any, what: str = "nbytes") -> int:

@@ -147,3 +147,35 @@ def test_bad_input_to_dot_unwritable_path(tmp_path):
 def test_bad_input_trace_path_type(path):
     with pytest.raises(srt.InvalidTypeError, match="trace path"):
         srt.trace(path)
+
+
+# -- flags: a bool (numpy's too), refused before anything happens ---------------------------------
+def test_bad_input_array_where_a_flag_is_expected(s):
+    from streamrt import ops
+
+    arr = np.array([1, 2])  # its truth is ambiguous: numpy's bare ValueError escaped
+    x = srt.Tensor.from_numpy(np.ones(4, np.float32), stream=s)
+    pos = s._pos
+    with pytest.raises(srt.ExecutorError, match="sync must be a bool"):
+        ops.run("add", x, x, x, stream=s, sync=arr)
+    assert s._pos == pos  # nothing enqueued
+    with pytest.raises(srt.InvalidTypeError, match="reset must be a bool"):
+        ops.stats(reset=arr)
+    with pytest.raises(srt.InvalidTypeError, match="this_thread must be a bool"):
+        ops.ExecutorCache().stats(this_thread=arr)
+    on = srt.sanitizer.enabled()
+    with pytest.raises(srt.InvalidValueError, match="sanitizer mode"):
+        srt.sanitizer.enable(mode=arr)
+    with pytest.raises(srt.InvalidTypeError, match="leaks must be a bool"):
+        srt.sanitizer.enable(leaks=arr)
+    assert srt.sanitizer.enabled() is on
+    with pytest.raises(srt.InvalidTypeError, match="backend is named by a str"):
+        srt.device_count(arr)
+    s.begin_capture()
+    try:
+        with pytest.raises(srt.InvalidTypeError, match="replace must be a bool"):
+            s.update_capture_dependencies([], replace=arr)
+    finally:
+        s.end_capture()
+    ops.run("add", x, x, x, stream=s, sync=np.bool_(True))  # numpy's bool is a bool
+    x.free(s)

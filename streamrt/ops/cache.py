@@ -27,7 +27,7 @@ from typing import Any
 
 from ..errors import InvalidTypeError, InvalidValueError
 from ..reclaim import Reclaim
-from ..validate import is_int
+from ..validate import check_bool, is_int
 from .executor import Executor
 
 __all__ = ["ExecutorCache"]
@@ -132,7 +132,7 @@ class ExecutorCache:
 
     def stats(self, *, this_thread: bool = False) -> dict[str, Any]:
         """Hits, misses, evictions, entries and bytes (all threads, or only the calling one)."""
-        if this_thread:
+        if check_bool(this_thread, "this_thread"):
             stores = [self._store()]
             dead = [0, 0, 0]
         else:

@@ -25,7 +25,7 @@ import numpy as np
 from ..errors import ExecutorError, StreamRTError
 from ..stream import Stream, current_stream
 from ..tensor import Tensor, TensorDesc
-from ..validate import is_bool, is_int
+from ..validate import check_bool, is_bool, is_int
 from .common import FLOATS
 from .executor import (
     INNER,
@@ -276,7 +276,7 @@ def stats(*, reset: bool = False) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, op in OPS.items():
         out[name] = op._stats.snapshot()
-        if reset:
+        if check_bool(reset, "ops.stats reset"):
             with op._stats.lock:
                 op._stats.reset()
     out["live_executors"] = live_executors()

@@ -23,6 +23,7 @@ import numpy as np
 
 from ..errors import ExecutorError
 from ..stream import Stream, current_stream
+from ..validate import is_bool
 from .cache import ExecutorCache
 from .executor import PARAM_INVALID, Executor
 from .framework import OPS, Op
@@ -87,6 +88,9 @@ def run(op: Any, *tensors: Any, stream: Stream | None = None, sync: bool = False
     if not isinstance(op, Op):
         op = _resolve(op)
     s = current_stream() if stream is None else stream
+    if sync is not False and not is_bool(sync):  # refused before anything is enqueued
+        raise ExecutorError(f"ops.run: sync must be a bool, not {type(sync).__name__}",
+                            PARAM_INVALID)
     if not isinstance(s, Stream):
         raise ExecutorError(f"ops.run: stream must be a Stream, not {type(s).__name__}",
                             PARAM_INVALID)
