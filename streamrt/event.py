@@ -102,6 +102,9 @@ class Event:
                 )
             if s is None or stamp is None:
                 raise InvalidHandleError(f"{e!r} has not been recorded")
+        if self.device is not end.device:  # two devices' clocks (the driver refuses the pair)
+            raise InvalidHandleError(f"elapsed_time between events of two devices: {self!r} and "
+                                     f"{end!r}")
         try:
             return recs[0][0]._q.elapsed_ms(recs[0][3], recs[1][3])
         except NotReadyError:

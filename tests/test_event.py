@@ -130,6 +130,14 @@ def test_event_other_device_and_bad_types(dev):
         s.record("e")
     with pytest.raises(srt.InvalidTypeError):
         srt.Event(dev, timing="yes")
+    # two devices' events measure nothing together (cpu:1's clock was read against cpu:0's)
+    t0 = s.record(srt.Event(dev, timing=True))
+    s1 = srt.Stream("cpu:1", non_blocking=True)
+    t1 = s1.record(srt.Event("cpu:1", timing=True))
+    s.synchronize()
+    s1.synchronize()
+    with pytest.raises(srt.InvalidHandleError, match="two devices"):
+        t0.elapsed_time(t1)
 
 
 def test_event_cross_device_wait(gate):
