@@ -113,10 +113,10 @@ def test_peer_copy_between_devices(cuda0, cuda1):
 
 
 def test_graph_with_host_node_is_released_and_completes_in_flight(cuda0, gate):
-    from streamrt.backends import cuda
+    from streamrt.backends import cuda_hostfn
 
     gc.collect()
-    before = len(cuda._jobs)
+    before = len(cuda_hostfn.jobs)
     s = srt.Stream(cuda0, non_blocking=True)
     ran = []
     g = srt.Graph()
@@ -140,7 +140,7 @@ def test_graph_with_host_node_is_released_and_completes_in_flight(cuda0, gate):
         del ge, g
     gc.collect()
     assert ran == ["in flight", 0, 1, 2]
-    assert len(cuda._jobs) == before  # no host-node job (nor its graph exec) kept alive
+    assert len(cuda_hostfn.jobs) == before  # no host-node job (nor its graph exec) kept alive
 
 
 def test_device_reset_frees_pool_memory(cuda0):

@@ -8,9 +8,7 @@ State and invariants:
   an event (``mark``); ``done`` is the newest marked position whose event has completed, or
   ``pos`` once the whole stream is idle. Waiting for an unmarked position waits for the next
   marked one (or the whole stream): never too little.
-- Host functions: the driver calls a ctypes trampoline on its own thread, which hands the
-  Python callable to a Python worker thread and blocks until it returns (stream order holds,
-  and the callable may call CUDA, which the driver's thread must never do).
+- Host functions: run by :mod:`.cuda_hostfn` on a Python thread, never on the driver's.
 - Kernels: compiled by NVRTC for the device's architecture once per process (and on disk; PTX
   for the newest architecture NVRTC knows when it does not know the GPU's), loaded per device
   with ``cuModuleLoadData``, launched with ``cuLaunchKernel``.
@@ -18,11 +16,7 @@ State and invariants:
 
 from __future__ import annotations
 
-import ctypes
-import itertools
-import queue
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -50,6 +44,7 @@ except ImportError as exc:  # pragma: no cover - the registry reports this as un
         "the cuda backend needs the 'cuda-bindings' package (pip install 'streamrt[cuda]')"
     ) from exc
 
+from . import cuda_hostfn as hostfn
 from .cuda_errors import check, error_for
 
 _SUCCESS = rt.cudaError_t.cudaSuccess
@@ -97,106 +92,6 @@ def why_unusable(err: Any, driver: int, runtime: int) -> str:
     return f"{name} (cuda-bindings is installed; an NVIDIA driver and a GPU are also needed)"
 
 
-# -- host functions ---------------------------------------------------------------------------
-_HOSTFN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-_jobs: dict[int, tuple] = {}
-_job_ids = itertools.count(1)
-_work: queue.SimpleQueue = queue.SimpleQueue()
-_outstanding = [0]  # host functions enqueued and not yet returned (any stream)
-_outstanding_lock = threading.Lock()
-
-
-def _count_outstanding(delta: int) -> None:
-    with _outstanding_lock:
-        _outstanding[0] += delta
-
-
-def _host_worker() -> None:
-    while True:
-        fn, args, sink, finished = _work.get()
-        try:
-            fn(*args)
-        except BaseException as exc:  # reported at the next synchronize, as on cpu
-            sink(exc)
-        finally:
-            _count_outstanding(-1)
-            finished.set()
-
-
-def _block(query: Callable[[], Any], wait: Callable[[], Any], *, settle: bool = False) -> None:
-    """Wait for a stream or event. While host functions are pending, poll instead of making
-    the blocking call: the driver thread running a host function needs the GIL, and a
-    blocking call that kept it would never return. ``settle`` (an event, which cannot gain
-    work) makes the blocking call once the poll saw completion: it returns at once, and it is
-    a synchronize, where the driver releases pool memory down to the release threshold."""
-    if not _outstanding[0]:
-        check(wait())
-        return
-    delay = 1e-6
-    while True:
-        err = query()[0]
-        if err != _NOT_READY:
-            check((err,))
-            if settle:
-                check(wait())
-            return
-        time.sleep(delay)
-        delay = min(delay * 2, 1e-3)
-
-
-_ONE_SHOT_END = 1 << 40  # job ids below: one host function; above: a graph's host node
-_driver = threading.local()  # ``on`` while a thread runs the trampoline (the driver's thread)
-_deferred: deque[tuple[Callable[..., Any], tuple]] = deque()
-
-
-def release(fn: Callable[..., Any], *args: Any) -> None:
-    """Run a CUDA release call now or, on the driver's thread, at the next enqueue or wait: a
-    finalizer the garbage collector runs in the trampoline must not call CUDA there."""
-    if getattr(_driver, "on", False):
-        _deferred.append((fn, args))
-    else:
-        fn(*args)
-
-
-def _run_deferred() -> None:
-    while _deferred:
-        try:
-            fn, args = _deferred.popleft()
-        except IndexError:  # another thread took the last one
-            return
-        try:
-            fn(*args)
-        except Exception:  # noqa: S110 - a release of a handle already gone (device reset)
-            pass
-
-
-def _trampoline(user_data: int | None) -> None:
-    # On the driver's thread: never call CUDA here; run the callable on a Python thread.
-    _driver.on = True
-    key = user_data or 0
-    job = _jobs.pop(key, None) if key < _ONE_SHOT_END else _jobs.get(key)
-    if job is None:
-        return
-    finished = threading.Event()
-    _work.put((*job, finished))
-    finished.wait()
-
-
-_trampoline_c = _HOSTFN(_trampoline)  # kept alive for the life of the process
-_host_fn = rt.cudaHostFn_t(ctypes.cast(_trampoline_c, ctypes.c_void_p).value)
-_worker_started = threading.Lock()
-_worker: threading.Thread | None = None
-
-
-def _ensure_worker() -> None:
-    global _worker
-    if _worker is None:
-        with _worker_started:
-            if _worker is None:
-                _worker = threading.Thread(target=_host_worker, name="streamrt-cuda-host", daemon=True)
-                _worker.start()
-
-
 class _Stamp:
     """A timing event (``cudaEventCreate``), destroyed with its last reference."""
 
@@ -207,7 +102,7 @@ class _Stamp:
 
     def __del__(self) -> None:
         try:  # a pending event is released by CUDA once it completes
-            release(rt.cudaEventDestroy, self.event)
+            hostfn.release(rt.cudaEventDestroy, self.event)
         except Exception:  # noqa: S110 - at interpreter exit the bindings may be gone
             pass
 
@@ -325,21 +220,21 @@ class CudaQueue(Queue):
     def wait_done(self, pos: int) -> None:
         if self._done >= pos:
             return
-        if threading.current_thread() is _worker:  # a host function: every one runs there
+        if hostfn.on_worker():  # a host function: every one runs there
             if self.done >= pos:  # finished work nobody had queried yet: no wait needed
                 return
             raise NotPermittedError(
                 f"{self.name}: a host function waited for stream work; the work may be waiting "
                 "for this very host function (or one behind it, run by the same thread). Host "
                 "functions must not synchronize: CUDA forbids API calls in them")
-        if _deferred:
-            _run_deferred()
+        if hostfn.deferred:
+            hostfn.run_deferred()
         with self._pinned():
             ev = self._event_at(pos) if pos < self.pos or self._closed else None
             if ev is None:
                 if self._closed:
                     return  # nothing was pending when it closed
-                if _outstanding[0]:  # to be polled: an event, so that a synchronize ends it
+                if hostfn.outstanding[0]:  # to be polled: an event, so that a synchronize ends it
                     pos, ev = self.mark()
                 else:
                     stream, tail = self.stream, self.pos - self._enqueuing  # later work: not covered
@@ -347,16 +242,16 @@ class CudaQueue(Queue):
                     check(rt.cudaStreamSynchronize(stream))
                     self._advance(tail)
                     return
-            _block(lambda: rt.cudaEventQuery(ev), lambda: rt.cudaEventSynchronize(ev),
-                   settle=True)
+            hostfn.block(lambda: rt.cudaEventQuery(ev), lambda: rt.cudaEventSynchronize(ev),
+                         settle=True)
             self._advance(pos)
 
     def drain(self) -> None:
         self.wait_done(self.pos)  # enqueue calls ran at once: the queue counts them
 
     def submit(self, fn: Callable[..., Any], args: tuple) -> None:
-        if _deferred:
-            _run_deferred()
+        if hostfn.deferred:
+            hostfn.run_deferred()
         self._enqueuing += 1  # counted in ``pos`` before CUDA has it: no query may prove it yet
         self.pos += 1
         try:
@@ -365,8 +260,8 @@ class CudaQueue(Queue):
             self._enqueuing -= 1
 
     def close(self) -> None:
-        if getattr(_driver, "on", False):  # the stream's finalizer, run in the trampoline
-            _deferred.append((self.close, ()))
+        if hostfn.on_driver_thread():  # the stream's finalizer, run in the trampoline
+            hostfn.release(self.close)  # deferred
             return
         if self._legacy or self._closed:
             return
@@ -395,12 +290,12 @@ class CudaQueue(Queue):
         return self._copy, (dst, src, nbytes)
 
     def _copy(self, dst: Any, src: Any, nbytes: int) -> None:
-        if _outstanding[0] and (isinstance(dst, np.ndarray) or isinstance(src, np.ndarray)):
+        if hostfn.outstanding[0] and (isinstance(dst, np.ndarray) or isinstance(src, np.ndarray)):
             # a copy with pageable memory may wait for the stream inside the driver; with a
             # host function pending, that function's thread needs the GIL: wait here first,
             # polling, so the GIL is free while it runs
             stream = self.stream
-            _block(lambda: rt.cudaStreamQuery(stream), lambda: rt.cudaStreamSynchronize(stream))
+            hostfn.block(lambda: rt.cudaStreamQuery(stream), lambda: rt.cudaStreamSynchronize(stream))
         _activate(self.dev.index)
         check(rt.cudaMemcpyAsync(_host_ptr(dst), _host_ptr(src), nbytes,
                                  rt.cudaMemcpyKind.cudaMemcpyDefault, self.stream))
@@ -416,18 +311,14 @@ class CudaQueue(Queue):
         return self._host, (fn, args)
 
     def _host(self, fn: Callable[..., Any], args: tuple) -> None:
-        _ensure_worker()
         pos = self.pos
         label = f"host function {getattr(fn, '__qualname__', repr(fn))!r}"
-        job = next(_job_ids)
-        _jobs[job] = (fn, args, lambda exc: self._errors.append((pos, exc, label)))
-        _count_outstanding(1)
+        job = hostfn.add(fn, args, lambda exc: self._errors.append((pos, exc, label)))
         _activate(self.dev.index)
         try:
-            check(rt.cudaLaunchHostFunc(self.stream, _host_fn, job))
+            check(rt.cudaLaunchHostFunc(self.stream, hostfn.HOST_FN, job))
         except BaseException:
-            _jobs.pop(job, None)
-            _count_outstanding(-1)
+            hostfn.drop(job, counted=True)
             raise
 
     def op_wait(self, other: Queue, pos: int) -> tuple[Callable[..., Any], tuple]:
@@ -635,7 +526,7 @@ class CudaDevice(DeviceImpl):
     def graph_release(self, ptr: int, nbytes: int) -> None:
         """``cuMemAddressFree`` (from a finalizer: deferred when on the driver's thread)."""
         self._reserved.drop(ptr)
-        release(lambda: check(drv.cuMemAddressFree(ptr, nbytes)))
+        hostfn.release(lambda: check(drv.cuMemAddressFree(ptr, nbytes)))
 
     def graph_map(self, ranges: list[tuple[int, int, int]], nbytes: int) -> Any:
         """``cuMemCreate`` one physical allocation, ``cuMemMap`` each range at its offset and make

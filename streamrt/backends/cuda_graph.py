@@ -12,19 +12,17 @@ driver's.
 
 from __future__ import annotations
 
-import itertools
 import weakref
 from typing import TYPE_CHECKING, Any
 
 from ..graph.node import NodeType
 from ..stream import _endpoint  # device pointers checked by the backend, host buffers as views
-from . import cuda
-from .cuda import _activate, _host_fn, _host_ptr, check, drv, rt
+from . import cuda_hostfn as hostfn
+from .cuda import _activate, _host_ptr, check, drv, rt
 
 if TYPE_CHECKING:
     from ..graph.node import Node
 
-_ids = itertools.count(cuda._ONE_SHOT_END)  # graph host-node jobs: run at every launch
 # nodes built as empty ones whatever their parameters: an update has nothing to change
 _PARAMLESS = (NodeType.EMPTY, NodeType.EVENT_RECORD, NodeType.WAIT_EVENT, NodeType.MEM_ALLOC,
               NodeType.MEM_FREE)
@@ -32,7 +30,7 @@ _PARAMLESS = (NodeType.EMPTY, NodeType.EVENT_RECORD, NodeType.WAIT_EVENT, NodeTy
 
 class _Launches:
     """Where a graph's host-node failures go: the queue and position of its latest launch. Kept
-    apart from :class:`NativeGraph` so that the jobs (module-wide, in ``cuda._jobs``) do not keep
+    apart from :class:`NativeGraph` so that the jobs (module-wide, in ``hostfn.jobs``) do not keep
     the graph alive: a graph with a host node was otherwise never released."""
 
     __slots__ = ("queue", "pos")
@@ -95,14 +93,14 @@ class NativeGraph:
             made = check(rt.cudaGraphAddMemsetNode(graph, rdeps, len(deps), _memset_params(p)))
             self._built[node] = int(made)
         elif t is NodeType.HOST:
-            job = next(_ids)
             fn, args = p["fn"], tuple(p["args"])
             label = f"host node {getattr(fn, '__qualname__', repr(fn))!r}"
-            cuda._jobs[job] = (fn, args, lambda exc, label=label, to=self._launches: to.error(exc, label))
+            job = hostfn.add_repeating(
+                fn, args, lambda exc, label=label, to=self._launches: to.error(exc, label))
             self._jobs.append(job)
             self._host[node] = (fn, args)
             hp = rt.cudaHostNodeParams()
-            hp.fn = _host_fn
+            hp.fn = hostfn.HOST_FN
             hp.userData = job
             made = check(rt.cudaGraphAddHostNode(graph, rdeps, len(deps), hp))
         else:
@@ -187,21 +185,20 @@ class NativeGraph:
 
     def _release_jobs(self) -> None:
         for job in self._jobs:
-            cuda._jobs.pop(job, None)
+            hostfn.drop(job)
 
     # -- launch --------------------------------------------------------------------------------
     def launch(self, q: Any) -> None:
         """``cudaGraphLaunch`` on the queue's stream (one queue operation)."""
         self._launches.queue, self._launches.pos = q, q.pos
         if self._jobs:
-            cuda._ensure_worker()
-            cuda._count_outstanding(len(self._jobs))
+            hostfn.count(len(self._jobs))
         _activate(self.dev.index)
         try:
             check(rt.cudaGraphLaunch(self.exec, q.stream))
         except BaseException:
             if self._jobs:
-                cuda._count_outstanding(-len(self._jobs))
+                hostfn.count(-len(self._jobs))
             raise
 
     def upload(self, q: Any) -> None:
@@ -224,7 +221,7 @@ def _memset_params(p: dict[str, Any]) -> Any:
 def _destroy(exec_: Any, graph: Any, jobs: list[int]) -> None:
     # Runs once no queue holds the graph any more (a queue keeps the graphs it launched until it
     # has passed them), so no launch of it is in flight and its host-node jobs can go.
-    cuda.release(rt.cudaGraphExecDestroy, exec_)
-    cuda.release(rt.cudaGraphDestroy, graph)
+    hostfn.release(rt.cudaGraphExecDestroy, exec_)
+    hostfn.release(rt.cudaGraphDestroy, graph)
     for job in jobs:
-        cuda._jobs.pop(job, None)
+        hostfn.drop(job)
