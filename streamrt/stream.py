@@ -77,6 +77,10 @@ def launch_blocking() -> bool:
     return _launch_blocking
 
 
+def _free_marker() -> None:
+    """Queue operation: the position of a free that follows an event record (see Stream.free)."""
+
+
 _ONE = 1  # small ints are singletons in CPython: ``grid is _ONE`` is a cheap default test
 
 
@@ -85,7 +89,8 @@ class Stream:
 
     __slots__ = (
         "device", "id", "priority", "non_blocking", "_legacy", "_q", "_pos", "_clock", "_host",
-        "_destroyed", "_ctxs", "_ctx1", "_capture", "_slow", "_lock", "_inline", "__weakref__",
+        "_destroyed", "_ctxs", "_ctx1", "_capture", "_slow", "_lock", "_inline", "_recorded",
+        "__weakref__",
     )
 
     def __init__(
@@ -117,6 +122,7 @@ class Stream:
         )
         self._inline = self._q.inline  # read on every launch: a slot, not the queue's class
         self._pos = 0
+        self._recorded = -1  # position of the latest event record (see free)
         self._clock: dict[int, int] = {}
         self._host = 0
         self._destroyed = False
@@ -357,6 +363,14 @@ class Stream:
         op, a = self._q.op_host(fn, args)
         self._submit(op, a, "host", getattr(fn, "__qualname__", repr(fn)))
 
+    def _after_record(self) -> None:
+        """Give a free right after an event record a position of its own. A free adds no work
+        (it is tagged with the stream's position), but it is a stream operation after the
+        record (``cudaFreeAsync``): a stream waiting on that event must not count as ordered
+        after the free (DESIGN.md §3, reuse by event dependency)."""
+        if self._capture is None and not self._destroyed:
+            self._submit(_free_marker, (), "free", "free")
+
     def malloc(self, nbytes: int, pool: Any = None) -> int:
         """Stream-ordered allocation from ``pool`` (default: the device's current pool)."""
         if pool is None:
@@ -377,6 +391,8 @@ class Stream:
         """Stream-ordered free (``cudaFreeAsync``): the block returns to its pool after prior work."""
         if type(ptr) is not int:
             ptr = check_ptr(ptr)
+        if self._recorded == self._pos:  # an event recorded just before: the free comes after it
+            self._after_record()
         pool = _owners_get(ptr)
         if pool is not None and not (self._slow or _global_slow):
             return pool._free(self, ptr)
@@ -423,6 +439,7 @@ class Stream:
         clock = self._snapshot()
         event._rec = (self, clock[self.id], clock, stamp)
         event._capture = None
+        self._recorded = clock[self.id]
         return event
 
     def wait(self, event: Event) -> None:

@@ -273,16 +273,20 @@ def test_pool_event_dependency_comes_before_opportunistic_reuse(dev, gate):
     assert served(pool, before) == ["reuse_event_dependency"]
 
 
+@pytest.mark.parametrize("work_between", [True, False])
 @pytest.mark.parametrize("non_blocking", [True, False])
-def test_pool_event_recorded_before_free_is_no_dependency(dev, gate, non_blocking):
-    # on a blocking stream too, whose free takes the slow path (tagged there with its position)
+def test_pool_event_recorded_before_free_is_no_dependency(dev, gate, non_blocking, work_between):
+    # on a blocking stream too, whose free takes the slow path (tagged there with its position);
+    # and with nothing between the record and the free, which adds no work but still comes after
+    # the record (cudaFreeAsync is a stream operation)
     pool = pool_with(dev)
     a, b = stream(dev), srt.Stream(dev, non_blocking=non_blocking)
     gate(b)
     p = b.malloc(BLOCK, pool)
     b.memset(p, 1, BLOCK)
     a.wait(b.record())  # ordered after the memset, not after the free below
-    b.memset(p, 2, BLOCK)
+    if work_between:
+        b.memset(p, 2, BLOCK)
     b.free(p)
     before = pool.stats()
     q = a.malloc(BLOCK, pool)
