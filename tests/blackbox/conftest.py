@@ -29,8 +29,9 @@ class Gate:
         self.ev.set()
 
 
-def call_with_timeout(fn, *args, timeout=20.0):
-    """Run fn in a thread; fail (not hang) if it does not return in time."""
+def other_thread(fn, *args, timeout=20.0) -> dict:
+    """Run fn(*args) in another thread; fail (not hang) if it does not return in time.
+    Returns {"r": its result} or {"e": the exception it raised}."""
     box: dict = {}
 
     def run():
@@ -43,6 +44,12 @@ def call_with_timeout(fn, *args, timeout=20.0):
     t.start()
     t.join(timeout)
     assert not t.is_alive(), f"{fn} did not return within {timeout}s"
+    return box
+
+
+def call_with_timeout(fn, *args, timeout=20.0):
+    """Run fn in a thread; fail (not hang) if it does not return in time."""
+    box = other_thread(fn, *args, timeout=timeout)
     if "e" in box:
         raise box["e"]
     return box.get("r")
@@ -122,3 +129,90 @@ def delay():
     cpu.set_delay_us(300)
     yield
     cpu.set_delay_us(0)
+
+
+def two_streams():
+    """Two non-blocking streams (not ordered with each other nor with the default stream)."""
+    return srt.Stream(non_blocking=True), srt.Stream(non_blocking=True)
+
+
+def alloc_then_free(pool, *sizes, stream=None):
+    """Allocate blocks of these sizes from pool on stream (a new blocking one by default), then
+    free them all without synchronizing; returns (stream, reserved bytes once all were allocated)."""
+    s = stream if stream is not None else srt.Stream()
+    ptrs = [s.malloc(n, pool) for n in sizes]
+    reserved = pool.reserved_mem_current
+    for q in ptrs:
+        s.free(q)
+    return s, reserved
+
+
+def assert_ordered(first, second, link=None, pending=None):
+    """With first held by a gate, host work enqueued on second after first's (and after link(),
+    e.g. second.wait(first.record())) does not run before first's: pending(second) holds while
+    the gate is closed (default: second.query() is False), and the log reads first, second."""
+    g = Gate()
+    log = []
+    g.hold(first)
+    first.launch_host_func(log.append, "first")
+    if link is not None:
+        link()
+    second.launch_host_func(log.append, "second")
+    assert pending(second) if pending is not None else not second.query()
+    g.open()
+    sync(second)
+    assert log == ["first", "second"]
+
+
+def assert_not_ordered(held, other):
+    """With held held by a gate, other's work completes and other.synchronize returns."""
+    g = Gate()
+    g.hold(held)
+    log = []
+    other.launch_host_func(log.append, "other")
+    assert finishes_within(other.synchronize, timeout=10)
+    assert log == ["other"]
+    g.open()
+    sync(held)
+
+
+def held_fill(stream, value, **launch):
+    """A zeroed 16-byte buffer, then stream held by a gate and a fill of 4 floats with value
+    enqueued behind it; returns (gate, buffer)."""
+    g = Gate()
+    p = srt.malloc(16)
+    srt.memset(p, 0, 16)
+    g.hold(stream)
+    stream.launch(fill, p, 4, value, **launch)
+    return g, p
+
+
+def download(stream, ptr, shape, dtype=np.float32):
+    """Copy ptr to a new host array on stream and synchronize it."""
+    out = np.zeros(shape, dtype)
+    stream.memcpy(out, ptr, out.nbytes)
+    sync(stream)
+    return out
+
+
+def free_and_sync(stream, *ptrs):
+    for p in ptrs:
+        stream.free(p)
+    sync(stream)
+
+
+def sync_error(obj, error=None):
+    """obj.synchronize raises error (LaunchError by default); returns the exception."""
+    with pytest.raises(error or srt.LaunchError) as ei:
+        sync(obj)
+    return ei.value
+
+
+def sync_after_race(obj):
+    """Synchronize obj after a race made on purpose (an access left unordered to show what it
+    reads): under the sanitizer (a STREAMRT_SANITIZE run) that synchronize reports the race."""
+    if not srt.sanitizer.enabled():
+        return sync(obj)
+    with pytest.raises(srt.SanitizerError) as ei:
+        sync(obj)
+    assert "race" in str(ei.value.kind).lower()

@@ -1,14 +1,12 @@
 """API.md §5 capture and DESIGN.md §5 (normative capture rules)."""
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 
 import streamrt as srt
 
-from .conftest import add_one, call_with_timeout, sync
+from .conftest import add_one, other_thread, sync, two_streams
 
 pytestmark = pytest.mark.timeout(60)
 N = 256
@@ -23,24 +21,28 @@ def buf(dev):
     srt.free(p)
 
 
-def in_thread(fn):
-    return call_with_timeout(fn, timeout=20)
+def expect_invalidated(*streams):
+    """Ending the capture fails with CaptureInvalidatedError; no stream is left capturing."""
+    with pytest.raises(srt.CaptureInvalidatedError):
+        streams[0].end_capture()
+    assert not any(s.is_capturing() for s in streams)
 
 
-def other_thread(fn):
-    box = {}
+def begin(s, mode=None):
+    """begin_capture, in its default mode when mode is None."""
+    if mode is None:
+        s.begin_capture()
+    else:
+        s.begin_capture(mode)
 
-    def run():
-        try:
-            box["r"] = fn()
-        except BaseException as e:  # noqa: BLE001
-            box["e"] = e
 
-    t = threading.Thread(target=run)
-    t.start()
-    t.join(20)
-    assert not t.is_alive()
-    return box
+def forked(buf):
+    """s1 captures; s2 joins its capture through an event and launches add_one on buf."""
+    s1, s2 = two_streams()
+    s1.begin_capture()
+    s2.wait(s1.record())
+    s2.launch(add_one, buf, N)
+    return s1, s2
 
 
 def test_capture_info_and_status(buf):
@@ -85,17 +87,6 @@ def test_capture_context_manager(buf):
     assert (srt.read(buf, (N,), np.float32) == 2).all()
 
 
-def test_capture_default_mode_global(dev):
-    s = srt.Stream(non_blocking=True)
-    s.begin_capture()                    # default GLOBAL: gates other threads too
-    box = other_thread(lambda: srt.malloc(16))
-    assert isinstance(box.get("e"), srt.CaptureUnsupportedError), box
-    try:
-        s.end_capture()
-    except srt.CaptureInvalidatedError:
-        pass
-
-
 def test_capture_legacy_stream_refused(dev):
     with pytest.raises(srt.CaptureUnsupportedError):
         dev.default_stream.begin_capture()
@@ -116,57 +107,55 @@ def test_capture_end_without_begin(dev):
         s.end_capture()
 
 
-def test_capture_sync_invalidates(buf):
-    s = srt.Stream(non_blocking=True)
-    s.begin_capture()
-    s.launch(add_one, buf, N)
+@pytest.mark.parametrize("joined", [False, True], ids=["sync_invalidates",
+                                                     "invalidation_leaves_all_joined_streams"])
+def test_capture_sync_invalidates(buf, joined):
+    if joined:
+        s1, s2 = forked(buf)       # s2 joined s1's capture; its synchronize invalidates it
+    else:
+        s1 = s2 = srt.Stream(non_blocking=True)
+        s1.begin_capture()
+        s1.launch(add_one, buf, N)
     with pytest.raises(srt.CaptureUnsupportedError):
-        s.synchronize()
-    assert s.capture_info().status == srt.CaptureStatus.INVALIDATED
-    with pytest.raises(srt.CaptureInvalidatedError):
-        s.end_capture()
-    assert not s.is_capturing()
-    s.launch(add_one, buf, N)   # usable afterwards, eager again
-    sync(s)
+        s2.synchronize()
+    assert s1.capture_info().status == srt.CaptureStatus.INVALIDATED
+    expect_invalidated(s1, s2)
+    s2.launch(add_one, buf, N)   # usable afterwards, eager again
+    sync(s2)
     assert (srt.read(buf, (N,), np.float32) == 1).all()
 
 
-def test_capture_query_illegal(dev):
-    s = srt.Stream(non_blocking=True)
-    s.begin_capture()
-    with pytest.raises(srt.CaptureUnsupportedError):
-        s.query()
-    with pytest.raises(srt.CaptureInvalidatedError):
-        s.end_capture()
+# Calls that are illegal while capturing: each raises its error and invalidates the capture.
+# id: (capture mode (None: the default), on a blocking stream,
+#      [(the call, made from (stream, device, buf) once the capture began, its error), ...])
+UNSUPPORTED, CAPTURED_EVENT = srt.CaptureUnsupportedError, srt.CapturedEventError
+ILLEGAL = {
+    "query_illegal": (None, False, [(lambda s, dev, buf: s.query, UNSUPPORTED)]),
+    "device_sync_illegal": (None, False, [(lambda s, dev, buf: dev.synchronize, UNSUPPORTED)]),
+    "captured_event_sync_query": (None, False, [(lambda s, dev, buf: s.record().query, CAPTURED_EVENT),
+                                                (lambda s, dev, buf: s.record().synchronize,
+                                                 CAPTURED_EVENT)]),
+    "thread_local_same_thread_refused": (CM.THREAD_LOCAL, False,
+                                         [(lambda s, dev, buf: lambda: srt.malloc(16), UNSUPPORTED)]),
+    "implicit_legacy": (CM.RELAXED, True,
+                        [(lambda s, dev, buf: lambda: dev.default_stream.launch(add_one, buf, N),
+                          srt.CaptureImplicitError)]),
+}
 
 
-def test_capture_device_sync_illegal(dev):
-    s = srt.Stream(non_blocking=True)
-    s.begin_capture()
-    with pytest.raises(srt.CaptureUnsupportedError):
-        dev.synchronize()
-    with pytest.raises(srt.CaptureInvalidatedError):
-        s.end_capture()
-
-
-def test_capture_captured_event_sync_query(dev):
-    s = srt.Stream(non_blocking=True)
-    s.begin_capture()
-    e = s.record()
-    with pytest.raises(srt.CapturedEventError):
-        e.query()
-    with pytest.raises(srt.CaptureInvalidatedError):
-        s.end_capture()
-    s.begin_capture()
-    e = s.record()
-    with pytest.raises(srt.CapturedEventError):
-        e.synchronize()
-    with pytest.raises(srt.CaptureInvalidatedError):
-        s.end_capture()
+@pytest.mark.parametrize("mode, blocking, rounds", ILLEGAL.values(), ids=ILLEGAL.keys())
+def test_capture_illegal_call_invalidates(buf, dev, mode, blocking, rounds):
+    s = srt.Stream(non_blocking=not blocking)
+    for make, error in rounds:
+        begin(s, mode)
+        call = make(s, dev, buf)
+        with pytest.raises(error):
+            call()
+        expect_invalidated(s)
 
 
 def test_capture_fork_join(buf):
-    s1, s2 = srt.Stream(non_blocking=True), srt.Stream(non_blocking=True)
+    s1, s2 = two_streams()
     other = srt.malloc(N * 4)
     srt.write(other, np.zeros(N, np.float32))
     s1.begin_capture()
@@ -193,20 +182,14 @@ def test_capture_fork_join(buf):
 
 
 def test_capture_unjoined(buf):
-    s1, s2 = srt.Stream(non_blocking=True), srt.Stream(non_blocking=True)
-    s1.begin_capture()
-    s2.wait(s1.record())
-    s2.launch(add_one, buf, N)
+    s1, s2 = forked(buf)
     with pytest.raises(srt.CaptureUnjoinedError):
         s1.end_capture()
     assert not s2.is_capturing() and not s1.is_capturing()
 
 
 def test_capture_unmatched(buf):
-    s1, s2 = srt.Stream(non_blocking=True), srt.Stream(non_blocking=True)
-    s1.begin_capture()
-    s2.wait(s1.record())
-    s2.launch(add_one, buf, N)
+    s1, s2 = forked(buf)
     with pytest.raises(srt.CaptureUnmatchedError):
         s2.end_capture()
     try:
@@ -240,7 +223,7 @@ def test_capture_relaxed_end_from_other_thread(dev):
 
 
 def test_capture_merge(buf):
-    a, b = srt.Stream(non_blocking=True), srt.Stream(non_blocking=True)
+    a, b = two_streams()
     a.begin_capture(CM.RELAXED)
     b.begin_capture(CM.RELAXED)
     ea = a.record()
@@ -255,24 +238,14 @@ def test_capture_merge(buf):
 
 
 def test_capture_isolation(buf):
-    a, b = srt.Stream(non_blocking=True), srt.Stream(non_blocking=True)
+    a, b = two_streams()
     b.launch(add_one, buf, N)
     e = b.record()
     a.begin_capture()
     with pytest.raises(srt.CaptureIsolationError):
         a.wait(e)
-    with pytest.raises(srt.CaptureInvalidatedError):
-        a.end_capture()
+    expect_invalidated(a)
     sync(b)
-
-
-def test_capture_implicit_legacy(buf, dev):
-    s = srt.Stream()    # blocking
-    s.begin_capture(CM.RELAXED)
-    with pytest.raises(srt.CaptureImplicitError):
-        dev.default_stream.launch(add_one, buf, N)
-    with pytest.raises(srt.CaptureInvalidatedError):
-        s.end_capture()
 
 
 def test_capture_nonblocking_does_not_block_legacy(buf, dev):
@@ -295,19 +268,9 @@ def test_capture_unsafe_calls_global_same_thread(call, dev):
     s.begin_capture(CM.GLOBAL)
     with pytest.raises(srt.CaptureUnsupportedError):
         fns[call]()
-    with pytest.raises(srt.CaptureInvalidatedError):
-        s.end_capture()
+    expect_invalidated(s)
     if call != "free":
         srt.free(p)
-
-
-def test_capture_thread_local_same_thread_refused(dev):
-    s = srt.Stream(non_blocking=True)
-    s.begin_capture(CM.THREAD_LOCAL)
-    with pytest.raises(srt.CaptureUnsupportedError):
-        srt.malloc(16)
-    with pytest.raises(srt.CaptureInvalidatedError):
-        s.end_capture()
 
 
 def test_capture_relaxed_allows_unsafe(dev):
@@ -320,33 +283,31 @@ def test_capture_relaxed_allows_unsafe(dev):
     assert isinstance(g, srt.Graph)
 
 
-def test_capture_global_other_thread_blocks_unsafe(dev):
-    s = srt.Stream(non_blocking=True)
-    s.begin_capture(CM.GLOBAL)
-    box = other_thread(lambda: srt.malloc(16))
-    assert isinstance(box.get("e"), srt.CaptureUnsupportedError), box
-    try:
-        s.end_capture()
-    except srt.CaptureInvalidatedError:
-        pass
-
-
-def test_capture_thread_local_other_thread_allows_unsafe(dev):
-    s = srt.Stream(non_blocking=True)
-    s.begin_capture(CM.THREAD_LOCAL)
-    box = other_thread(lambda: srt.free(srt.malloc(16)))
-    assert "e" not in box, box
-    g = s.end_capture()
-    assert isinstance(g, srt.Graph)
-
-
-def test_capture_relaxed_other_thread_global_capture_in_this_thread(dev):
+# Another thread's unsafe call (malloc, free) during this thread's capture, by capture mode:
+# id: (mode (None: the default, GLOBAL), whether the call is refused)
+OTHER_THREAD_UNSAFE = {
+    "default_mode_global": (None, True),              # default GLOBAL: gates other threads too
+    "global_other_thread_blocks_unsafe": (CM.GLOBAL, True),
+    "thread_local_other_thread_allows_unsafe": (CM.THREAD_LOCAL, False),
     # this thread's RELAXED capture does not gate; another thread's GLOBAL one does
+    "relaxed_other_thread_global_capture_in_this_thread": (CM.RELAXED, False),
+}
+
+
+@pytest.mark.parametrize("mode, refused", OTHER_THREAD_UNSAFE.values(), ids=OTHER_THREAD_UNSAFE.keys())
+def test_capture_other_thread_unsafe_call(dev, mode, refused):
     s = srt.Stream(non_blocking=True)
-    s.begin_capture(CM.RELAXED)
+    begin(s, mode)
     box = other_thread(lambda: srt.free(srt.malloc(16)))
-    assert "e" not in box, box
-    s.end_capture()
+    if refused:
+        assert isinstance(box.get("e"), srt.CaptureUnsupportedError), box
+        try:
+            s.end_capture()
+        except srt.CaptureInvalidatedError:
+            pass
+    else:
+        assert "e" not in box, box
+        assert isinstance(s.end_capture(), srt.Graph)
 
 
 def test_capture_pool_alloc_becomes_mem_nodes(dev):
@@ -408,19 +369,3 @@ def test_capture_host_func_and_event_record_uncaptured_wait(buf):
     ge.launch(s)
     sync(s)
     assert log == [1, 1]
-
-
-def test_capture_invalidation_leaves_all_joined_streams(buf):
-    s1, s2 = srt.Stream(non_blocking=True), srt.Stream(non_blocking=True)
-    s1.begin_capture()
-    s2.wait(s1.record())
-    s2.launch(add_one, buf, N)
-    with pytest.raises(srt.CaptureUnsupportedError):
-        s2.synchronize()
-    assert s1.capture_info().status == srt.CaptureStatus.INVALIDATED
-    with pytest.raises(srt.CaptureInvalidatedError):
-        s1.end_capture()
-    assert not s1.is_capturing() and not s2.is_capturing()
-    s2.launch(add_one, buf, N)
-    sync(s2)
-    assert (srt.read(buf, (N,), np.float32) == 1).all()

@@ -20,15 +20,15 @@ def foo(ctx, p, n):
     x *= 2.0
 
 
-@srt.kernel
-def bar(ctx, p, n):
-    x = ctx.array(p, (n,), np.float32)
-    x += 1.0
+bar = add_one      # seed 002's bar: x += 1
 
 
 @pytest.fixture
 def bufs(dev):
+    """Three zeroed buffers of N floats: src, dst, other."""
     src, dst, other = (srt.malloc(N * 4) for _ in range(3))
+    for p in (src, dst, other):
+        srt.write(p, np.zeros(N, np.float32))
     yield src, dst, other
     for p in (src, dst, other):
         srt.free(p)
@@ -36,6 +36,22 @@ def bufs(dev):
 
 def rd(p, n=N):
     return srt.read(p, (n,), np.float32)
+
+
+def put(value, *ptrs):
+    for p in ptrs:
+        srt.write(p, np.full(N, value, np.float32))
+
+
+def run(graph, times=1, s=None):
+    """Instantiate graph (or take a GraphExec), launch it times on s (a new non-blocking stream
+    by default) and synchronize; returns (exec, stream)."""
+    ge = graph.instantiate() if isinstance(graph, srt.Graph) else graph
+    s = s if s is not None else srt.Stream(non_blocking=True)
+    for _ in range(times):
+        ge.launch(s)
+    sync(s)
+    return ge, s
 
 
 def test_graph_seed002_capture_vs_explicit(bufs):
@@ -53,9 +69,7 @@ def test_graph_seed002_capture_vs_explicit(bufs):
     assert g.edges() == [(n0, n1), (n1, n2)]
     assert g.root_nodes() == [n0]
     assert n1.dependencies == (n0,) and n1.dependents == (n2,)
-    ge = g.instantiate()
-    ge.launch(s)
-    sync(s)
+    ge, _ = run(g, s=s)
     assert (rd(src) == 2).all() and (rd(dst) == 3).all()
     # explicit construction, the same program
     srt.write(src, np.ones(N, np.float32))
@@ -64,9 +78,7 @@ def test_graph_seed002_capture_vs_explicit(bufs):
     c = g2.add_memcpy_node(dst, src, N * 4, deps=[a])
     b = g2.add_kernel_node(bar, dst, N, grid=N // 256, block=256, deps=[c])
     assert b.type == srt.NodeType.KERNEL and c.type == srt.NodeType.MEMCPY
-    ge2 = g2.instantiate()
-    ge2.launch(s)
-    sync(s)
+    ge2, _ = run(g2, s=s)
     assert (rd(src) == 2).all() and (rd(dst) == 3).all()
     ge.destroy()
     ge2.destroy()
@@ -74,26 +86,19 @@ def test_graph_seed002_capture_vs_explicit(bufs):
 
 def test_graph_readme_flow(bufs):
     src, dst, other = bufs
-    srt.write(src, np.ones(N, np.float32))
-    srt.write(other, np.zeros(N, np.float32))
-    s = srt.Stream(non_blocking=True)
+    put(1, src)
     g2 = srt.Graph()
     a = g2.add_kernel_node(scale, src, N, 2.0)
     c = g2.add_memcpy_node(dst, src, N * 4, deps=[a])
     b = g2.add_kernel_node(scale, dst, N, 0.5, deps=[c])
-    ge = g2.instantiate()
-    for _ in range(3):
-        ge.launch(s)
-    sync(s)
+    ge, s = run(g2, 3)
     assert (rd(src) == 8).all() and (rd(dst) == 4).all()
     ge.set_kernel_node_params(b, other, N, 0.5)
-    srt.write(other, np.full(N, 4, np.float32))
-    ge.launch(s)
-    sync(s)
+    put(4, other)
+    run(ge, s=s)
     assert (rd(other) == 2).all() and (rd(dst) == 16).all()
     ge.update(g2.clone())     # same topology: accepted, restores original params
-    ge.launch(s)
-    sync(s)
+    run(ge, s=s)
     assert (rd(dst) == 16).all() and (rd(other) == 2).all()
     dot = g2.to_dot()
     assert isinstance(dot, str) and "digraph" in dot
@@ -131,11 +136,7 @@ def test_graph_node_order_is_dependency_not_insertion(dev):
     second = g.add_host_node(log.append, "second")
     first = g.add_host_node(log.append, "first")
     g.add_dependencies(first, second)
-    s = srt.Stream(non_blocking=True)
-    ge = g.instantiate()
-    for _ in range(5):
-        ge.launch(s)
-    sync(s)
+    run(g, 5)
     assert log == ["first", "second"] * 5
 
 
@@ -155,17 +156,13 @@ def test_graph_clone_and_find_in_clone():
 
 def test_graph_child_graph_is_cloned(bufs):
     src = bufs[0]
-    srt.write(src, np.ones(N, np.float32))
+    put(1, src)
     child = srt.Graph()
     child.add_kernel_node(add_one, src, N)
-    g = srt.Graph()
-    n = g.add_child_graph_node(child)
+    n = (g := srt.Graph()).add_child_graph_node(child)
     assert n.type == srt.NodeType.GRAPH
     child.add_kernel_node(add_one, src, N)   # after adding: not seen by the parent
-    s = srt.Stream(non_blocking=True)
-    ge = g.instantiate()
-    ge.launch(s)
-    sync(s)
+    run(g)
     assert (rd(src) == 2).all()
 
 
@@ -176,37 +173,29 @@ def test_graph_memset_host_params(bufs):
     m = g.add_memset_node(p, 1, N * 4)
     h = g.add_host_node(log.append, "a", deps=[m])
     assert m.type == srt.NodeType.MEMSET and h.type == srt.NodeType.HOST
-    ge = g.instantiate()
-    s = srt.Stream(non_blocking=True)
-    ge.launch(s)
-    sync(s)
+    ge, s = run(g)
     assert (srt.read(p, (N * 4,), np.uint8) == 1).all() and log == ["a"]
     ge.set_memset_node_params(m, p, 7, 16)
     ge.set_host_node_params(h, log.append, "b")
-    ge.launch(s)
-    sync(s)
+    run(ge, s=s)
     got = srt.read(p, (N * 4,), np.uint8)
     assert (got[:16] == 7).all() and (got[16:] == 1).all() and log == ["a", "b"]
 
 
 def test_graph_set_memcpy_params(bufs):
     src, dst, other = bufs
-    srt.write(src, np.full(N, 3, np.float32))
-    srt.write(other, np.full(N, 9, np.float32))
+    put(3, src)
+    put(9, other)
     g = srt.Graph()
     c = g.add_memcpy_node(dst, src, N * 4)
     ge = g.instantiate()
-    s = srt.Stream(non_blocking=True)
     ge.set_memcpy_node_params(c, dst, other, N * 4)
-    ge.launch(s)
-    sync(s)
+    run(ge)
     assert (rd(dst) == 9).all()
 
 
 def test_graph_params_apply_to_later_launches_only(bufs):
     src, _, other = bufs
-    srt.write(src, np.zeros(N, np.float32))
-    srt.write(other, np.zeros(N, np.float32))
     g = srt.Graph()
     gate = Gate()
     g.add_host_node(gate._wait)
@@ -219,26 +208,21 @@ def test_graph_params_apply_to_later_launches_only(bufs):
     gate.open()
     sync(s)
     assert (rd(src) == 1).all() and (rd(other) == 0).all()
-    ge.launch(s)
-    sync(s)
+    run(ge, s=s)
     assert (rd(other) == 5).all()
 
 
 def test_graph_set_node_enabled(bufs):
     src = bufs[0]
-    srt.write(src, np.zeros(N, np.float32))
     g = srt.Graph()
     a = g.add_kernel_node(add_one, src, N)
     g.add_kernel_node(add_one, src, N, deps=[a])
     ge = g.instantiate()
-    s = srt.Stream(non_blocking=True)
     ge.set_node_enabled(a, False)
-    ge.launch(s)
-    sync(s)
+    _, s = run(ge)
     assert (rd(src) == 1).all()
     ge.set_node_enabled(a, True)
-    ge.launch(s)
-    sync(s)
+    run(ge, s=s)
     assert (rd(src) == 3).all()
 
 
@@ -271,7 +255,6 @@ def test_graph_launches_of_one_exec_never_overlap(dev, delay):
 
 def test_graph_launch_is_stream_ordered(bufs):
     src = bufs[0]
-    srt.write(src, np.zeros(N, np.float32))
     g = srt.Graph()
     g.add_kernel_node(add_one, src, N)
     ge = g.instantiate()
@@ -289,16 +272,11 @@ def test_graph_launch_is_stream_ordered(bufs):
 
 def test_graph_independent_branches_both_run(bufs):
     src, dst, _ = bufs
-    srt.write(src, np.zeros(N, np.float32))
-    srt.write(dst, np.zeros(N, np.float32))
     g = srt.Graph()
     root = g.add_empty_node()
     g.add_kernel_node(fill, src, N, 1.0, deps=[root])
     g.add_kernel_node(fill, dst, N, 2.0, deps=[root])
-    ge = g.instantiate()
-    s = srt.Stream(non_blocking=True)
-    ge.launch(s)
-    sync(s)
+    run(g)
     assert (rd(src) == 1).all() and (rd(dst) == 2).all()
 
 
@@ -336,11 +314,7 @@ def test_graph_mem_alloc_free_nodes(dev):
     c = g.add_memcpy_node(out, al.ptr, N * 4, deps=[k])
     fr = g.add_mem_free_node(al.ptr, deps=[c])
     assert fr.type == srt.NodeType.MEM_FREE
-    ge = g.instantiate()
-    s = srt.Stream(non_blocking=True)
-    for _ in range(3):      # freed inside the graph: relaunch is fine
-        ge.launch(s)
-    sync(s)
+    ge, _ = run(g, 3)       # freed inside the graph: relaunch is fine
     assert (rd(out) == 3).all()
     ge.destroy()
     srt.free(out)
@@ -350,10 +324,7 @@ def test_graph_mem_alloc_unfreed_relaunch(dev):
     g = srt.Graph()
     al = g.add_mem_alloc_node(4096)
     g.add_memset_node(al.ptr, 5, 4096, deps=[al])
-    ge = g.instantiate()
-    s = srt.Stream(non_blocking=True)
-    ge.launch(s)
-    sync(s)
+    ge, s = run(g)
     assert (srt.read(al.ptr, (4096,), np.uint8) == 5).all()   # valid after the launch
     with pytest.raises(srt.StreamRTError):
         ge.launch(s)
@@ -379,9 +350,7 @@ def test_graph_memory_shared_between_non_overlapping(dev):
     ge = g.instantiate()
     if hasattr(ge, "memory_footprint"):
         assert ge.memory_footprint < 8 << 20
-    s = srt.Stream(non_blocking=True)
-    ge.launch(s)
-    sync(s)
+    run(ge)
 
 
 # ---- exec update (DESIGN §5) ---------------------------------------------------------------
@@ -395,89 +364,76 @@ def _chain(p, k1=add_one, extra=False):
     return g
 
 
-def test_exec_update_topology_changed(bufs):
-    ge = _chain(bufs[0]).instantiate()
-    with pytest.raises(srt.GraphExecUpdateError) as ei:
-        ge.update(_chain(bufs[0], extra=True))
-    assert ei.value.result == srt.GraphExecUpdateResult.TOPOLOGY_CHANGED
-    assert ei.value.code == 910
-
-
-def test_exec_update_edge_changed_is_topology(bufs):
-    p = bufs[0]
+def _kernels(p, chained):
     g = srt.Graph()
     a = g.add_kernel_node(add_one, p, N)
-    g.add_kernel_node(add_one, p, N, deps=[a])
-    h = srt.Graph()
-    h.add_kernel_node(add_one, p, N)
-    h.add_kernel_node(add_one, p, N)
-    ge = g.instantiate()
-    with pytest.raises(srt.GraphExecUpdateError) as ei:
-        ge.update(h)
-    assert ei.value.result == srt.GraphExecUpdateResult.TOPOLOGY_CHANGED
+    g.add_kernel_node(add_one, p, N, deps=[a] if chained else ())
+    return g
 
 
-def test_exec_update_node_type_changed(bufs):
-    p = bufs[0]
+def _one_node(add):
     g = srt.Graph()
-    g.add_kernel_node(add_one, p, N)
-    h = srt.Graph()
-    n = h.add_memset_node(p, 0, 16)
+    add(g)
+    return g
+
+
+def _mem_nodes(nbytes):
+    g = srt.Graph()
+    a = g.add_mem_alloc_node(nbytes)
+    g.add_mem_free_node(a.ptr, deps=[a])
+    return g
+
+
+# Updates an exec refuses: id: (the exec's graph, the update's graph (both from the three
+# buffers), the result, whether the error must name a node of either graph)
+R = srt.GraphExecUpdateResult
+UPDATE_REFUSED = {
+    "topology_changed": (lambda b: _chain(b[0]), lambda b: _chain(b[0], extra=True),
+                         R.TOPOLOGY_CHANGED, False),
+    "edge_changed_is_topology": (lambda b: _kernels(b[0], True), lambda b: _kernels(b[0], False),
+                                 R.TOPOLOGY_CHANGED, False),
+    "node_type_changed": (lambda b: _one_node(lambda g: g.add_kernel_node(add_one, b[0], N)),
+                          lambda b: _one_node(lambda g: g.add_memset_node(b[0], 0, 16)),
+                          R.NODE_TYPE_CHANGED, True),
+    "copy_direction_changed": (lambda b: _one_node(lambda g: g.add_memcpy_node(b[1], b[0], N * 4)),
+                               lambda b: _one_node(lambda g: g.add_memcpy_node(
+                                   np.zeros(N, np.float32), b[0], N * 4)),
+                               R.PARAMETERS_CHANGED, False),
+    "mem_nodes_not_supported": (lambda b: _mem_nodes(4096), lambda b: _mem_nodes(8192),
+                                R.NOT_SUPPORTED, False),
+}
+
+
+@pytest.mark.parametrize("make_g, make_h, result, names_node", UPDATE_REFUSED.values(),
+                         ids=UPDATE_REFUSED.keys())
+def test_exec_update_refused(bufs, make_g, make_h, result, names_node):
+    g, h = make_g(bufs), make_h(bufs)
     ge = g.instantiate()
     with pytest.raises(srt.GraphExecUpdateError) as ei:
         ge.update(h)
-    assert ei.value.result == srt.GraphExecUpdateResult.NODE_TYPE_CHANGED
-    assert ei.value.node is not None
-    assert ei.value.node is n or ei.value.node is g.nodes()[0]
+    assert ei.value.result == result
+    assert ei.value.code == 910
+    if names_node:
+        assert ei.value.node is not None
+        assert ei.value.node is h.nodes()[0] or ei.value.node is g.nodes()[0]
 
 
 def test_exec_update_kernel_function_change_allowed(bufs):
     p = bufs[0]
-    srt.write(p, np.ones(N, np.float32))
+    put(1, p)
     ge = _chain(p, add_one).instantiate()
     ge.update(_chain(p, foo))
-    s = srt.Stream(non_blocking=True)
-    ge.launch(s)
-    sync(s)
+    run(ge)
     got = rd(p)
     assert (got[4:] == 2).all() and (got[:4] == 0).all()
 
 
-def test_exec_update_copy_direction_changed(bufs):
-    src, dst, _ = bufs
-    host = np.zeros(N, np.float32)
-    g = srt.Graph()
-    g.add_memcpy_node(dst, src, N * 4)
-    h = srt.Graph()
-    h.add_memcpy_node(host, src, N * 4)
-    ge = g.instantiate()
-    with pytest.raises(srt.GraphExecUpdateError) as ei:
-        ge.update(h)
-    assert ei.value.result == srt.GraphExecUpdateResult.PARAMETERS_CHANGED
-
-
-def test_exec_update_mem_nodes_not_supported(dev):
-    g = srt.Graph()
-    a = g.add_mem_alloc_node(4096)
-    g.add_mem_free_node(a.ptr, deps=[a])
-    h = srt.Graph()
-    b = h.add_mem_alloc_node(8192)
-    h.add_mem_free_node(b.ptr, deps=[b])
-    ge = g.instantiate()
-    with pytest.raises(srt.GraphExecUpdateError) as ei:
-        ge.update(h)
-    assert ei.value.result == srt.GraphExecUpdateResult.NOT_SUPPORTED
-
-
 def test_exec_update_refused_leaves_exec_working(bufs):
     p = bufs[0]
-    srt.write(p, np.zeros(N, np.float32))
     ge = _chain(p).instantiate()
     with pytest.raises(srt.GraphExecUpdateError):
         ge.update(_chain(p, extra=True))
-    s = srt.Stream(non_blocking=True)
-    ge.launch(s)
-    sync(s)
+    run(ge)
     assert (rd(p)[4:] == 1).all()
 
 
@@ -508,8 +464,6 @@ def test_graph_replay_equals_eager(dev):
     srt.write(p, init)
     s.begin_capture()
     enqueue(s)
-    ge = s.end_capture().instantiate()
-    ge.launch(s)
-    sync(s)
+    run(s.end_capture(), s=s)
     assert np.array_equal(rd(p), eager)
     srt.free(p)

@@ -1,15 +1,13 @@
 """API.md §4 and DESIGN.md §4, seed 001: two-phase operators, executors, cache, ops.run."""
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 
 import streamrt as srt
 from streamrt import ops
 
-from .conftest import Gate, call_with_timeout, sync
+from .conftest import Gate, call_with_timeout, other_thread, sync
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -21,6 +19,14 @@ def s(dev):
 
 def T(a, s):
     return srt.Tensor.from_numpy(np.ascontiguousarray(a), stream=s)
+
+
+def plan_on_ones(op, s):
+    """op planned with four ones as both inputs into a new 4-float out: (x, out, ws_size, ex)."""
+    x = T(np.ones((4,), np.float32), s)
+    out = srt.Tensor.empty((4,), np.float32, stream=s)
+    ws, ex = op.get_workspace_size(x, x, out)
+    return x, out, ws, ex
 
 
 def test_ops_api_md_example(s):
@@ -148,9 +154,7 @@ def test_ops_zero_workspace_accepts_none(s):
 
 
 def test_ops_non_repeatable_runs_once(s):
-    x = T(np.ones((4,), np.float32), s)
-    out = srt.Tensor.empty((4,), np.float32, stream=s)
-    ws, ex = ops.mul.get_workspace_size(x, x, out)
+    _, _, ws, ex = plan_on_ones(ops.mul, s)
     w = s.malloc(max(ws, 1))
     ops.mul(w, ws, ex, s)
     with pytest.raises(srt.ExecutorError):
@@ -190,30 +194,16 @@ def test_ops_repeatable_and_set_addr(s):
 
 
 def test_ops_set_addr_needs_repeatable(s):
-    a = T(np.ones((4,), np.float32), s)
-    out = srt.Tensor.empty((4,), np.float32, stream=s)
-    ws, ex = ops.add.get_workspace_size(a, a, out)
+    a, _, ws, ex = plan_on_ones(ops.add, s)
     with pytest.raises(srt.ExecutorError):
         ex.set_input_addr(0, a.ptr)
     ex.destroy()
 
 
 def test_ops_executor_owned_by_thread(s):
-    a = T(np.ones((4,), np.float32), s)
-    out = srt.Tensor.empty((4,), np.float32, stream=s)
-    ws, ex = ops.add.get_workspace_size(a, a, out)
+    _, out, ws, ex = plan_on_ones(ops.add, s)
     w = s.malloc(max(ws, 1))
-    box = {}
-
-    def other():
-        try:
-            ops.add(w, ws, ex, s)
-        except Exception as e:  # noqa: BLE001
-            box["e"] = e
-
-    t = threading.Thread(target=other)
-    t.start()
-    t.join(20)
+    box = other_thread(ops.add, w, ws, ex, s)
     assert isinstance(box.get("e"), srt.ExecutorError)
     ops.add(w, ws, ex, s)
     s.free(w)

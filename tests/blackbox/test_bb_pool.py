@@ -1,12 +1,15 @@
 """API.md §3 and DESIGN.md §3 (normative): pools, reuse order, threshold, trim, stats."""
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 import numpy as np
 import pytest
 
 import streamrt as srt
 
-from .conftest import Gate, call_with_timeout, sync
+from .conftest import Gate, alloc_then_free, call_with_timeout, sync, two_streams
 
 pytestmark = pytest.mark.timeout(60)
 MiB = 1 << 20
@@ -139,160 +142,97 @@ def test_pool_stats_keys():
         assert k in st, k
 
 
-def test_pool_step1_same_stream():
-    p = _pool()
-    _flags(p, False, False, False)
-    s = srt.Stream(non_blocking=True)
-    g = Gate()
-    g.hold(s)
-    a = s.malloc(3000, p)
-    s.free(a)
-    b = s.malloc(3000, p)
-    assert b == a
-    assert p.stats()["reuse_same_stream"] == 1
-    g.open()
-    s.free(b)
-    sync(s)
+def _noop(*_):
+    return None
 
 
-def test_pool_step2_after_sync_whatever_flags():
-    p = _pool()
-    _flags(p, False, False, False)
-    A, B = srt.Stream(non_blocking=True), srt.Stream(non_blocking=True)
-    a = B.malloc(3 * MiB, p)
-    B.free(a)
-    sync(B)
-    grow = p.stats()["grow_count"]
-    b = A.malloc(3 * MiB, p)
-    assert b == a
-    st = p.stats()
-    assert st["reuse_after_sync"] == 1 and st["grow_count"] == grow
-    A.free(b)
-    sync(A)
+def _poll_until_complete(A, B, e):
+    call_with_timeout(lambda: [None for _ in iter(lambda: e.query(), True)])  # poll, no sync
 
 
-def test_pool_step2_event_synchronize_proves():
-    p = _pool()
-    _flags(p, False, False, False)
-    A, B = srt.Stream(non_blocking=True), srt.Stream(non_blocking=True)
-    a = B.malloc(3 * MiB, p)
-    B.free(a)
-    sync(B.record())
-    assert A.malloc(3 * MiB, p) == a
-    assert p.stats()["reuse_after_sync"] == 1
-
-
-def test_pool_step3_event_dependency():
-    p = _pool()
-    _flags(p, True, False, False)
-    A, B = srt.Stream(non_blocking=True), srt.Stream(non_blocking=True)
-    g = Gate()
-    g.hold(B)
-    a = B.malloc(3 * MiB, p)
-    B.free(a)
-    A.wait(B.record())
-    b = A.malloc(3 * MiB, p)
-    assert b == a
-    assert p.stats()["reuse_event_dependency"] == 1
-    g.open()
-    A.free(b)
-    sync(A)
-    sync(B)
-
-
-def test_pool_step3_off_grows():
-    p = _pool()
-    _flags(p, False, False, False)
-    A, B = srt.Stream(non_blocking=True), srt.Stream(non_blocking=True)
-    g = Gate()
-    g.hold(B)
-    a = B.malloc(3 * MiB, p)
-    B.free(a)
-    A.wait(B.record())
-    b = A.malloc(3 * MiB, p)
-    assert b != a
-    assert p.stats()["grow_count"] == 2 and p.stats()["reuse_event_dependency"] == 0
-    g.open()
-    sync(B)
-    A.free(b)
-    sync(A)
-
-
-def test_pool_step3_not_when_record_before_free():
-    p = _pool()
-    _flags(p, True, False, False)
-    A, B = srt.Stream(non_blocking=True), srt.Stream(non_blocking=True)
-    g = Gate()
-    g.hold(B)
-    a = B.malloc(3 * MiB, p)
+def _record_then_use(B, a):
     e = B.record()          # recorded before the last use and the free: does not cover it
     B.memset(a, 0, 16)
-    B.free(a)
-    A.wait(e)
-    b = A.malloc(3 * MiB, p)
-    assert b != a
-    g.open()
-    sync(B)
-    A.free(b)
-    sync(A)
+    return e
 
 
-def test_pool_step4_opportunistic():
+class Reuse(NamedTuple):
+    """B frees a block (its work held by a gate or not); then A asks for the same size."""
+
+    flags: tuple[bool, bool, bool]      # follow event deps, opportunistic, internal deps
+    reused: bool                        # A gets B's block back
+    stats: dict                         # pool.stats() entries expected afterwards
+    hold: bool = True                   # B's work (and so its free) is still pending
+    before_free: Callable = _noop       # (B, a) -> state, enqueued on B before the free
+    after_free: Callable = _noop        # (A, B, state), between B's free and A's malloc
+    same_stream: bool = False           # A is B
+    size: int = 3 * MiB
+
+
+REUSE = {
+    "step1_same_stream": Reuse((False, False, False), True, {"reuse_same_stream": 1},
+                               same_stream=True, size=3000),
+    "step2_after_sync_whatever_flags": Reuse((False, False, False), True, {"reuse_after_sync": 1},
+                                             hold=False, after_free=lambda A, B, _: sync(B)),
+    "step2_event_synchronize_proves": Reuse((False, False, False), True, {"reuse_after_sync": 1},
+                                            hold=False, after_free=lambda A, B, _: sync(B.record())),
+    "step3_event_dependency": Reuse((True, False, False), True, {"reuse_event_dependency": 1},
+                                    after_free=lambda A, B, _: A.wait(B.record())),
+    "step3_off_grows": Reuse((False, False, False), False,
+                             {"grow_count": 2, "reuse_event_dependency": 0},
+                             after_free=lambda A, B, _: A.wait(B.record())),
+    "step3_not_when_record_before_free": Reuse((True, False, False), False, {},
+                                               before_free=_record_then_use,
+                                               after_free=lambda A, B, e: A.wait(e)),
+    "step4_opportunistic": Reuse((False, True, False), True,
+                                 {"reuse_opportunistic": 1, "reuse_after_sync": 0}, hold=False,
+                                 after_free=lambda A, B, _: _poll_until_complete(A, B, B.record())),
+    "step4_not_when_pending": Reuse((False, True, False), False, {}),
+    "step5_grow_before_internal_dependency": Reuse((False, False, True), False,
+                                                   {"reuse_internal_dependency": 0, "grow_count": 2}),
+}
+
+
+@pytest.mark.parametrize("case", REUSE.values(), ids=REUSE.keys())
+def test_pool_reuse_step(case):
     p = _pool()
-    _flags(p, False, True, False)
-    A, B = srt.Stream(non_blocking=True), srt.Stream(non_blocking=True)
-    a = B.malloc(3 * MiB, p)
+    _flags(p, *case.flags)
+    A, B = two_streams()
+    if case.same_stream:
+        A = B
+    g = Gate()
+    if case.hold:
+        g.hold(B)
+    a = B.malloc(case.size, p)
+    state = case.before_free(B, a)
     B.free(a)
-    e = B.record()
-    call_with_timeout(lambda: [None for _ in iter(lambda: e.query(), True)])  # poll, no sync
-    b = A.malloc(3 * MiB, p)
-    assert b == a
+    case.after_free(A, B, state)
+    grow = p.stats()["grow_count"]
+    b = A.malloc(case.size, p)
+    assert (b == a) is case.reused
     st = p.stats()
-    assert st["reuse_opportunistic"] == 1 and st["reuse_after_sync"] == 0
-    A.free(b)
-    sync(A)
-
-
-def test_pool_step4_not_when_pending():
-    p = _pool()
-    _flags(p, False, True, False)
-    A, B = srt.Stream(non_blocking=True), srt.Stream(non_blocking=True)
-    g = Gate()
-    g.hold(B)
-    a = B.malloc(3 * MiB, p)
-    B.free(a)
-    b = A.malloc(3 * MiB, p)
-    assert b != a
+    assert st["grow_count"] == grow + (not case.reused)
+    for k, v in case.stats.items():
+        assert st[k] == v, k
     g.open()
     sync(B)
     A.free(b)
     sync(A)
 
 
-def test_pool_step5_grow_before_internal_dependency():
-    p = _pool()
-    _flags(p, False, False, True)
-    A, B = srt.Stream(non_blocking=True), srt.Stream(non_blocking=True)
+def _full_pool(*flags):
+    """A 4 MiB pool filled by B's allocation, B then held by a gate."""
+    p = _pool(max_size=4 * MiB)
+    _flags(p, *flags)
+    A, B = two_streams()
+    a = B.malloc(4 * MiB, p)
     g = Gate()
     g.hold(B)
-    a = B.malloc(3 * MiB, p)
-    B.free(a)
-    b = A.malloc(3 * MiB, p)
-    assert b != a and p.stats()["reuse_internal_dependency"] == 0
-    assert p.stats()["grow_count"] == 2
-    g.open()
-    sync(B)
-    A.free(b)
-    sync(A)
+    return p, A, B, a, g
 
 
 def test_pool_step6_internal_dependency_makes_stream_wait():
-    p = _pool(max_size=4 * MiB)
-    _flags(p, False, False, True)
-    A, B = srt.Stream(non_blocking=True), srt.Stream(non_blocking=True)
-    g = Gate()
-    a = B.malloc(4 * MiB, p)
-    g.hold(B)
+    p, A, B, a, g = _full_pool(False, False, True)
     log = []
     B.launch_host_func(log.append, "B")
     B.free(a)
@@ -309,12 +249,7 @@ def test_pool_step6_internal_dependency_makes_stream_wait():
 
 
 def test_pool_step7_oom_when_internal_off():
-    p = _pool(max_size=4 * MiB)
-    _flags(p, True, True, False)
-    A, B = srt.Stream(non_blocking=True), srt.Stream(non_blocking=True)
-    g = Gate()
-    a = B.malloc(4 * MiB, p)
-    g.hold(B)
+    p, A, B, a, g = _full_pool(True, True, False)
     B.free(a)
     with pytest.raises(srt.OutOfMemoryError) as ei:
         A.malloc(4 * MiB, p)
@@ -368,9 +303,7 @@ def test_pool_coalesce_on_free():
 
 def test_pool_threshold_zero_releases_at_sync_only():
     p = srt.MemPool()
-    s = srt.Stream()
-    a = s.malloc(4 * MiB, p)
-    s.free(a)
+    s, _ = alloc_then_free(p, 4 * MiB)
     assert p.reserved_mem_current >= 4 * MiB
     sync(s)
     assert p.reserved_mem_current == 0
@@ -379,11 +312,8 @@ def test_pool_threshold_zero_releases_at_sync_only():
 
 def test_pool_threshold_keeps_reserved():
     p = srt.MemPool(release_threshold=4 * MiB)
-    s = srt.Stream()
-    ptrs = [s.malloc(2 * MiB, p) for _ in range(3)]
-    assert p.reserved_mem_current == 6 * MiB
-    for q in ptrs:
-        s.free(q)
+    s, reserved = alloc_then_free(p, *[2 * MiB] * 3)
+    assert reserved == 6 * MiB
     sync(s)
     assert p.reserved_mem_current == 4 * MiB
     p.release_threshold = 0
@@ -393,22 +323,17 @@ def test_pool_threshold_keeps_reserved():
 
 def test_pool_threshold_applies_on_event_and_device_sync():
     p = srt.MemPool()
-    s = srt.Stream()
-    a = s.malloc(4 * MiB, p)
-    s.free(a)
+    s, _ = alloc_then_free(p, 4 * MiB)
     sync(s.record())
     assert p.reserved_mem_current == 0
-    b = s.malloc(4 * MiB, p)
-    s.free(b)
+    alloc_then_free(p, 4 * MiB, stream=s)
     sync(srt.Device("cpu:0"))
     assert p.reserved_mem_current == 0
 
 
 def test_pool_query_is_not_a_sync():
     p = srt.MemPool()
-    s = srt.Stream()
-    a = s.malloc(4 * MiB, p)
-    s.free(a)
+    s, _ = alloc_then_free(p, 4 * MiB)
     call_with_timeout(lambda: [None for _ in iter(lambda: s.query(), True)])
     assert p.reserved_mem_current == 4 * MiB
     sync(s)
@@ -417,10 +342,7 @@ def test_pool_query_is_not_a_sync():
 
 def test_pool_trim_to():
     p = _pool()
-    s = srt.Stream()
-    ptrs = [s.malloc(2 * MiB, p) for _ in range(3)]
-    for q in ptrs:
-        s.free(q)
+    s, _ = alloc_then_free(p, *[2 * MiB] * 3)
     sync(s)
     assert p.reserved_mem_current == 6 * MiB
     p.trim_to(2 * MiB)
@@ -482,7 +404,7 @@ def test_pool_cross_stream_reuse_data_safe(dev, delay):
 
     p = _pool(max_size=2 * MiB)
     _flags(p, False, False, True)
-    A, B = srt.Stream(non_blocking=True), srt.Stream(non_blocking=True)
+    A, B = two_streams()
     n = (2 * MiB) // 4
     res = srt.malloc(n * 4)
     for _ in range(5):

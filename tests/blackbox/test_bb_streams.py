@@ -11,7 +11,22 @@ import pytest
 
 import streamrt as srt
 
-from .conftest import Gate, call_with_timeout, fill, finishes_within, scale, sync
+from .conftest import (
+    Gate,
+    assert_not_ordered,
+    assert_ordered,
+    call_with_timeout,
+    download,
+    fill,
+    finishes_within,
+    free_and_sync,
+    held_fill,
+    scale,
+    sync,
+    sync_after_race,
+    sync_error,
+    two_streams,
+)
 
 pytestmark = pytest.mark.timeout(60)
 PY = sys.executable
@@ -135,66 +150,26 @@ def test_stream_readme_producer_consumer(dev, delay):
 
 
 def test_stream_wait_orders_across_streams(dev):
-    g = Gate()
-    a = srt.Stream(non_blocking=True)
-    b = srt.Stream(non_blocking=True)
-    log = []
-    g.hold(a)
-    a.launch_host_func(log.append, "a")
-    b.wait(a.record())
-    b.launch_host_func(log.append, "b")
-    assert not b.query()
-    g.open()
-    sync(b)
-    assert log == ["a", "b"]
+    a, b = two_streams()
+    assert_ordered(a, b, link=lambda: b.wait(a.record()))
 
 
 def test_stream_non_blocking_not_ordered_with_default(dev):
-    g = Gate()
-    nb = srt.Stream(non_blocking=True)
-    g.hold(nb)
-    log = []
-    dev.default_stream.launch_host_func(log.append, "default")
-    assert finishes_within(dev.default_stream.synchronize, timeout=10)
-    assert log == ["default"]
-    g.open()
-    sync(nb)
+    assert_not_ordered(srt.Stream(non_blocking=True), dev.default_stream)
 
 
 def test_stream_blocking_waits_for_default_and_back(dev):
-    # blocking stream -> default stream
-    g = Gate()
     s = srt.Stream()
-    log = []
-    g.hold(s)
-    s.launch_host_func(log.append, "s")
-    dev.default_stream.launch_host_func(log.append, "default")
-    assert not finishes_within(dev.default_stream.synchronize, timeout=0.3)
-    g.open()
-    sync(dev.default_stream)
-    assert log == ["s", "default"]
+    # blocking stream -> default stream
+    assert_ordered(s, dev.default_stream,
+                   pending=lambda d: not finishes_within(d.synchronize, timeout=0.3))
     # default stream -> blocking stream
-    g2 = Gate()
-    log.clear()
-    g2.hold(dev.default_stream)
-    dev.default_stream.launch_host_func(log.append, "default")
-    s.launch_host_func(log.append, "s")
-    assert not s.query()
-    g2.open()
-    sync(s)
-    assert log == ["default", "s"]
+    assert_ordered(dev.default_stream, s)
 
 
 def test_stream_two_blocking_streams_not_ordered_with_each_other(dev):
-    g = Gate()
     a, b = srt.Stream(), srt.Stream()
-    g.hold(a)
-    log = []
-    b.launch_host_func(log.append, "b")
-    assert finishes_within(b.synchronize, timeout=10)
-    assert log == ["b"]
-    g.open()
-    sync(a)
+    assert_not_ordered(a, b)
 
 
 def test_stream_current_stream(dev):
@@ -237,12 +212,8 @@ def test_stream_memcpy_pageable_source_staged_at_call(dev):
     s.memcpy(d, a, 64)
     a[:] = 9          # staged at call time: later host changes are not seen
     g.open()
-    out = np.zeros(16, np.float32)
-    s.memcpy(out, d, 64)
-    sync(s)
-    assert (out == 5).all()
-    s.free(d)
-    sync(s)
+    assert (download(s, d, 16) == 5).all()
+    free_and_sync(s, d)
 
 
 def test_stream_memcpy_pointer_arithmetic(dev):
@@ -258,12 +229,8 @@ def test_stream_memset(dev):
     s = srt.Stream()
     p = s.malloc(100)
     s.memset(p, 0xAB, 100)
-    out = np.zeros(100, np.uint8)
-    s.memcpy(out, p, 100)
-    sync(s)
-    assert (out == 0xAB).all()
-    s.free(p)
-    sync(s)
+    assert (download(s, p, 100, np.uint8) == 0xAB).all()
+    free_and_sync(s, p)
 
 
 def test_stream_memset_bad_value(dev):
@@ -295,15 +262,11 @@ def test_stream_host_func_in_order(dev, delay):
 
 def test_stream_launch_returns_immediately(dev):
     s = srt.Stream(non_blocking=True)
-    g = Gate()
-    g.hold(s)
-    p = srt.malloc(16)
-    srt.memset(p, 0, 16)
-    s.launch(fill, p, 4, 7.0, grid=1, block=1)
+    g, p = held_fill(s, 7.0, grid=1, block=1)
     assert not s.query()
     assert srt.read(p, (4,), np.float32).tolist() == [0, 0, 0, 0]
     g.open()
-    sync(s)
+    sync_after_race(s)      # the read above raced the held fill on purpose
     assert s.query() is True
     assert srt.read(p, (4,), np.float32).tolist() == [7, 7, 7, 7]
     srt.free(p)
@@ -332,8 +295,7 @@ def test_stream_readonly_view_not_writable(dev):
     s = srt.Stream()
     p = srt.malloc(16)
     s.launch(k, p)
-    with pytest.raises(srt.LaunchError):
-        sync(s)
+    sync_error(s)
     srt.free(p)
 
 
@@ -359,10 +321,9 @@ def test_stream_launch_error_chained_and_usable(dev):
 
     s = srt.Stream()
     s.launch(bad)
-    with pytest.raises(srt.LaunchError) as ei:
-        sync(s)
-    assert isinstance(ei.value.__cause__, Boom)
-    assert isinstance(ei.value, srt.StreamRTError)
+    err = sync_error(s)
+    assert isinstance(err.__cause__, Boom)
+    assert isinstance(err, srt.StreamRTError)
     # stays usable
     p = srt.malloc(16)
     s.launch(fill, p, 4, 3.0)
@@ -377,9 +338,7 @@ def test_stream_host_func_error_raised_at_sync(dev):
 
     s = srt.Stream()
     s.launch_host_func(bad)
-    with pytest.raises(srt.LaunchError) as ei:
-        sync(s)
-    assert isinstance(ei.value.__cause__, KeyError)
+    assert isinstance(sync_error(s).__cause__, KeyError)
     sync(s)  # error is reported once
 
 
@@ -434,18 +393,9 @@ def test_event_wait_on_unrecorded_event_is_noop(dev):
 
 
 def test_event_cross_device(dev):
-    d1 = srt.Device("cpu:1")
     s0 = srt.Stream(dev, non_blocking=True)
-    s1 = srt.Stream(d1, non_blocking=True)
-    g = Gate()
-    g.hold(s0)
-    log = []
-    s0.launch_host_func(log.append, 0)
-    s1.wait(s0.record())
-    s1.launch_host_func(log.append, 1)
-    g.open()
-    sync(s1)
-    assert log == [0, 1]
+    s1 = srt.Stream(srt.Device("cpu:1"), non_blocking=True)
+    assert_ordered(s0, s1, link=lambda: s1.wait(s0.record()))
 
 
 # ---- sync helpers --------------------------------------------------------------------------
@@ -472,11 +422,7 @@ def test_sync_helpers_roundtrip(dev):
 def test_sync_memcpy_waits_for_stream_work(dev):
     # srt.memcpy is cudaMemcpy: legacy-default-stream semantics, ordered after blocking streams
     s = srt.Stream()
-    g = Gate()
-    p = srt.malloc(16)
-    srt.memset(p, 0, 16)
-    g.hold(s)
-    s.launch(fill, p, 4, 4.0)
+    g, p = held_fill(s, 4.0)
     out = np.zeros(4, np.float32)
     t = threading.Thread(target=srt.memcpy, args=(out, p, 16), daemon=True)
     t.start()
@@ -547,18 +493,13 @@ def test_missing_wait_is_caught_by_delay(dev):
     from streamrt.backends import cpu
 
     cpu.set_delay_us(0)
-    a = srt.Stream(non_blocking=True)
-    b = srt.Stream(non_blocking=True)
-    g = Gate()
-    p = srt.malloc(16)
-    srt.memset(p, 0, 16)
-    g.hold(a)
-    a.launch(fill, p, 4, 1.0)
+    a, b = two_streams()
+    g, p = held_fill(a, 1.0)
     out = np.zeros(4, np.float32)
     b.memcpy(out, p, 16)   # forgot b.wait(a.record())
     sync(b)
     g.open()
-    sync(a)
+    sync_after_race(a)
     assert out.tolist() == [0, 0, 0, 0]
     srt.free(p)
 

@@ -12,7 +12,7 @@ import pytest
 
 import streamrt as srt
 
-from .conftest import call_with_timeout, fill, scale, sync
+from .conftest import call_with_timeout, fill, scale, sync, two_streams
 
 pytestmark = pytest.mark.timeout(120)
 N = 256
@@ -23,12 +23,22 @@ def _kind(e):
     return str(e.kind).lower().replace("_", "-")
 
 
-def test_sanitizer_race_raises_at_sync(dev):
-    srt.sanitizer.enable()
-    a, b = srt.Stream(non_blocking=True), srt.Stream(non_blocking=True)
+def _race(mode=None, kernel=fill, values=(1.0, 2.0)):
+    """Sanitizer on (in its default mode when mode is None); streams a and b each launch kernel on
+    one buffer with no ordering between them (no b.wait(a.record())); returns (a, b, buffer)."""
+    if mode is None:
+        srt.sanitizer.enable()
+    else:
+        srt.sanitizer.enable(mode=mode)
+    a, b = two_streams()
     p = srt.malloc(N * 4)
-    a.launch(scale, p, N, 2.0)
-    b.launch(scale, p, N, 3.0)     # forgot b.wait(a.record())
+    a.launch(kernel, p, N, values[0])
+    b.launch(kernel, p, N, values[1])
+    return a, b, p
+
+
+def test_sanitizer_race_raises_at_sync(dev):
+    a, b, p = _race(kernel=scale, values=(2.0, 3.0))
     with pytest.raises(srt.SanitizerError) as ei:
         call_with_timeout(dev.synchronize)
     e = ei.value
@@ -42,7 +52,7 @@ def test_sanitizer_race_raises_at_sync(dev):
 
 def test_sanitizer_correct_program_no_finding(dev):
     srt.sanitizer.enable()
-    a, b = srt.Stream(non_blocking=True), srt.Stream(non_blocking=True)
+    a, b = two_streams()
     p = a.malloc(N * 4)
     a.launch(fill, p, N, 1.0)
     b.wait(a.record())
@@ -56,11 +66,7 @@ def test_sanitizer_correct_program_no_finding(dev):
 
 
 def test_sanitizer_collect_mode(dev):
-    srt.sanitizer.enable(mode="collect")
-    a, b = srt.Stream(non_blocking=True), srt.Stream(non_blocking=True)
-    p = srt.malloc(N * 4)
-    a.launch(fill, p, N, 1.0)
-    b.launch(fill, p, N, 2.0)
+    _, _, p = _race(mode="collect")
     call_with_timeout(dev.synchronize)   # collects, does not raise
     rep = srt.sanitizer.report()
     assert len(rep) >= 1
@@ -132,7 +138,7 @@ def _events(path):
 def test_trace_file_format(tmp_path, dev):
     path = tmp_path / "t.json"
     with srt.trace(str(path)):
-        a, b = srt.Stream(non_blocking=True), srt.Stream(non_blocking=True)
+        a, b = two_streams()
         pool = srt.MemPool()
         p = a.malloc(N * 4, pool)
         a.launch(fill, p, N, 1.0)
@@ -214,11 +220,7 @@ def test_cli_bad_usage():
 def test_sanitizer_collected_findings_not_raised_later(dev):
     # a finding collected (and reported) in collect mode must not surface as an unrelated
     # SanitizerError at a later synchronize once raise mode is turned on
-    srt.sanitizer.enable(mode="collect")
-    a, b = srt.Stream(non_blocking=True), srt.Stream(non_blocking=True)
-    p = srt.malloc(N * 4)
-    a.launch(fill, p, N, 1.0)
-    b.launch(fill, p, N, 2.0)
+    _, _, p = _race(mode="collect")
     call_with_timeout(dev.synchronize)
     assert srt.sanitizer.report()
     srt.sanitizer.disable()
