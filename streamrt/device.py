@@ -94,6 +94,8 @@ class Device:
         dev._legacy = None
         dev._default_pool = None
         dev._pool = None
+        # set_mem_pool and a pool's destroy: "is it current?" and the change, one step each
+        dev._pool_lock = threading.Lock()
         dev._pools = weakref.WeakSet()
         return dev
 
@@ -165,7 +167,8 @@ class Device:
     @property
     def mem_pool(self) -> MemPool:
         """The device's current pool, used by ``s.malloc`` without ``pool=``."""
-        return self._pool if self._pool is not None else self.default_mem_pool
+        pool = self._pool  # once: another thread's destroy of it may reset it to None
+        return pool if pool is not None else self.default_mem_pool
 
     def set_mem_pool(self, pool: MemPool) -> None:
         """Make ``pool`` the device's current pool (``cudaDeviceSetMemPool``)."""
@@ -173,12 +176,13 @@ class Device:
 
         if not isinstance(pool, MemPool):
             raise InvalidTypeError(f"set_mem_pool needs a MemPool, not {type(pool).__name__}")
-        pool._check_alive()
         if pool.device is not self:
             from .errors import InvalidValueError
 
             raise InvalidValueError(f"{pool!r} belongs to {pool.device.name}, not {self.name}")
-        self._pool = pool
+        with self._pool_lock:  # a destroy of the pool meanwhile must not leave it current
+            pool._check_alive()
+            self._pool = pool
 
     def reset(self) -> None:
         """Synchronize, then destroy every stream, event, pool and allocation (``aclrtResetDevice``)."""

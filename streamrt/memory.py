@@ -570,8 +570,9 @@ class MemPool(ArenaMixin, ReuseMixin):
             raise InvalidValueError("the default memory pool of a device cannot be destroyed")
         with self._lock:
             self._destroyed = True
-            if self.device._pool is self:
-                self.device._pool = None
+            with self.device._pool_lock:  # another thread's set_mem_pool meanwhile stays
+                if self.device._pool is self:
+                    self.device._pool = None
             self._settle()
             self._release_granules(0)
             if self._arena and self._idle():

@@ -156,9 +156,10 @@ class NativeMemPool(MemPool):
         if self._is_default:
             raise InvalidValueError("the default memory pool of a device cannot be destroyed")
         self._final = {a: self.get_attr(a) for a in MemPoolAttr}
-        self._destroyed = True
-        if self.device._pool is self:
-            self.device._pool = None
+        with self.device._pool_lock:  # another thread's set_mem_pool meanwhile stays
+            self._destroyed = True
+            if self.device._pool is self:
+                self.device._pool = None
         self._impl.pool_destroy(self._handle)
 
     def _reset(self) -> None:
