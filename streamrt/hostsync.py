@@ -31,6 +31,11 @@ def retire(device: Device, q: Any) -> None:
     """A stream is gone: its queue drains and stops; its failures stay reportable by the device."""
     q.close()
     retired = device.__dict__.setdefault("_retired", [])
+    # a program that never synchronizes its device retires streams for days: drop the queues
+    # with nothing left to drain or report (finished first: a running worker may still fail)
+    for r in [r for r in retired if r.finished() and not r._errors]:
+        with contextlib.suppress(ValueError):  # another thread dropped it first
+            retired.remove(r)
     if q not in retired:
         retired.append(q)
 

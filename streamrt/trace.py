@@ -11,6 +11,7 @@ capture begin/end are instant markers.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import threading
@@ -249,12 +250,30 @@ def _start_from_env() -> None:
         raise InvalidValueError(f"environment variable STREAMRT_TRACE: {exc.args[0]}") from None
     instrument.add(tracer)
 
-    def finish() -> None:
-        _drain()
+
+_EXIT_WAIT_S = 2.0  # at exit, how long queued work may still take to be traced
+
+
+def _write_open() -> None:
+    """At exit, write every trace still recording (``STREAMRT_TRACE``, a ``trace`` never left).
+    Queued work gets a short while to run and be traced; work blocked for good (behind a host
+    function waiting on an event nobody sets) must not hang the exit, which in CUDA does not
+    wait for streams either."""
+    tracers = [x for x in instrument.listeners if isinstance(x, Tracer)]
+    if not tracers:
+        return
+    waiter = threading.Thread(target=_drain_quietly, name="streamrt-trace-exit", daemon=True)
+    waiter.start()
+    waiter.join(_EXIT_WAIT_S)
+    for tracer in tracers:
         instrument.remove(tracer)
         tracer.write()
 
-    atexit.register(finish)
+
+def _drain_quietly() -> None:
+    with contextlib.suppress(Exception):  # a failure is the program's, reported elsewhere
+        _drain()
 
 
+atexit.register(_write_open)
 _start_from_env()

@@ -96,6 +96,10 @@ class Queue(ABC):
     def close(self) -> None:
         """Stop accepting work; operations already submitted still run."""
 
+    def finished(self) -> bool:
+        """True once a closed queue has run everything (then no failure can be added)."""
+        return False  # unknown without asking the device: kept until a device synchronize
+
 
 class DeviceImpl(ABC):
     """One device of a backend: memory and queues."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import queue
 import random
 import sys
 import threading
@@ -294,9 +295,10 @@ class CpuQueue(Queue):
         self.done = 0
         self.name = name
         self._ops: deque = deque()
-        lock = threading.Lock()
-        self._work = threading.Condition(lock)
-        self._progress = threading.Condition(lock)
+        # rings the idle worker awake; a lock-free put: the stream's finalizer closes the queue
+        # on whatever thread the collector runs, maybe one inside ``_progress`` of this very queue
+        self._bell: queue.SimpleQueue = queue.SimpleQueue()
+        self._progress = threading.Condition(threading.Lock())
         self._idle = False
         # host threads blocked in wait_done: their target positions, and the smallest of them
         self._targets: list[int] = []
@@ -345,9 +347,8 @@ class CpuQueue(Queue):
 
     def wake(self) -> None:
         """Wake the idle worker (once: it may take a while to get the GIL)."""
-        with self._work:
-            self._idle = False
-            self._work.notify()
+        self._idle = False
+        self._bell.put(None)
 
     def _run(self) -> None:
         in_operations.on = True  # this thread runs nothing but operations (see wait_done)
@@ -358,13 +359,15 @@ class CpuQueue(Queue):
             try:
                 fn, args = pop()
             except IndexError:
-                with self._work:
-                    self._idle = True
-                    while not ops and not self._closed:
-                        self._work.wait()
-                    self._idle = False
-                    if not ops:
+                fn = args = None  # the last operation's arguments may be all that keeps its stream
+                # idle first, then look again: a submit either lands before the look or sees
+                # ``_idle`` and rings (a ring left over only makes one more empty pass)
+                self._idle = True
+                if not ops:
+                    if self._closed:
                         return
+                    self._bell.get()
+                self._idle = False
                 continue
             if _delay_us:
                 time.sleep(random.random() * _delay_us * 1e-6)
@@ -404,10 +407,12 @@ class CpuQueue(Queue):
             finally:
                 self._targets.remove(pos)
 
+    def finished(self) -> bool:
+        return self._closed and not self._thread.is_alive()
+
     def close(self) -> None:
-        with self._work:
-            self._closed = True
-            self._work.notify()
+        self._closed = True  # before the ring: the worker looks at it once the queue is empty
+        self._bell.put(None)
 
 
 def describe(fn: Callable[..., Any], args: tuple, exc: BaseException | None = None) -> str:
