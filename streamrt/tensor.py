@@ -39,12 +39,17 @@ _KINDS = "biufc"
 _ids = itertools.count(1)
 _interned: dict[tuple, int] = {}
 _intern_lock = threading.Lock()
+_MAX_INTERNED = 1 << 16  # past it the table starts over: a service sees ever new shapes
 
 
 def _intern(key: tuple) -> int:
     kid = _interned.get(key)
     if kid is None:
         with _intern_lock:
+            if len(_interned) >= _MAX_INTERNED:
+                # what was made before keeps its id (equal metadata then compares by key, and a
+                # cache keyed by the old id misses once)
+                _interned.clear()
             kid = _interned.setdefault(key, next(_ids))
     return kid
 
@@ -83,7 +88,7 @@ class TensorDesc:
 
     __slots__ = (
         "shape", "dtype", "strides", "offset", "format", "ndim", "numel", "itemsize",
-        "is_contiguous", "_bstrides", "_boff", "_extent", "_kid", "__weakref__",
+        "is_contiguous", "_bstrides", "_boff", "_extent", "_kid", "_hash", "__weakref__",
     )
 
     def __init__(
@@ -143,7 +148,9 @@ class TensorDesc:
                 break
             acc *= d
         self.is_contiguous = contiguous or self.numel == 0
-        self._kid = _intern(self.key)
+        key = self.key
+        self._kid = _intern(key)
+        self._hash = hash(key)
 
     @property
     def key(self) -> tuple:
@@ -166,10 +173,10 @@ class TensorDesc:
         return False
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, TensorDesc) and other._kid == self._kid
+        return isinstance(other, TensorDesc) and (other._kid == self._kid or other.key == self.key)
 
     def __hash__(self) -> int:
-        return self._kid
+        return self._hash
 
     def __repr__(self) -> str:
         extra = "" if self.is_contiguous and not self.offset else (

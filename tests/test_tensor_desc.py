@@ -243,3 +243,25 @@ def test_tensor_rejects_bad_construction(desc, ptr, exc):
 def test_tensor_rejects_a_non_stream():
     with pytest.raises(srt.InvalidTypeError):
         srt.Tensor.empty((2,), np.float32, stream="s0")
+
+
+def test_tensor_metadata_table_stays_bounded_and_equal_descs_stay_equal(monkeypatch):
+    # a service seeing ever new shapes grew the interned-metadata table without end; once it
+    # starts over, descs made before still equal (and hash as) new ones of the same metadata,
+    # and an in-place op on tensors made on both sides of it is still in place
+    from streamrt import ops, tensor
+
+    monkeypatch.setattr(tensor, "_MAX_INTERNED", 8, raising=False)
+    s = srt.Stream(non_blocking=True)
+    x = srt.Tensor.from_numpy(np.arange(6, dtype=np.float32).reshape(2, 3), stream=s)
+    old = srt.TensorDesc((2, 3), np.float32)
+    for n in range(1, 40):  # new shapes: the table starts over several times
+        srt.TensorDesc((n, 7), np.float32)
+    assert len(tensor._interned) <= 8
+    new = srt.TensorDesc((2, 3), np.float32)
+    assert new == old and hash(new) == hash(old) and len({old, new}) == 1
+    assert new != srt.TensorDesc((3, 2), np.float32)
+    y = srt.Tensor(new, x.ptr)  # the same view as x, described after the table started over
+    ops.run("add", x, x, y, stream=s, sync=True)  # in place: not refused as a partial overlap
+    assert x.numpy(s).tolist() == [[0, 2, 4], [6, 8, 10]]
+    x.free(s)

@@ -115,7 +115,7 @@ class Executor:
         self._owner = threading.current_thread()
         self._runs = 0
         # (slot, first byte, end byte, metadata) of each input and output holding elements
-        spans = [(i, d._boff, d._boff + d._extent * d.itemsize, d._kid)
+        spans = [(i, d._boff, d._boff + d._extent * d.itemsize, d.key)
                  for i, d in enumerate(descs) if d is not None and d.numel]
         self._ins = tuple(sp for sp in spans if sp[0] < n_inputs)
         self._outs = tuple(sp for sp in spans if sp[0] >= n_inputs)
@@ -215,13 +215,13 @@ class Executor:
         weights) gave silently wrong results. Conservative on byte ranges, as PyTorch's
         partial-overlap check; addresses change per run (cache hits, set_*_addr): checked here."""
         addrs, ins = self._addrs, self._ins
-        for o, lo, hi, kid in self._outs:
+        for o, lo, hi, key in self._outs:
             a = addrs[o]
             lo += a
             hi += a
-            for i, ilo, ihi, ikid in ins:
+            for i, ilo, ihi, ikey in ins:
                 b = addrs[i]
-                if lo < b + ihi and b + ilo < hi and (a != b or kid != ikid):
+                if lo < b + ihi and b + ilo < hi and (a != b or key != ikey):
                     raise ExecutorError(
                         f"ops.{self.op_name}: output {o - self.n_inputs} overlaps input {i} "
                         "without being the same view; only an exact in-place alias is allowed",

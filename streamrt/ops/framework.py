@@ -259,7 +259,7 @@ def _check_workspace(name: str, ws: Any, size: int, ex: Executor) -> None:
                        NULLPTR)
         return
     check_room(f"ops.{name}: workspace", ws, size, ex.device)
-    for slot, lo, hi, _kid in ex._ins + ex._outs if size else ():  # scratch: not its tensors
+    for slot, lo, hi, _key in ex._ins + ex._outs if size else ():  # scratch: not its tensors
         a = ex._addrs[slot]
         if ws < a + hi and a + lo < ws + size:
             raise _bad(name, f"workspace {hex(ws)}+{size} overlaps tensor {slot} of the executor")
