@@ -133,7 +133,29 @@ def synchronize_device(device: Device, *, skip_capturing: bool = False) -> None:
             # with the failures it may still report
             with contextlib.suppress(ValueError):  # another synchronize removed it first
                 retired.remove(q)
+    for s, clock, _pos in live:
+        _forget_gone(s, clock)
     after_sync(device, seen, extra=drained)
+
+
+def _forget_gone(s: Stream, proven: dict[int, int]) -> None:
+    """Drop from ``s``'s clock the streams gone for good (destroyed or collected) whose entry
+    ``proven`` (a clock this synchronize proved, and told the sanitizer) still holds: a host
+    proof orders later work after theirs now. A clock names every stream it was ever ordered
+    after, and a program making streams for days copied an ever larger one at every record."""
+    gone = [sid for sid in proven if sid != s.id and _gone(sid)]
+    if not gone:
+        return
+    with s._lock:  # instrumented enqueues merge waits into the clock under it
+        mine = s._clock
+        for sid in gone:
+            if mine.get(sid) == proven[sid]:  # not raised by a wait another thread enqueued
+                del mine[sid]
+
+
+def _gone(sid: int) -> bool:
+    t = streams.get(sid)
+    return t is None or t._destroyed
 
 
 def reset_device(device: Device) -> None:

@@ -333,3 +333,38 @@ def test_device_addresses_are_reused_once_its_window_is_used_up(monkeypatch):
     finally:
         for p in ptrs:
             srt.free(p)
+
+
+@pytest.mark.parametrize("sanitize", [False, True])
+def test_device_synchronize_forgets_streams_gone_for_good_from_clocks(sanitize):
+    # the legacy stream's clock named every blocking stream ever made, and every record copied
+    # it: a program making streams for days slowed down for good. After a device synchronize a
+    # host proof orders later work after theirs, for pools and the sanitizer alike
+    dev = srt.Device("cpu:1")
+    leg = dev.default_stream
+    if sanitize:
+        srt.sanitizer.clear()
+        srt.sanitizer.enable("collect")
+    try:
+        p = srt.malloc(64, dev)
+        gone = set()
+        for i in range(20):
+            s = srt.Stream(dev)  # blocking: the legacy stream orders after it
+            s.memset(p, i, 64)
+            leg.memset(p, 100, 64)
+            s.destroy()
+            gone.add(s.id)
+        assert gone <= set(leg._clock)
+        dev.synchronize()
+        assert not gone & set(leg._clock)
+        out = np.empty(64, np.uint8)
+        s = srt.Stream(dev, non_blocking=True)
+        s.memcpy(out, p, 64)  # ordered after the gone streams' memsets by the host proof alone
+        assert (out == 100).all()
+        if sanitize:
+            assert srt.sanitizer.report() == []
+        srt.free(p)
+    finally:
+        if sanitize:
+            srt.sanitizer.disable()
+            srt.sanitizer.clear()
