@@ -224,6 +224,33 @@ class Sanitizer:
         self._finished: set[int] = set()  # finished ones still in the heap (lazy deletion)
         self._tags: dict[int, str] = {}
 
+    def _restart(self) -> None:
+        """Start from the program as it is now (the sanitizer is being turned on): what happened
+        while it was off is unknown, so the history goes, and the live allocations count as made
+        before everything to come (pool memory allocated earlier was "never covered" before)."""
+        from .backends.cpu import SPACE
+        from .memory import _owners, _pools
+
+        with self._lock:
+            self._gens.clear()
+            self._live.clear()
+            self._freed.clear()
+            self._by_lo.clear()
+            self._max = 0
+            self._inflight.clear()  # ops enqueued while on, whose end it then did not see
+            self._finished.clear()
+        arenas = {base for pool in members(_pools) for base in pool._chunks}
+        live = [(a.base, a.size) for a in SPACE.allocations()
+                if a.device >= 0 and a.base not in arenas]  # srt.malloc's memory
+        for ptr, pool in list(_owners.items()):  # pool blocks
+            b = pool._blocks.get(ptr) if hasattr(pool, "_blocks") else None
+            if b is not None and b.live:
+                live.append((ptr, b.size))
+        for ptr, nbytes in live:
+            self._allocated(ptr, nbytes, _Event(None, f"allocation of {hex(ptr)} ({nbytes} B), "
+                                                      "made before the sanitizer was enabled"),
+                            "allocation")
+
     # -- allocation events ---------------------------------------------------------------------
     def on_alloc(self, stream: Any, ptr: int, nbytes: int, label: str = "allocation") -> None:
         """A stream-ordered (stream given) or host allocation of ``[ptr, ptr + nbytes)``."""
@@ -444,6 +471,8 @@ class Sanitizer:
         heap, done = self._inflight, self._finished
         while heap and heap[0] in done:
             done.discard(heapq.heappop(heap))
+        if not heap:
+            done.clear()  # ends of operations enqueued before a restart: never in the heap
         return heap[0] if heap else 1 << 62
 
     def op_start(self, op: OpInfo) -> None:
@@ -494,6 +523,7 @@ def enable(mode: str = "raise", *, leaks: bool = False) -> None:
     if not _on:
         from .kernel import KernelContext
 
+        _SAN._restart()
         KernelContext.array = _checked_array  # views declare their accesses
         _on = True
         instrument.add(_SAN)
