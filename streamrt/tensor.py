@@ -209,6 +209,9 @@ class Tensor:
             raise InvalidTypeError(f"ptr must be an int device pointer, not {type(ptr).__name__}")
         if ptr <= 0:
             raise InvalidValueError(f"ptr must be a device pointer (> 0), got {ptr}")
+        if ptr % desc.itemsize:  # the cpu backend would not care; a GPU kernel faults on it
+            raise InvalidValueError(f"ptr {hex(ptr)} is not aligned to the {desc.itemsize} bytes of "
+                                    f"{desc.dtype} (cudaErrorMisalignedAddress on a GPU)")
         if device is None:  # the memory's device (srt.malloc's, interior pointers too), else current
             from .memory import device_of
 

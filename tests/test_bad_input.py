@@ -179,3 +179,27 @@ def test_bad_input_array_where_a_flag_is_expected(s):
         s.end_capture()
     ops.run("add", x, x, x, stream=s, sync=np.bool_(True))  # numpy's bool is a bool
     x.free(s)
+
+
+# -- addresses a GPU kernel faults on: refused on every backend -----------------------------------
+@pytest.mark.parametrize(("dtype", "off"), [(np.float32, 1), (np.float32, 2), (np.float64, 4),
+                                            (np.float16, 1)])
+def test_bad_input_misaligned_tensor_pointer_is_refused(s, dtype, off):
+    # the cpu backend ran ops on them; a GPU faults (cudaErrorMisalignedAddress) and its context
+    # is lost for good
+    from streamrt import ops
+
+    p = s.malloc(1024)
+    desc = srt.TensorDesc((4,), dtype)
+    with pytest.raises(srt.InvalidValueError, match="not aligned"):
+        srt.Tensor(desc, p + off)
+    t = srt.Tensor(desc, p + np.dtype(dtype).itemsize)  # one element in: fine
+    size, ex = ops.add.get_workspace_size(t, t, t)
+    ex.set_repeatable()
+    with pytest.raises(srt.ExecutorError, match="not aligned"):
+        ex.set_input_addr(0, p + off)
+    with pytest.raises(srt.ExecutorError, match="not aligned"):
+        ex.set_output_addr(0, p + off)
+    ops.add(None, size, ex, s)  # the executor still holds its aligned addresses
+    ex.destroy()
+    s.free(p)

@@ -69,10 +69,15 @@ def live_executors() -> int:
     return _live
 
 
-def check_room(what: str, ptr: int, need: int, device: Any) -> int:
+def check_room(what: str, ptr: int, need: int, device: Any, align: int = 1) -> int:
     """``ptr`` must be in live memory of ``device`` with ``need`` bytes from it (pointer
-    arithmetic inside an allocation is fine); returns the bytes there."""
+    arithmetic inside an allocation is fine) and a multiple of ``align``; returns the bytes
+    there."""
     from ..memory import device_of, usable_bytes  # stream.py must be imported before memory.py
+
+    if ptr % align:  # the cpu backend would not care; a GPU kernel faults, and the context dies
+        raise ExecutorError(f"{what}: {hex(ptr)} is not aligned to {align} bytes "
+                            "(cudaErrorMisalignedAddress on a GPU)", PARAM_INVALID)
 
     have = usable_bytes(ptr)
     if have is None:
@@ -196,7 +201,8 @@ class Executor:
         # as phase 2 checks a workspace (a freed or foreign pointer was taken, and the run read
         # or wrote it silently)
         ptr = int(ptr)
-        check_room(what, ptr, self.descs[slot].storage_nbytes, self.device)
+        desc = self.descs[slot]
+        check_room(what, ptr, desc.storage_nbytes, self.device, desc.itemsize)
         self._addrs[slot] = ptr
 
     def destroy(self) -> None:
