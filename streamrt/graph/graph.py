@@ -38,6 +38,9 @@ class Graph:
         self._keep: list[Any] = []  # objects the graph's work needs alive (captured executors)
         self._slabs: dict[Any, Any] = {}  # device -> the range its next small MEM_ALLOC takes bytes of
         self._embedded = False  # a child graph node's own graph: no memory nodes may join it
+        # allocations a MEM_FREE node of this graph frees: a second one is refused when added, as
+        # cudaGraphAddMemFreeNode (and cudaFreeAsync in capture) does, not first at instantiate
+        self._freed: set[GraphAlloc] = set()
 
     def __repr__(self) -> str:
         return f"<Graph #{self.id} {len(self._nodes)} nodes>"
@@ -45,6 +48,8 @@ class Graph:
     # -- building ---------------------------------------------------------------------------
     def _add(self, type: NodeType, params: dict[str, Any], deps: Any) -> Node:
         dep_nodes = self._as_nodes(deps, "deps")
+        if type is NodeType.MEM_FREE and params["alloc"] in self._freed:
+            raise InvalidValueError(f"{params['alloc']!r} is already freed by a node of {self!r}")
         node = Node(self, type, len(self._nodes), params)
         if instrument.listeners:  # the sanitizer names a node by where it was made
             node.site = instrument.user_site()
@@ -52,6 +57,8 @@ class Graph:
             node._deps.append(d)
             d._dependents.append(node)
         self._nodes.append(node)
+        if type is NodeType.MEM_FREE:
+            self._freed.add(params["alloc"])
         return node
 
     def _as_nodes(self, nodes: Any, what: str) -> list[Node]:
@@ -218,6 +225,7 @@ class Graph:
         """A copy with the same nodes, params and edges (``cudaGraphClone``)."""
         g = Graph()
         g._keep = list(self._keep)
+        g._freed = set(self._freed)
         for n in self._nodes:
             params = dict(n._params)
             if n.type is NodeType.GRAPH:
