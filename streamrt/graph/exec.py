@@ -154,8 +154,9 @@ class GraphExec:
         key = (stream.id, bool(instrument.listeners))  # instrumented plans wrap every node
         plan = self._plans.get(key)
         if plan is not None and self._bound_at != SPACE.generation and self._binds():
-            # memory was freed or remapped since kernel binders made their views: make them
-            # again (a view of memory that is gone must fail as the kernel body would)
+            # memory was freed or remapped since kernel binders, copies and memsets made their
+            # views: make them again (a view of memory that is gone must fail as the kernel body
+            # would; graph memory mapped again by another exec is another buffer)
             self._plans = {k: v for k, v in self._plans.items() if not isinstance(k, tuple)}
             plan = None
         if plan is None:
@@ -171,10 +172,10 @@ class GraphExec:
         return plan
 
     def _binds(self) -> bool:
-        """Whether any kernel node (child graphs too) has a binder (cached per template)."""
+        """Whether any node (child graphs too) has memory views made at compile time: a kernel
+        with a binder, or a copy or memset of device memory (cached per template)."""
         if self._has_binds is None:
-            self._has_binds = any(n.type is NodeType.KERNEL and n._params["kernel"].bind is not None
-                                  for n in self._template._walk())
+            self._has_binds = any(_binds(n) for n in self._template._walk())
         return self._has_binds
 
     # -- launch --------------------------------------------------------------------------------
@@ -394,6 +395,16 @@ class GraphExec:
 
 
 # -- helpers -------------------------------------------------------------------------------------
+def _binds(n: Node) -> bool:
+    """Whether a node's compiled op holds views of device memory (see ``plan.op_of``)."""
+    p = n._params
+    if n.type is NodeType.KERNEL:
+        return p["kernel"].bind is not None
+    if n.type is NodeType.MEMCPY:
+        return is_int(p["dst"]) or is_int(p["src"])
+    return n.type is NodeType.MEMSET
+
+
 def _kinds(p: dict[str, Any]) -> tuple:
     def kind(x: Any) -> Any:
         if is_int(x):
