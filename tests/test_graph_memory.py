@@ -209,6 +209,28 @@ def test_graph_memory_auto_free_on_launch_frees_the_previous_allocation(s, dev):
     assert dev.graph_mem_info()["used"] == base
     ge.destroy()
 
+def test_graph_memory_auto_free_waits_for_a_launch_that_cannot_be_refused(s, dev):
+    # a relaunch refused while making its plan (a memset node of memory freed since) freed the
+    # previous launch's allocation anyway: the program's pointer to it died with no launch
+    base = dev.graph_mem_info()["used"]
+    p = srt.malloc(64)
+    g = srt.Graph()
+    a = g.add_mem_alloc_node(UNIT)
+    g.add_memset_node(p, 1, 64, deps=a)
+    ge = g.instantiate(auto_free_on_launch=True)
+    ge.launch(s)
+    s.synchronize()
+    srt.free(p)
+    with pytest.raises(srt.InvalidAddressError):
+        ge.launch(s)
+    assert dev.graph_mem_info()["used"] - base == UNIT  # still live: nothing launched
+    s.memset(a.ptr, 2, UNIT)  # still the program's
+    s.free(a.ptr)
+    s.synchronize()
+    assert dev.graph_mem_info()["used"] == base
+    ge.destroy()
+
+
 FREES = ["s.free", "srt.free"]  # cudaFreeAsync, or cudaFree (synchronous), outside the graph
 
 

@@ -198,8 +198,9 @@ class GraphExec:
                 return
             # the capture ended meanwhile: this launch came after the end, it runs on the stream
         with self._lock:
-            auto_freed = self._check_memory()
-            plan = self._plan(stream)
+            self._check_memory()
+            plan = self._plan(stream)  # may refuse too (memory a node uses is gone)
+            auto_freed = self._auto_free()  # once nothing can refuse the launch any more
             last = self._last
             if last is not None and last[0] is not stream:
                 other, pos, clock = last
@@ -256,9 +257,8 @@ class GraphExec:
             else:
                 event._check_alive()
 
-    def _check_memory(self) -> list[Any]:
-        """Refuse a launch that would reuse live graph memory; returns the allocations that
-        ``auto_free_on_launch`` frees as it starts (the sanitizer ends their generation)."""
+    def _check_memory(self) -> None:
+        """Refuse a launch that would reuse live graph memory."""
         mine = {id(a) for a in self._allocs}
         for n in self._mem_nodes:
             if n.type is NodeType.MEM_ALLOC:
@@ -272,6 +272,10 @@ class GraphExec:
                 a = n._params["alloc"]
                 if id(a) not in mine and not a.live:
                     raise InvalidValueError(f"{n!r} frees {a!r}, which is not live")
+
+    def _auto_free(self) -> list[Any]:
+        """The allocations the previous launch left live, which ``auto_free_on_launch`` frees as
+        this one starts (the sanitizer ends their generation)."""
         freed = []
         if self.auto_free_on_launch:
             for a in self._allocs:
