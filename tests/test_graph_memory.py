@@ -212,6 +212,9 @@ def test_graph_memory_auto_free_on_launch_frees_the_previous_allocation(s, dev):
 def test_graph_memory_auto_free_waits_for_a_launch_that_cannot_be_refused(s, dev):
     # a relaunch refused while making its plan (a memset node of memory freed since) freed the
     # previous launch's allocation anyway: the program's pointer to it died with no launch
+    if s.device.backend != "cpu":
+        pytest.skip("a launch writing freed memory is undefined in CUDA (an illegal address); "
+                    "the cpu backend refuses it")
     base = dev.graph_mem_info()["used"]
     p = srt.malloc(64)
     g = srt.Graph()
