@@ -76,6 +76,11 @@ def memcpy(dst: Any, src: Any, nbytes: int) -> None:
     """Synchronous copy (``cudaMemcpy``) on the current stream (or the device owning the memory)."""
     check_unsafe("srt.memcpy")
     s = _stream_for(dst, src)
+    # as cudaMemcpy/cudaMemcpyPeer: serialized with the pending work of the current device and
+    # of both ends' devices, not only with the device whose legacy stream runs the copy
+    for dev in _devices_of(dst, src):
+        if dev is not s.device:
+            s.wait(dev.default_stream.record())
     s.memcpy(dst, src, nbytes)
     s.synchronize()
 
@@ -102,6 +107,17 @@ def _stream_for(*ends: Any) -> Any:
             if dev is not None and dev is not s.device:
                 return dev.default_stream
     return s
+
+
+def _devices_of(*ends: Any) -> list[Any]:
+    """The current device and the devices whose memory the device pointers among ``ends`` are."""
+    out = [current_device()]
+    for end in ends:
+        if is_int(end):
+            dev = device_of(int(end))
+            if dev is not None and dev not in out:
+                out.append(dev)
+    return out
 
 
 def read(ptr: int, shape: Any, dtype: Any) -> np.ndarray:

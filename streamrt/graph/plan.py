@@ -259,7 +259,9 @@ def op_of(n: Node, stream: Stream) -> tuple | None:
     p = n._params
     t = n.type
     if t is NodeType.KERNEL:
-        ctx = KernelContext(p["grid"], p["block"], stream.device, stream)
+        # the node runs on the device it was made for (cudaGraphKernelNodeParams: the context
+        # at creation), whichever device's stream launches the graph
+        ctx = KernelContext(p["grid"], p["block"], p["device"], stream)
         k = p["kernel"]
         if k.bind is not None and not instrument.listeners:  # views made now, once
             return (k.bind(ctx, *p["args"]), ())
