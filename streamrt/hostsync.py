@@ -95,13 +95,26 @@ def after_sync(device: Device, covered: list[tuple[Stream, int]], extra: list | 
         if sanitizer.enabled():
             # a kernel the sanitizer stopped failed with its SanitizerError: report the finding
             errors = [e for e in errors if not isinstance(e[1], SanitizerError)]
-            sanitizer.raise_pending()
+            if not errors:  # else a finding waits for the next synchronize: the failures taken
+                sanitizer.raise_pending()  # here would be lost behind it
     if errors:
         pos, exc, what, where = errors[0]
         more = f" (and {len(errors) - 1} more failure(s))" if len(errors) > 1 else ""
         raise LaunchError(
-            f"{what} on stream {where} raised {type(exc).__name__}: {exc}{more}"
+            f"{what} on stream {where} raised {type(exc).__name__}: {_text(exc)}{more}"
         ) from exc
+
+
+def _text(exc: BaseException, limit: int = 2000) -> str:
+    """``str(exc)`` for a message, cut to ``limit`` characters; never raises: a failing
+    ``__str__`` would replace the failure being reported (and lose it: it was taken)."""
+    try:
+        text = str(exc)
+    except BaseException as err:
+        return f"<str() of the exception raised {type(err).__name__}>"
+    if len(text) > limit:
+        text = f"{text[:limit]}... ({len(text)} characters)"
+    return text
 
 
 def synchronize_device(device: Device, *, skip_capturing: bool = False) -> None:

@@ -28,6 +28,16 @@ listeners: list[Any] = []  # objects with op_start(op), op_end(op) and optional 
 GRAPH_MEMORY = "_graph_memory"
 
 
+def fn_label(fn: Any) -> str:
+    """How labels name a user callable: its qualified name, else its repr; never raises (a
+    label is made on a worker thread too, where an escaping error would stop the stream)."""
+    try:
+        name = getattr(fn, "__qualname__", None)
+        return name if isinstance(name, str) else repr(fn)
+    except Exception:
+        return f"<{type(fn).__name__} object>"
+
+
 class OpInfo:
     """One enqueued operation, as the sanitizer and the tracer see it."""
 

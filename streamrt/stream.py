@@ -361,7 +361,7 @@ class Stream:
         if cap is not None:
             return cap.add_host(self, fn, args)
         op, a = self._q.op_host(fn, args)
-        self._submit(op, a, "host", getattr(fn, "__qualname__", repr(fn)))
+        self._submit(op, a, "host", instrument.fn_label(fn))
 
     def _after_record(self) -> None:
         """Give a free right after an event record a position of its own. A free adds no work

@@ -416,17 +416,26 @@ class CpuQueue(Queue):
 
 
 def describe(fn: Callable[..., Any], args: tuple, exc: BaseException | None = None) -> str:
-    """A human label for a queued operation (used only when it failed, raising ``exc``)."""
+    """A human label for a queued operation (used only when it failed, raising ``exc``); never
+    raises: the worker makes it, and an error escaping there would stop the stream for good."""
+    try:
+        return _describe(fn, args, exc)
+    except BaseException:  # a user object's repr or notes failed: the label is only cosmetic
+        return getattr(fn, "__name__", "operation")
+
+
+def _describe(fn: Callable[..., Any], args: tuple, exc: BaseException | None) -> str:
     if fn is instrument.run and len(args) == 3:  # wrapped by the sanitizer or tracer: the op inside
         return describe(args[1], args[2], exc)
-    node = [n for n in getattr(exc, "__notes__", ()) if n.startswith("in graph node: ")]
+    node = [n for n in getattr(exc, "__notes__", ())
+            if isinstance(n, str) and n.startswith("in graph node: ")]
     if node:  # a graph launch (see graph.plan): the node that failed
         return f"graph launch ({node[-1][3:]})"
     label = getattr(fn, "__self__", None)
     if label is not None and hasattr(label, "name"):  # a bound Kernel method
         return f"kernel {label.name!r}"
     if fn is host_call and args:
-        return f"host function {getattr(args[0], '__qualname__', repr(args[0]))!r}"
+        return f"host function {instrument.fn_label(args[0])!r}"
     return getattr(fn, "__name__", repr(fn))
 
 

@@ -33,6 +33,7 @@ from ..errors import (
     NotSupportedError,
     OutOfMemoryError,
 )
+from ..instrument import fn_label
 from ..reclaim import Reclaim
 from .base import Backend, DeviceImpl, Queue
 
@@ -312,7 +313,7 @@ class CudaQueue(Queue):
 
     def _host(self, fn: Callable[..., Any], args: tuple) -> None:
         pos = self.pos
-        label = f"host function {getattr(fn, '__qualname__', repr(fn))!r}"
+        label = f"host function {fn_label(fn)!r}"
         job = hostfn.add(fn, args, lambda exc: self._errors.append((pos, exc, label)))
         _activate(self.dev.index)
         try:

@@ -16,6 +16,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from ..graph.node import NodeType
+from ..instrument import fn_label
 from ..stream import _endpoint  # device pointers checked by the backend, host buffers as views
 from . import cuda_hostfn as hostfn
 from .cuda import _activate, _host_ptr, check, drv, rt
@@ -94,7 +95,7 @@ class NativeGraph:
             self._built[node] = int(made)
         elif t is NodeType.HOST:
             fn, args = p["fn"], tuple(p["args"])
-            label = f"host node {getattr(fn, '__qualname__', repr(fn))!r}"
+            label = f"host node {fn_label(fn)!r}"
             job = hostfn.add_repeating(
                 fn, args, lambda exc, label=label, to=self._launches: to.error(exc, label))
             self._jobs.append(job)

@@ -6,6 +6,8 @@ from enum import Enum
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from ..instrument import fn_label
+
 if TYPE_CHECKING:
     from .graph import Graph
 
@@ -75,7 +77,7 @@ class Node:
         if t is NodeType.MEMSET:
             return f"MEMSET {hex(p['ptr'])} = {p['value']} x {p['nbytes']} B"
         if t is NodeType.HOST:
-            return f"HOST {getattr(p['fn'], '__qualname__', repr(p['fn']))}"
+            return f"HOST {fn_label(p['fn'])}"
         if t is NodeType.GRAPH:
             return f"GRAPH ({len(p['graph']._nodes)} nodes)"
         if t is NodeType.MEM_ALLOC:

@@ -91,7 +91,10 @@ def _in_node(exc: BaseException, fn: Any, args: tuple) -> BaseException:
     if fn is _node_call:  # instrumented: the node's own call
         fn, args = args[1], args[2]
     if fn is not None:
-        exc.add_note(f"in graph node: {cpu.describe(fn, args)}")
+        try:
+            exc.add_note(f"in graph node: {cpu.describe(fn, args)}")
+        except Exception:  # ``__notes__`` is not a list: the failure matters, not its label
+            pass
     return exc
 
 
@@ -251,7 +254,7 @@ def _describe(n: Node) -> tuple[str, str, tuple]:
     if n.type is NodeType.MEMSET:
         return "memset", f"memset {p['nbytes']} B", ((p["ptr"], p["nbytes"], True),)
     if n.type is NodeType.HOST:
-        return "host", getattr(p["fn"], "__qualname__", repr(p["fn"])), ()
+        return "host", instrument.fn_label(p["fn"]), ()
     return "kernel", p["kernel"].name, ()
 
 
