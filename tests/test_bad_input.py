@@ -203,3 +203,25 @@ def test_bad_input_misaligned_tensor_pointer_is_refused(s, dtype, off):
     ops.add(None, size, ex, s)  # the executor still holds its aligned addresses
     ex.destroy()
     s.free(p)
+
+
+def test_bad_input_misaligned_workspace_is_refused(s):
+    # the operators keep float32/float64 partials there: a GPU faults on a workspace off 8 bytes.
+    # Sizes are rounded to 8, so a workspace placed exactly at the end of a buffer stays aligned
+    from streamrt import ops
+
+    x = srt.Tensor.from_numpy(np.ones((3, 5000), np.float32), stream=s)
+    out = srt.Tensor.empty((3,), np.float32, stream=s)
+    size, ex = ops.reduce_sum.get_workspace_size(x, out, axis=1)
+    assert size and size % 8 == 0
+    ex.set_repeatable()
+    base = s.malloc(size + 64)
+    for off in (1, 4):
+        with pytest.raises(srt.ExecutorError, match="not aligned to 8"):
+            ops.reduce_sum(base + off, size, ex, s)
+    ops.reduce_sum(base + 64, size, ex, s)  # exactly size bytes before the end: aligned
+    assert out.numpy(s).tolist() == [5000.0] * 3
+    ex.destroy()
+    s.free(base)
+    x.free(s)
+    out.free(s)

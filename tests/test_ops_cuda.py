@@ -552,13 +552,14 @@ def test_plan_softmax_kinds(shape, axis, stats):
 
 # exact workspace sizes: independent formulas for contiguous tensors ----------------------------------
 def _total(sizes: list[int]) -> int:
-    """Bytes of regions laid out in order, each starting on 64 bytes, no trailing padding."""
+    """Bytes of regions laid out in order, each starting on 64 bytes, the end rounded to the
+    workspace alignment (8 bytes)."""
     off = end = 0
     for s in sizes:
         if s:
             end = off + s
             off += -(-s // 64) * 64
-    return end
+    return -(-end // 8) * 8
 
 
 def ws_reduce(shape, axis, dt) -> int:
@@ -606,7 +607,8 @@ def ws_rows(shape, rows, dt) -> int:
 def ws_matmul(m, n, k, nbatch, dt) -> int:
     """matmul: the split-K partial products, when K is split."""
     splits, _ = cu_matmul.splits_for(m, n, k, nbatch)
-    return 0 if splits == 1 or m * n * nbatch == 0 else splits * nbatch * m * n * ACC[dt].itemsize
+    return 0 if splits == 1 or m * n * nbatch == 0 else _total(
+        [splits * nbatch * m * n * ACC[dt].itemsize])
 
 
 @settings(max_examples=150, deadline=None)

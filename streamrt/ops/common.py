@@ -13,11 +13,15 @@ import numpy as np
 
 from ..tensor import TensorDesc
 
-__all__ = ["F16", "F32", "F64", "FLOATS", "acc_dtype", "view", "region", "Layout"]
+__all__ = ["F16", "F32", "F64", "FLOATS", "WORKSPACE_ALIGN", "acc_dtype", "view", "region",
+           "Layout"]
 
 F16, F32, F64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
 FLOATS = (F16, F32, F64)
 ALIGN = 64  # each workspace region starts on a cache line
+# a workspace's address and size: the widest element a region holds (float64 partials); phase 2
+# refuses a workspace address off it, where a GPU kernel would fault
+WORKSPACE_ALIGN = 8
 
 
 def acc_dtype(*dtypes: np.dtype) -> np.dtype:
@@ -59,5 +63,7 @@ class Layout:
         return off
 
     def total(self) -> int:
-        """The exact workspace size (no trailing padding); 0 when no region was reserved."""
-        return self.end
+        """The workspace size: the last region's end, rounded to ``WORKSPACE_ALIGN`` (so that a
+        workspace placed exactly at the end of a buffer stays aligned); 0 when no region was
+        reserved."""
+        return -(-self.end // WORKSPACE_ALIGN) * WORKSPACE_ALIGN

@@ -75,10 +75,6 @@ def check_room(what: str, ptr: int, need: int, device: Any, align: int = 1) -> i
     there."""
     from ..memory import device_of, usable_bytes  # stream.py must be imported before memory.py
 
-    if ptr % align:  # the cpu backend would not care; a GPU kernel faults, and the context dies
-        raise ExecutorError(f"{what}: {hex(ptr)} is not aligned to {align} bytes "
-                            "(cudaErrorMisalignedAddress on a GPU)", PARAM_INVALID)
-
     have = usable_bytes(ptr)
     if have is None:
         raise ExecutorError(f"{what}: {hex(ptr)} is not in a live device allocation (freed, or "
@@ -88,6 +84,9 @@ def check_room(what: str, ptr: int, need: int, device: Any, align: int = 1) -> i
     if have < need:
         raise ExecutorError(f"{what}: {hex(ptr)} holds {have} bytes, {need} are needed",
                             PARAM_INVALID)
+    if ptr % align:  # the cpu backend would not care; a GPU kernel faults, and the context dies
+        raise ExecutorError(f"{what}: {hex(ptr)} is not aligned to {align} bytes "
+                            "(cudaErrorMisalignedAddress on a GPU)", PARAM_INVALID)
     return have
 
 
