@@ -79,7 +79,7 @@ def memcpy(dst: Any, src: Any, nbytes: int) -> None:
     # as cudaMemcpy/cudaMemcpyPeer: serialized with the pending work of the current device and
     # of both ends' devices, not only with the device whose legacy stream runs the copy
     for dev in _devices_of(dst, src):
-        if dev is not s.device:
+        if dev is not s.device and dev.backend == s.device.backend:  # no cross-backend waits
             s.wait(dev.default_stream.record())
     s.memcpy(dst, src, nbytes)
     s.synchronize()

@@ -24,7 +24,8 @@ class Dim3(NamedTuple):
     z: int = 1
 
 
-_DIMS: dict[Any, Dim3] = {}
+# normalised dims by kind: the limits differ, so a grid checked must not pass as a block
+_DIMS: dict[str, dict[Any, Dim3]] = {"grid": {}, "block": {}}
 # what every NVIDIA GPU since compute capability 3.0 accepts (cudaDeviceProp maxGridSize,
 # maxThreadsDim, maxThreadsPerBlock)
 _MAX_GRID = (2**31 - 1, 65535, 65535)
@@ -46,8 +47,9 @@ def exact_ints(value: Any) -> bool:
 def dim3(value: Any, what: str = "grid") -> Dim3:
     """Normalise an int or a 1-3 tuple of positive ints to a :class:`Dim3` (cached)."""
     # True == 1 and 2.0 == 2 (in tuples too) would find the int's entry: only ints may hit
+    cache = _DIMS["block" if what == "block" else "grid"]
     if exact_ints(value):
-        cached = _DIMS.get(value)
+        cached = cache.get(value)
         if cached is not None:
             return cached
     if is_int(value):
@@ -70,8 +72,8 @@ def dim3(value: Any, what: str = "grid") -> Dim3:
         raise InvalidValueError(
             f"{what} {tuple(d)} is past CUDA's limits: {what} dimensions up to {limits}"
             + (f", at most {_MAX_THREADS} threads in all" if what == "block" else ""))
-    if exact_ints(value) and len(_DIMS) < 4096:
-        _DIMS[value] = d
+    if exact_ints(value) and len(cache) < 4096:
+        cache[value] = d
     return d
 
 

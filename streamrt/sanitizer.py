@@ -223,6 +223,7 @@ class Sanitizer:
         self._inflight: list[int] = []  # heap of enqueued operations' sequence numbers
         self._finished: set[int] = set()  # finished ones still in the heap (lazy deletion)
         self._tags: dict[int, str] = {}
+        self._since = 0  # enqueue sequence of the latest restart: operations before it go unjudged
 
     def _restart(self) -> None:
         """Start from the program as it is now (the sanitizer is being turned on): what happened
@@ -239,13 +240,16 @@ class Sanitizer:
             self._max = 0
             self._inflight.clear()  # ops enqueued while on, whose end it then did not see
             self._finished.clear()
+            # those ops may still run: checked against the new history, their memory would have
+            # been allocated after them (a false use-before-alloc)
+            self._since = next(instrument._seq)
         arenas = {base for pool in members(_pools) for base in pool._chunks}
         live = [(a.base, a.size) for a in SPACE.allocations()
                 if a.device >= 0 and a.base not in arenas]  # srt.malloc's memory
         for ptr, pool in list(_owners.items()):  # pool blocks
-            b = pool._blocks.get(ptr) if hasattr(pool, "_blocks") else None
-            if b is not None and b.live:
-                live.append((ptr, b.size))
+            size = pool._usable(ptr)
+            if size is not None:
+                live.append((ptr, size))
         for ptr, nbytes in live:
             self._allocated(ptr, nbytes, _Event(None, f"allocation of {hex(ptr)} ({nbytes} B), "
                                                       "made before the sanitizer was enabled"),
@@ -336,6 +340,8 @@ class Sanitizer:
             gens.sort(key=_seq_of, reverse=True)
             # the generation the program meant: the newest allocated before the op was enqueued
             seq = _top(op).seq
+            if seq < self._since:  # enqueued before the sanitizer was last turned on
+                return None
             cur = next((g for g in gens if g.alloc.seq < seq), None)
             if cur is None or not _alloc_before(cur.alloc, op):
                 if gens:

@@ -156,3 +156,21 @@ def test_graph_kernel_node_runs_on_its_own_device(devs):
         s1.synchronize()
         ge.destroy()
     assert seen == [d0, d0]
+
+
+def test_memcpy_sync_of_another_backends_memory_with_a_busy_current_device():
+    # the current device (cpu:0, its legacy stream used) is of another backend than the memory
+    # copied (cuda:0): its legacy stream was waited on by cuda's, a cross-backend stream wait
+    # (AssertionError "streams of one backend only")
+    from .conftest import backend_device
+
+    cuda = backend_device("cuda")
+    cpu = srt.Device("cpu:0")
+    p = srt.malloc(64, device=cuda)
+    with cpu:
+        q = srt.malloc(64)
+        cpu.default_stream.memset(q, 0, 64)  # work on cpu:0's legacy stream
+        srt.memset(p, 3, 64)
+        assert (srt.read(p, (64,), np.uint8) == 3).all()
+        srt.free(q)
+    srt.free(p)

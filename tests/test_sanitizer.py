@@ -184,6 +184,36 @@ def test_sanitizer_enabled_mid_program_knows_the_live_allocations(dev):
             srt.sanitizer.enable()
 
 
+def test_sanitizer_turned_back_on_does_not_judge_work_enqueued_before(dev):
+    # an operation enqueued in an earlier on period that runs after enable() was checked
+    # against the new history, where its memory was allocated after it: a false use-before-alloc
+    was = srt.sanitizer.enabled()
+    srt.sanitizer.disable()
+    try:
+        (a,) = streams(dev, 1)
+        p = a.malloc(1024)
+        dev.synchronize()
+        srt.sanitizer.clear()
+        srt.sanitizer.enable("collect")
+        gate = threading.Event()
+        a.launch_host_func(gate.wait)
+        a.launch(write_k, p, 256, 4.0)  # enqueued while on, runs once on again
+        srt.sanitizer.disable()
+        srt.sanitizer.enable("collect")
+        gate.set()
+        a.launch(write_k, p, 256, 5.0)  # checked: ordered after the allocation
+        dev.synchronize()
+        assert kinds(srt.sanitizer.report()) == []
+        assert srt.read(p, (1,), np.float32)[0] == 5.0
+        a.free(p)
+        dev.synchronize()
+    finally:
+        srt.sanitizer.disable()
+        srt.sanitizer.clear()
+        if was:
+            srt.sanitizer.enable()
+
+
 def test_sanitizer_checks_an_access_only_against_unordered_ones(dev, san, monkeypatch):
     # each access once scanned every access to its buffer the host had not proven complete:
     # thousands of ordered launches on one buffer without a synchronize went quadratic

@@ -99,6 +99,20 @@ def test_stream_launch_past_cuda_limits_is_refused_on_every_backend(s, grid, blo
     s.free(p)
 
 
+def test_stream_launch_grid_accepted_before_is_still_checked_as_a_block(s):
+    # the normalised-dims cache was shared by grids and blocks: a grid of 2048 cached first let
+    # a block of 2048 through (2048 threads: cudaErrorInvalidConfiguration on a GPU)
+    p = s.malloc(4)
+    s.launch(fill_kernel, p, 1, 1.0, grid=2048)
+    s.launch(fill_kernel, p, 1, 1.0, grid=(4096, 2))
+    with pytest.raises(srt.InvalidValueError, match="CUDA's limits"):
+        s.launch(fill_kernel, p, 1, 1.0, block=2048)
+    with pytest.raises(srt.InvalidValueError, match="CUDA's limits"):
+        srt.Graph().add_kernel_node(fill_kernel, p, 1, 1.0, block=(4096, 2))
+    s.synchronize()
+    s.free(p)
+
+
 def test_stream_launch_needs_a_kernel(s):
     with pytest.raises(srt.InvalidTypeError):
         s.launch(lambda ctx: None)
