@@ -133,7 +133,8 @@ def synchronize_device(device: Device, *, skip_capturing: bool = False) -> None:
     # other threads enqueue meanwhile is not proved
     live = [(s, s._clock.copy(), s._pos) for s in streams]
     dead = [(s, s._clock.copy(), s._pos) for s in members(device.__dict__.get("_dead_streams"))]
-    seen = [(s, reach(s, pos, clock)[0]) for s, clock, pos in live]
+    reached = [(s, *reach(s, pos, clock)) for s, clock, pos in live]  # what each proved
+    seen = [(s, pos) for s, pos, _clock in reached]
     retired = device.__dict__.get("_retired", [])
     drained = list(retired)  # destroyed streams' queues: all their work
     for q in drained:
@@ -146,7 +147,7 @@ def synchronize_device(device: Device, *, skip_capturing: bool = False) -> None:
             # with the failures it may still report
             with contextlib.suppress(ValueError):  # another synchronize removed it first
                 retired.remove(q)
-    for s, clock, _pos in live:
+    for s, _pos, clock in reached:
         _forget_gone(s, clock)
     after_sync(device, seen, extra=drained)
 

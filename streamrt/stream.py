@@ -391,9 +391,9 @@ class Stream:
         """Stream-ordered free (``cudaFreeAsync``): the block returns to its pool after prior work."""
         if type(ptr) is not int:
             ptr = check_ptr(ptr)
-        if self._recorded == self._pos:  # an event recorded just before: the free comes after it
-            self._after_record()
         pool = _owners_get(ptr)
+        if self._recorded == self._pos and (pool is not None or graph_memory.find(ptr) is not None):
+            self._after_record()  # an event recorded just before: the free comes after it
         if pool is not None and not (self._slow or _global_slow):
             return pool._free(self, ptr)
         self._check_alive()

@@ -699,3 +699,14 @@ def test_pool_srt_free_makes_block_ready_for_any_stream(dev):
     before = pool.stats()
     assert other.malloc(BLOCK, pool) == p
     assert served(pool, before) == ["reuse_after_sync"]
+
+
+def test_pool_refused_free_after_a_record_leaves_the_stream_as_it_was(dev):
+    # the free's own position (see the test above) is taken only for a free that goes ahead: a
+    # refused cudaFreeAsync enqueues nothing
+    s = stream(dev)
+    s.record()
+    pos = s._pos
+    with pytest.raises(srt.InvalidAddressError):
+        s.free(12345)
+    assert s._pos == pos
