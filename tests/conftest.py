@@ -25,6 +25,16 @@ from streamrt.kernel import Kernel
 BUF_N = 16  # float32 elements of the ``buf``/``out`` fixtures
 
 
+@pytest.fixture
+def san():
+    """The sanitizer on in collect mode, findings cleared before and after."""
+    srt.sanitizer.clear()
+    srt.sanitizer.enable("collect")
+    yield srt.sanitizer
+    srt.sanitizer.disable()
+    srt.sanitizer.clear()
+
+
 @pytest.fixture(autouse=True)
 def _sanitizer_as_found():
     """A test that switches the sanitizer leaves it as it found it: on for the rest of a

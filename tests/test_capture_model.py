@@ -23,7 +23,6 @@ is usable again.
 from __future__ import annotations
 
 import random
-import threading
 import time
 from collections import Counter
 
@@ -35,6 +34,8 @@ from hypothesis import strategies as hst
 import streamrt as srt
 from streamrt.backends import cpu
 from streamrt.graph import capture
+
+from .test_graph_capture import in_thread
 
 M = srt.CaptureMode
 T = srt.NodeType
@@ -58,24 +59,6 @@ def mix_kernel(ctx, dst, src, n, c):
 def ifill_kernel(ctx, dst, n, c):
     _jitter()
     ctx.array(dst, (n,), np.int32)[:] = c
-
-
-def in_thread(fn):
-    out: dict = {}
-
-    def body():
-        try:
-            out["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - handed back to the caller
-            out["error"] = exc
-
-    t = threading.Thread(target=body)
-    t.start()
-    t.join(timeout=30)
-    assert not t.is_alive(), "helper thread hung"
-    if "error" in out:
-        raise out["error"]
-    return out.get("value")
 
 
 # -- program generation -------------------------------------------------------------------------

@@ -21,15 +21,6 @@ def devs():
     d1.synchronize()
 
 
-@pytest.fixture
-def san():
-    srt.sanitizer.clear()
-    srt.sanitizer.enable("collect")
-    yield srt.sanitizer
-    srt.sanitizer.disable()
-    srt.sanitizer.clear()
-
-
 @srt.kernel
 def fill_k(ctx, p, n, v):
     ctx.array(p, (n,), np.float32)[:] = v

@@ -18,9 +18,11 @@ HERE = "test_sanitizer.py:"
 
 
 @pytest.fixture
-def san():
+def san_off():
+    """The sanitizer off and its findings cleared, for a test that turns it on mid-program (the
+    conftest puts it back as the run had it)."""
+    srt.sanitizer.disable()
     srt.sanitizer.clear()
-    srt.sanitizer.enable("collect")
     yield srt.sanitizer
     srt.sanitizer.disable()
     srt.sanitizer.clear()
@@ -148,70 +150,52 @@ def test_sanitizer_unordered_write_never_drops_out_of_the_history(dev, san):
     srt.free(p)
 
 
-def test_sanitizer_enabled_mid_program_knows_the_live_allocations(dev):
+def test_sanitizer_enabled_mid_program_knows_the_live_allocations(dev, san_off):
     # pool memory allocated before enable() was "pool memory that no allocation ever covered"
     # (a false invalid-address); and after an off/on cycle, operations enqueued while it was on
     # whose end it never saw stopped it forgetting any access for the rest of the process
     import streamrt.sanitizer as sanitizer
 
-    was = srt.sanitizer.enabled()
+    a, b = streams(dev)
+    p = a.malloc(1024)
+    q = srt.malloc(256)
+    a.launch(write_k, p, 256, 1.0)
+    dev.synchronize()
+    srt.sanitizer.enable("collect")
+    a.launch(write_k, p, 256, 2.0)
+    a.launch(write_k, q, 64, 2.0)
+    b.launch(write_k, p, 256, 3.0)  # BUG: unordered with a's write: still found
+    dev.synchronize()
+    assert kinds(srt.sanitizer.report()) == ["race"]  # and no invalid address
+    a.launch(write_k, p, 256, 4.0)  # enqueued while on, run after the sanitizer is off
     srt.sanitizer.disable()
-    try:
-        a, b = streams(dev)
-        p = a.malloc(1024)
-        q = srt.malloc(256)
-        a.launch(write_k, p, 256, 1.0)
-        dev.synchronize()
-        srt.sanitizer.clear()
-        srt.sanitizer.enable("collect")
-        a.launch(write_k, p, 256, 2.0)
-        a.launch(write_k, q, 64, 2.0)
-        b.launch(write_k, p, 256, 3.0)  # BUG: unordered with a's write: still found
-        dev.synchronize()
-        assert kinds(srt.sanitizer.report()) == ["race"]  # and no invalid address
-        a.launch(write_k, p, 256, 4.0)  # enqueued while on, run after the sanitizer is off
-        srt.sanitizer.disable()
-        dev.synchronize()
-        srt.sanitizer.enable("collect")
-        assert sanitizer._SAN._oldest_inflight() == 1 << 62  # nothing left in flight
-        a.free(p)
-        srt.free(q)
-        dev.synchronize()
-    finally:
-        srt.sanitizer.disable()
-        srt.sanitizer.clear()
-        if was:
-            srt.sanitizer.enable()
+    dev.synchronize()
+    srt.sanitizer.enable("collect")
+    assert sanitizer._SAN._oldest_inflight() == 1 << 62  # nothing left in flight
+    a.free(p)
+    srt.free(q)
+    dev.synchronize()
 
 
-def test_sanitizer_turned_back_on_does_not_judge_work_enqueued_before(dev):
+def test_sanitizer_turned_back_on_does_not_judge_work_enqueued_before(dev, san_off):
     # an operation enqueued in an earlier on period that runs after enable() was checked
     # against the new history, where its memory was allocated after it: a false use-before-alloc
-    was = srt.sanitizer.enabled()
+    (a,) = streams(dev, 1)
+    p = a.malloc(1024)
+    dev.synchronize()
+    srt.sanitizer.enable("collect")
+    gate = threading.Event()
+    a.launch_host_func(gate.wait)
+    a.launch(write_k, p, 256, 4.0)  # enqueued while on, runs once on again
     srt.sanitizer.disable()
-    try:
-        (a,) = streams(dev, 1)
-        p = a.malloc(1024)
-        dev.synchronize()
-        srt.sanitizer.clear()
-        srt.sanitizer.enable("collect")
-        gate = threading.Event()
-        a.launch_host_func(gate.wait)
-        a.launch(write_k, p, 256, 4.0)  # enqueued while on, runs once on again
-        srt.sanitizer.disable()
-        srt.sanitizer.enable("collect")
-        gate.set()
-        a.launch(write_k, p, 256, 5.0)  # checked: ordered after the allocation
-        dev.synchronize()
-        assert kinds(srt.sanitizer.report()) == []
-        assert srt.read(p, (1,), np.float32)[0] == 5.0
-        a.free(p)
-        dev.synchronize()
-    finally:
-        srt.sanitizer.disable()
-        srt.sanitizer.clear()
-        if was:
-            srt.sanitizer.enable()
+    srt.sanitizer.enable("collect")
+    gate.set()
+    a.launch(write_k, p, 256, 5.0)  # checked: ordered after the allocation
+    dev.synchronize()
+    assert kinds(srt.sanitizer.report()) == []
+    assert srt.read(p, (1,), np.float32)[0] == 5.0
+    a.free(p)
+    dev.synchronize()
 
 
 def test_sanitizer_checks_an_access_only_against_unordered_ones(dev, san, monkeypatch):
