@@ -184,6 +184,13 @@ class Device:
             pool._check_alive()
             self._pool = pool
 
+    def _forget_pool(self, pool: MemPool) -> None:
+        """A pool is being destroyed: the default pool is current again if it was (under the
+        lock ``set_mem_pool`` takes, so another thread's choice meanwhile stays)."""
+        with self._pool_lock:
+            if self._pool is pool:
+                self._pool = None
+
     def reset(self) -> None:
         """Synchronize, then destroy every stream, event, pool and allocation (``aclrtResetDevice``)."""
         from .hostsync import reset_device

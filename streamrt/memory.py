@@ -570,9 +570,7 @@ class MemPool(ArenaMixin, ReuseMixin):
             raise InvalidValueError("the default memory pool of a device cannot be destroyed")
         with self._lock:
             self._destroyed = True
-            with self.device._pool_lock:  # another thread's set_mem_pool meanwhile stays
-                if self.device._pool is self:
-                    self.device._pool = None
+            self.device._forget_pool(self)
             self._settle()
             self._release_granules(0)
             if self._arena and self._idle():

@@ -156,10 +156,8 @@ class NativeMemPool(MemPool):
         if self._is_default:
             raise InvalidValueError("the default memory pool of a device cannot be destroyed")
         self._final = {a: self.get_attr(a) for a in MemPoolAttr}
-        with self.device._pool_lock:  # another thread's set_mem_pool meanwhile stays
-            self._destroyed = True
-            if self.device._pool is self:
-                self.device._pool = None
+        self._destroyed = True  # before the forget: set_mem_pool checks it under the same lock
+        self.device._forget_pool(self)
         self._impl.pool_destroy(self._handle)
 
     def _reset(self) -> None:
