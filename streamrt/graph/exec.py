@@ -118,12 +118,8 @@ class GraphExec:
             for d in n._deps:
                 acc |= anc[d] | bit[d]
             anc[n] = acc
-        freed: dict[memory.GraphAlloc, Node] = {}
-        for f in free_nodes:
-            a = f._params["alloc"]
-            if a in freed:
-                raise InvalidValueError(f"{a!r} is freed twice in the graph ({f!r})")
-            freed[a] = f
+        # one free node per allocation: Graph._add refuses a second
+        freed = {f._params["alloc"]: f for f in free_nodes}
         by_device: dict[Any, list] = {}
         for n in alloc_nodes:
             a = n._params["alloc"]
