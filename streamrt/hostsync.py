@@ -32,12 +32,19 @@ def retire(device: Device, q: Any) -> None:
     q.close()
     retired = device.__dict__.setdefault("_retired", [])
     # a program that never synchronizes its device retires streams for days: drop the queues
-    # with nothing left to drain or report (finished first: a running worker may still fail)
-    for r in [r for r in retired if r.finished() and not r._errors]:
-        with contextlib.suppress(ValueError):  # another thread dropped it first
-            retired.remove(r)
+    # with nothing left to drain (finished first: a running worker may still fail)
+    _drop_reported(retired, [r for r in retired if r.finished()])
     if q not in retired:
         retired.append(q)
+
+
+def _drop_reported(retired: list[Any], done: list[Any]) -> None:
+    """Remove from ``retired`` the queues of ``done`` (all their work ran) with no failure left
+    to report, in place."""
+    for q in done:
+        if not q._errors:
+            with contextlib.suppress(ValueError):  # another thread removed it first
+                retired.remove(q)
 
 
 def covered(clock: dict[int, int]) -> list[tuple[Stream, int]]:
@@ -141,12 +148,8 @@ def synchronize_device(device: Device, *, skip_capturing: bool = False) -> None:
         q.drain()
     for s, clock, pos in dead:
         proved(s, pos, clock)
-    for q in drained:
-        if not q._errors:
-            # in place: a queue another thread retires meanwhile was not drained and stays,
-            # with the failures it may still report
-            with contextlib.suppress(ValueError):  # another synchronize removed it first
-                retired.remove(q)
+    # in place: a queue another thread retires meanwhile was not drained and stays
+    _drop_reported(retired, drained)
     for s, _pos, clock in reached:
         _forget_gone(s, clock)
     after_sync(device, seen, extra=drained)
