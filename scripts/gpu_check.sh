@@ -76,7 +76,7 @@ for name, probe in (
         print(f"{name:24s} not usable: {type(exc).__name__}: {str(exc)[:200]}")
 EOF
     echo "## streamrt info"
-    if [[ -f streamrt/__main__.py ]]; then
+    if [[ -f src/streamrt/__main__.py || -f streamrt/__main__.py ]]; then
         timeout 30 "$PY" -m streamrt info
     else  # no __main__.py in this version: the CLI module runs as a script
         timeout 30 "$PY" -m streamrt.cli info

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-BENCH_DIR = Path(__file__).resolve().parent.parent / "benchmarks"
+BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
 ORDER = (
     "eager_launch", "pool_alloc", "pool_footprint", "ops_cache", "graph_replay",
     "graph_instantiate", "graph_branches", "sanitizer_overhead",
