@@ -270,7 +270,7 @@ def test_event_synchronize_keeps_a_failure_the_worker_reports_meanwhile(dev):
     # operations: one that failed just after the list of remaining failures was built was lost.
     s = stream(dev)
     go2, go3 = threading.Event(), threading.Event()
-    s._q._errors = NextFailure([go2, go3])
+    s._q.errors = NextFailure([go2, go3])
     s.launch(fail_kernel, "one")
     e1 = s.record()
     s.launch(fail_after_kernel, go2, "two")
@@ -309,7 +309,7 @@ def test_stream_synchronize_reports_a_failure_once_to_concurrent_callers(dev):
     s = stream(dev)
     s.launch(fail_kernel, "once")
     executed(s)
-    errors = s._q._errors = PauseTaker(s._q._errors)
+    errors = s._q.errors = PauseTaker(s._q.errors)
 
     def first() -> None:
         errors.thread = threading.current_thread()

@@ -42,7 +42,7 @@ def _drop_reported(retired: list[Any], done: list[Any]) -> None:
     """Remove from ``retired`` the queues of ``done`` (all their work ran) with no failure left
     to report, in place."""
     for q in done:
-        if not q._errors:
+        if not q.errors:
             with contextlib.suppress(ValueError):  # another thread removed it first
                 retired.remove(q)
 

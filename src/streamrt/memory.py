@@ -151,7 +151,7 @@ class MemPool(ArenaMixin, ReuseMixin):
         _pools.add(self)
 
     def __new__(cls, device: Any = None, **kwargs: Any) -> MemPool:
-        if cls is MemPool and Device(device)._impl.native_pools:
+        if cls is MemPool and Device(device)._impl.pools is not None:
             from .native_pool import NativeMemPool  # the backend's own pools (cudaMemPool_t)
 
             return object.__new__(NativeMemPool)
@@ -159,7 +159,7 @@ class MemPool(ArenaMixin, ReuseMixin):
 
     @classmethod
     def _make_default(cls, device: Device) -> MemPool:
-        if device._impl.native_pools:
+        if device._impl.pools is not None:
             from .native_pool import NativeMemPool
 
             return NativeMemPool._make_default(device)

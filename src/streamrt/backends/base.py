@@ -1,17 +1,52 @@
-"""The small Backend interface: raw device memory, in-order queues, and a kernel context.
+"""The whole contract between the frontend and a backend: queues, devices, graph runners, pools.
 
 Semantics (vector clocks, legacy-stream ordering, pools, capture) live in the frontend; a
-backend only provides these primitives. A queue runs its operations in submission order and
-counts the ones it has completed, so that "position p of stream S is done" is one comparison.
+backend only provides the primitives declared here, and the frontend calls nothing else on a
+backend object. A queue runs its operations in submission order and counts the ones it has
+completed, so that "position p of stream S is done" is one comparison.
+
+Backends import from the frontend only data types and helpers that import no frontend module
+in turn: errors, graph node types, validation and labels.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import NotSupportedError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ..graph.node import Node
+
+# a flattened graph: ``(node, deps, enabled)`` in dependency order, child graphs inlined (a
+# None node is a child graph's exit, a join); ``deps`` index into the list
+Flat = list[tuple["Node | None", list[int], bool]]
+# the queue operation of a node, or None for one that does nothing on the device
+NodeOp = tuple[Callable[..., Any], tuple] | None
+
+
+class MemRange(NamedTuple):
+    """A backend allocation: ``size`` bytes at ``base``; ``device`` is -1 for pinned host memory.
+
+    ``kind`` is ``"malloc"`` (``srt.malloc``), ``"host"`` (``srt.malloc_host``), ``"arena"``
+    (a range :meth:`DeviceImpl.reserve` made for a pool), ``"pool"`` (a native pool's block) or
+    ``"graph"`` (graph memory: ``mapped`` False while no executable graph maps it)."""
+
+    base: int
+    size: int
+    device: int
+    kind: str
+    mapped: bool = True
+
+    @property
+    def end(self) -> int:
+        """One past the last byte."""
+        return self.base + self.size
 
 
 class Queue(ABC):
@@ -25,8 +60,7 @@ class Queue(ABC):
 
     done: int  # number of submitted operations that have completed
     name: str
-    _errors: list[tuple[int, BaseException, str]]  # failures: (position, exception, what)
-    inline: bool = False  # True when launches may bypass ``op_launch`` (the cpu fast path)
+    errors: list[tuple[int, BaseException, str]]  # failures: (position, exception, what)
 
     @abstractmethod
     def submit(self, fn: Callable[..., Any], args: tuple) -> None:
@@ -75,11 +109,11 @@ class Queue(ABC):
     def take_errors(self, upto: int | None = None) -> list[tuple[int, BaseException, str]]:
         """Remove and return the failures of operations at positions ``<= upto`` (all if None).
 
-        Worker threads append to ``_errors`` while host threads take from it, maybe two at once:
+        Worker threads append to ``errors`` while host threads take from it, maybe two at once:
         the list is changed in place only (a list built anew dropped a failure appended while it
         was built), and each failure goes to the caller whose removal of it succeeds (two
         synchronizes filtering the shared list both reported it)."""
-        errors = self._errors
+        errors = self.errors
         if not errors:
             return []
         taken = []
@@ -101,11 +135,96 @@ class Queue(ABC):
         return False  # unknown without asking the device: kept until a device synchronize
 
 
+class InlineQueue(Queue):
+    """A queue whose operations are the work itself, run by a host thread (the cpu backend).
+
+    The eager launch appends ``(kernel.fn, (ctx, *args))`` to :attr:`ops` itself and calls
+    :meth:`wake` when :attr:`idle` is set, without a call into the queue: both fields are part
+    of the contract. Such a queue never blocks in :meth:`submit`."""
+
+    ops: deque[tuple[Callable[..., Any], tuple]]  # submitted, not yet started
+    idle: bool  # the worker sleeps: the next submit must call wake()
+
+    @abstractmethod
+    def wake(self) -> None:
+        """Wake the idle worker."""
+
+
+class GraphRunner(ABC):
+    """An instantiated graph of one backend (``cudaGraphExec_t``): made by
+    :meth:`DeviceImpl.graph_runner`, launched as one queue operation."""
+
+    @abstractmethod
+    def op_launch(self, queue: Queue) -> tuple[Callable[..., Any], tuple]:
+        """The operation of ``queue`` that runs the whole graph."""
+
+    def upload(self, queue: Queue) -> None:
+        """Prepare the graph for launches on ``queue`` (``cudaGraphUpload``)."""
+        return None
+
+    def update(self, node: Node) -> bool:
+        """Take ``node``'s new parameters in place; False: the frontend makes a new runner."""
+        return False
+
+    def set_enabled(self, node: Node, enabled: bool) -> bool:
+        """Enable or disable ``node`` in place; False: the frontend makes a new runner."""
+        return False
+
+
+class NativePools(ABC):
+    """A backend's own stream-ordered pools (``cudaMemPool_t``): pools are opaque handles."""
+
+    @abstractmethod
+    def default(self) -> Any:
+        """The device's default pool (``cudaDeviceGetDefaultMemPool``)."""
+
+    @abstractmethod
+    def create(self, max_size: int) -> Any:
+        """A new pool (``cudaMemPoolCreate``); ``max_size`` 0 is no limit."""
+
+    @abstractmethod
+    def get(self, pool: Any, attr: int) -> int:
+        """An attribute (``cudaMemPoolGetAttribute``, values 1-8 as in CUDA)."""
+
+    @abstractmethod
+    def set(self, pool: Any, attr: int, value: int) -> None:
+        """Set an attribute (``cudaMemPoolSetAttribute``)."""
+
+    @abstractmethod
+    def malloc(self, pool: Any, nbytes: int, queue: Queue) -> int:
+        """Allocate in stream order on ``queue`` (``cudaMallocFromPoolAsync``)."""
+
+    @abstractmethod
+    def free(self, ptr: int, queue: Queue) -> None:
+        """Free in stream order on ``queue`` (``cudaFreeAsync``)."""
+
+    @abstractmethod
+    def free_now(self, ptr: int) -> None:
+        """Free and wait for it (``srt.free`` of a pool block)."""
+
+    @abstractmethod
+    def trim(self, pool: Any, keep: int) -> None:
+        """``cudaMemPoolTrimTo``."""
+
+    @abstractmethod
+    def destroy(self, pool: Any) -> None:
+        """``cudaMemPoolDestroy``."""
+
+
 class DeviceImpl(ABC):
-    """One device of a backend: memory and queues."""
+    """One device of a backend: memory, queues, kernel views, graphs and pools."""
 
     index: int
     capacity: int
+    # ``pools``: the backend's own pools, which MemPool then runs on; None: the frontend's pools
+    # over :meth:`reserve` ranges (the cpu backend)
+    pools: NativePools | None = None
+    # ``last_views``: ptr -> (shape, dtype, readonly, view), the view :meth:`view` made last at
+    # each address; the kernel context's fast path reads it without a call (may stay empty)
+    last_views: dict[int, tuple[Any, Any, bool, Any]]
+    # one graph runner per launching stream (True: its operations hold the stream's kernel
+    # contexts) or one per device (False)
+    runner_per_stream = False
 
     @abstractmethod
     def malloc(self, nbytes: int) -> int:
@@ -136,23 +255,38 @@ class DeviceImpl(ABC):
     def endpoint(self, ptr: int, nbytes: int) -> Any:
         """Resolve ``nbytes`` of device memory at ``ptr`` for a copy or fill (raises if invalid)."""
 
-    def contains(self, ptr: int, nbytes: int) -> bool:
-        """True when ``[ptr, ptr + nbytes)`` lies inside one live allocation of this device."""
-        return False  # cpu memory is found through its address space instead
+    def range_of(self, ptr: int) -> MemRange | None:
+        """The allocation of this device (or pinned host memory of its backend) holding
+        ``ptr``, or None."""
+        raise NotSupportedError(f"{type(self).__name__}.range_of")
 
-    def usable(self, ptr: int) -> int | None:
-        """Bytes from ``ptr`` to the end of the live allocation holding it (None: not one)."""
-        return None  # cpu memory is found through its address space instead
+    def view(self, ptr: int, shape: Any, dtype: Any, readonly: bool) -> np.ndarray:
+        """A numpy view of device memory for a kernel body, bounds-checked against its
+        allocation (``ctx.array``); recorded in :attr:`last_views`."""
+        raise NotSupportedError(
+            f"{type(self).__name__}: kernels see device memory only through their CUDA body")
+
+    def memory_generation(self) -> int:
+        """A count bumped whenever memory goes away or is remapped: views made before may be
+        stale (graph runners holding views are made again)."""
+        return 0
 
     def memory_info(self) -> tuple[int, int]:
         """``(free, total)`` bytes of device memory."""
         return max(self.capacity - self.used(), 0), self.capacity
 
-    native_pools = False  # True: MemPool runs on the backend's own pools (cudaMemPool)
+    # -- graphs -------------------------------------------------------------------------------
+    def graph_runner(self, flat: Flat, op_of: Callable[[int, Node], NodeOp]) -> GraphRunner:
+        """Instantiate a flattened graph. ``op_of(i, node)`` is the queue operation of an
+        enabled node made with the launching queue's ``op_*`` methods (a backend that replays
+        operations uses it; one with graphs of its own builds them from the nodes)."""
+        raise NotSupportedError(f"{type(self).__name__}.graph_runner")
 
-    # -- pool arenas (backends whose pools are the frontend's, i.e. ``native_pools`` False) ------
-    def reserve(self, nbytes: int) -> int:
-        """Reserve an address range whose memory is committed piecewise; returns its base."""
+    # -- pool arenas (backends whose pools are the frontend's: ``pools`` None) -------------------
+    def reserve(self, nbytes: int, *, check: Callable[[int, int], None] | None = None) -> int:
+        """Reserve an address range whose memory is committed piecewise; returns its base.
+        ``check(ptr, nbytes)`` raises InvalidAddressError unless a copy or memset's range lies in
+        one live block of the pool sub-allocating it (called when such work is enqueued)."""
         raise NotSupportedError(f"{type(self).__name__} has no pool arenas")
 
     def commit(self, nbytes: int) -> None:
@@ -166,7 +300,6 @@ class DeviceImpl(ABC):
     def unreserve(self, base: int) -> None:
         """Drop a reserved range."""
         raise NotSupportedError(f"{type(self).__name__} has no pool arenas")
-
 
     def reclaim(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)``, a finalizer's release of this device's memory (a backend whose
@@ -218,3 +351,8 @@ class Backend(ABC):
     @abstractmethod
     def owns_host(self, ptr: int) -> bool:
         """True when ``ptr`` is the start of live pinned memory of this backend."""
+
+    def range_of(self, ptr: int) -> MemRange | None:
+        """The allocation of any device of this backend, or its pinned host memory, holding
+        ``ptr`` (None: none)."""
+        raise NotSupportedError(f"{type(self).__name__}.range_of")

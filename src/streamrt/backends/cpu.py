@@ -304,7 +304,7 @@ class CpuQueue(Queue):
         self._targets: list[int] = []
         self._wake_at: float = _NEVER
         self._closed = False
-        self._errors: list[tuple[int, BaseException, str]] = []
+        self.errors: list[tuple[int, BaseException, str]] = []
         self._thread = threading.Thread(target=self._run, name=f"streamrt-{name}", daemon=True)
         self._thread.start()
 
@@ -374,7 +374,7 @@ class CpuQueue(Queue):
             try:
                 fn(*args)
             except BaseException as exc:  # reported at the next synchronize, never lost
-                self._errors.append((done + 1, exc, describe(fn, args, exc)))
+                self.errors.append((done + 1, exc, describe(fn, args, exc)))
             done += 1
             self.done = done
             if done >= self._wake_at:

@@ -133,7 +133,7 @@ class CudaQueue(Queue):
         # graphs launched and maybe still running, with their newest position: kept alive until
         # the stream passes it (their host nodes and host buffers must outlive an exec update)
         self._graphs: dict[Any, int] = {}
-        self._errors: list[tuple[int, BaseException, str]] = []
+        self.errors: list[tuple[int, BaseException, str]] = []
         self._legacy = legacy
         self._closed = False
         _activate(dev.index)
@@ -314,7 +314,7 @@ class CudaQueue(Queue):
     def _host(self, fn: Callable[..., Any], args: tuple) -> None:
         pos = self.pos
         label = f"host function {fn_label(fn)!r}"
-        job = hostfn.add(fn, args, lambda exc: self._errors.append((pos, exc, label)))
+        job = hostfn.add(fn, args, lambda exc: self.errors.append((pos, exc, label)))
         _activate(self.dev.index)
         try:
             check(rt.cudaLaunchHostFunc(self.stream, hostfn.HOST_FN, job))
@@ -366,7 +366,7 @@ class CudaQueue(Queue):
 class CudaDevice(DeviceImpl):
     """Device ``cuda:N``: memory through ``cudaMalloc``, pools through ``cudaMemPool``."""
 
-    native_pools = True
+    pools: Any = True  # interim: the pool_* methods below; a NativePools object next
 
     def __init__(self, index: int, pinned: _Ranges) -> None:
         self.index = index

@@ -42,7 +42,7 @@ class _Launches:
 
     def error(self, exc: BaseException, label: str) -> None:
         if self.queue is not None:
-            self.queue._errors.append((self.pos, exc, label))
+            self.queue.errors.append((self.pos, exc, label))
 
 
 class NativeGraph:
