@@ -82,17 +82,15 @@ class ArenaMixin:
         # free blocks a stream cannot use yet never stop the arena from growing
         gr = self._granule
         self._va = max(gr, (impl.capacity + gr - 1) // gr * gr)
-        self._arena = base = impl.reserve(self._va)
+        # enqueue-time copies and memsets of the arena must lie in one live block; the check
+        # holds the pool weakly (the backend must not keep it alive)
+        ref = weakref.ref(self)
+        self._arena = base = impl.reserve(
+            self._va, check=lambda ptr, nbytes: ref()._check_range(base, ptr, nbytes))
         # a pool dropped without destroy() gives its memory back when it is collected (it
         # cannot be while it has live allocations: ``_owners`` refers to it)
         self._finalizer = weakref.finalize(self, impl.reclaim, _release_arena, impl, base,
                                           self._mapped, self._granule)
-        from .backends.cpu import SPACE
-
-        arena = SPACE.get(base)
-        if arena is not None:  # cpu backend: enqueue-time copies/memsets check block bounds
-            ref = weakref.ref(self)  # the address space must not keep the pool alive
-            arena.sub = lambda ptr, nbytes, base=base: ref()._check_range(base, ptr, nbytes)
 
     @property
     def _chunks(self) -> dict[int, int]:

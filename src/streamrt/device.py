@@ -7,13 +7,13 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .backends import BACKENDS, get_backend
+from .backends import BACKENDS, get_backend, loaded_backends
 from .backends import device_count as _backend_device_count
 from .errors import InvalidDeviceError, InvalidTypeError
 from .validate import is_int
 
 if TYPE_CHECKING:
-    from .backends.base import DeviceImpl
+    from .backends.base import DeviceImpl, MemRange
     from .memory import MemPool
     from .stream import Stream
 
@@ -224,6 +224,16 @@ def members(ws: weakref.WeakSet[_T] | None) -> list[_T]:
     if ws is None:
         return []
     return [x for r in list(ws.data) if (x := r()) is not None]
+
+
+def range_of(ptr: int) -> tuple[Device | None, MemRange] | None:
+    """The allocation of any backend in use holding ``ptr`` and its device (None for pinned
+    host memory), or None."""
+    for backend in loaded_backends():
+        r = backend.range_of(ptr)
+        if r is not None:
+            return (Device(f"{backend.name}:{r.device}") if r.device >= 0 else None), r
+    return None
 
 
 def devices() -> list[Device]:

@@ -15,27 +15,21 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 
 from .errors import NotSupportedError
+from .labels import WRAPPER, fn_label  # noqa: F401 (fn_label: the observers' name for it)
 
 _PKG = os.path.dirname(os.path.abspath(__file__))
 _seq = itertools.count(1)
-_tls = threading.local()
+# the operation being run (see run): a context variable, so that work a graph replay hands
+# to other threads in a copy of its context still knows the launch it belongs to
+_current: ContextVar[OpInfo | None] = ContextVar("streamrt_op", default=None)
 listeners: list[Any] = []  # objects with op_start(op), op_end(op) and optional on_* hooks
 # key of a graph launch's ``OpInfo.args``: what its memory nodes do (keys starting with "_" are
 # for listeners, not shown in traces)
 GRAPH_MEMORY = "_graph_memory"
-
-
-def fn_label(fn: Any) -> str:
-    """How labels name a user callable: its qualified name, else its repr; never raises (a
-    label is made on a worker thread too, where an escaping error would stop the stream)."""
-    try:
-        name = getattr(fn, "__qualname__", None)
-        return name if isinstance(name, str) else repr(fn)
-    except Exception:
-        return f"<{type(fn).__name__} object>"
 
 
 class OpInfo:
@@ -124,7 +118,7 @@ def wrap(stream: Any, fn: Callable[..., Any], args: tuple, kind: str, name: str,
         hook = getattr(lst, "on_enqueue", None)
         if hook is not None:
             hook(op)
-    return (run, (op, fn, args)) if stream._q.inline else (run_stamped, (op, stream._q, fn, args))
+    return (run, (op, fn, args)) if stream._inline else (run_stamped, (op, stream._q, fn, args))
 
 
 def check_backend(stream: Any) -> None:
@@ -153,8 +147,7 @@ def run_stamped(op: OpInfo, q: Any, fn: Callable[..., Any], args: tuple) -> None
 
 def run(op: OpInfo, fn: Callable[..., Any], args: tuple) -> None:
     """Queue operation: run ``fn(*args)`` as ``op``."""
-    prev = getattr(_tls, "op", None)
-    _tls.op = op
+    token = _current.set(op)
     op.thread = threading.current_thread().name
     op.t0 = time.perf_counter()
     try:
@@ -163,14 +156,18 @@ def run(op: OpInfo, fn: Callable[..., Any], args: tuple) -> None:
         fn(*args)
     finally:
         op.t1 = time.perf_counter()
-        _tls.op = prev
+        _current.reset(token)
         for lst in listeners:
             lst.op_end(op)
 
 
+setattr(run, WRAPPER, True)  # failure labels name the operation it runs (see labels)
+
+
 def current() -> OpInfo | None:
-    """The operation the calling worker thread is running, if instrumented."""
-    return getattr(_tls, "op", None)
+    """The operation the calling worker thread is running, if instrumented (a graph replay
+    running nodes on other threads copies its context there: a node sees its launch)."""
+    return _current.get()
 
 
 def notify(event: str, *args: Any) -> None:

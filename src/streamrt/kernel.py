@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from .backends.cpu import SPACE
 from .errors import InvalidTypeError, InvalidValueError
 from .validate import is_int
 
@@ -128,26 +127,26 @@ def kernel(
 class KernelContext:
     """What a kernel body sees: launch dimensions, device, stream, and bounds-checked memory views."""
 
-    __slots__ = ("grid", "block", "device", "stream")
+    __slots__ = ("grid", "block", "device", "stream", "_last", "_view")
 
     def __init__(self, grid: Dim3, block: Dim3, device: Device, stream: Stream) -> None:
         self.grid = grid
         self.block = block
         self.device = device
         self.stream = stream
+        impl = device._impl
+        self._last = impl.last_views.get  # the view made last at each address (see _fast_array)
+        self._view = impl.view
 
     def _fast_array(self, ptr: int, shape: Any, dtype: Any, *, readonly: bool = False) -> np.ndarray:
         """A numpy view of device memory; read-only views declare a read, writable ones a write."""
         try:  # hot path: the view last made at this address, if it matches
-            e = _last_get(ptr)
+            e = self._last(ptr)
         except TypeError:
             e = None
         if e is not None and e[0] == shape and e[1] is dtype and e[2] is readonly:
-            return e[3]
-        return SPACE.array(ptr, shape, dtype, readonly)
+            return e[3]  # type: ignore[no-any-return]
+        return self._view(ptr, shape, dtype, readonly)
 
     # the sanitizer swaps in a checking version while it is on (zero cost when off)
     array = _fast_array
-
-
-_last_get = SPACE._last.get

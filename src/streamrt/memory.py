@@ -50,7 +50,7 @@ from sortedcontainers import SortedDict
 
 from . import instrument
 from .arena import ALIGN, SMALL_REQUEST, ArenaMixin, granule_for
-from .device import Device, members
+from .device import Device, members, range_of
 from .errors import (
     InvalidAddressError,
     InvalidHandleError,
@@ -615,18 +615,16 @@ def usable_bytes(ptr: int) -> int | None:
     pool = _owners.get(ptr)
     if pool is not None:
         return pool._usable(ptr)
-    from .backends.cpu import SPACE
-
-    alloc = SPACE.find(ptr)
-    if alloc is None:
-        dev = device_of(ptr)  # another backend's memory (cuda)
-        return None if dev is None else dev._impl.usable(ptr)
-    if alloc.device < 0:
+    found = range_of(ptr)
+    if found is None or found[0] is None:  # nothing there, or pinned host memory
         return None
-    for p in members(_pools):  # a pool's arena is not itself an allocation the user owns
-        if alloc.base == p._arena:
-            return p._room(ptr)  # inside one of its blocks, if live
-    return alloc.end - ptr
+    r = found[1]
+    if r.kind == "arena":  # a pool's arena is not itself an allocation the user owns
+        for p in members(_pools):
+            if r.base == p._arena:
+                return p._room(ptr)  # inside one of its blocks, if live
+        return None
+    return r.end - ptr
 
 
 def device_of(ptr: int) -> Device | None:
@@ -634,13 +632,5 @@ def device_of(ptr: int) -> Device | None:
     pool = _owners.get(ptr)
     if pool is not None:
         return pool.device
-    from .backends.cpu import SPACE
-    from .device import devices
-
-    alloc = SPACE.find(ptr)
-    if alloc is not None:
-        return Device(f"cpu:{alloc.device}") if alloc.device >= 0 else None
-    for dev in devices():
-        if dev.backend != "cpu" and dev._impl.contains(ptr, 1):
-            return dev
-    return None
+    found = range_of(ptr)
+    return None if found is None else found[0]

@@ -40,7 +40,8 @@ from typing import Any
 from sortedcontainers import SortedList
 
 from . import instrument
-from .device import members
+from .backends import get_backend
+from .device import devices, range_of
 from .errors import InvalidValueError, SanitizerError
 from .instrument import GRAPH_MEMORY, OpInfo
 from .validate import check_bool, env_flag, is_int
@@ -229,8 +230,7 @@ class Sanitizer:
         """Start from the program as it is now (the sanitizer is being turned on): what happened
         while it was off is unknown, so the history goes, and the live allocations count as made
         before everything to come (pool memory allocated earlier was "never covered" before)."""
-        from .backends.cpu import SPACE
-        from .memory import _owners, _pools
+        from .memory import _owners
 
         with self._lock:
             self._gens.clear()
@@ -243,9 +243,8 @@ class Sanitizer:
             # those ops may still run: checked against the new history, their memory would have
             # been allocated after them (a false use-before-alloc)
             self._since = next(instrument._seq)
-        arenas = {base for pool in members(_pools) for base in pool._chunks}
-        live = [(a.base, a.size) for a in SPACE.allocations()
-                if a.device >= 0 and a.base not in arenas]  # srt.malloc's memory
+        live = [(r.base, r.size) for dev in devices() for r in dev._impl.ranges()
+                if r.kind == "malloc"]  # srt.malloc's memory
         for ptr, pool in list(_owners.items()):  # pool blocks
             size = pool._usable(ptr)
             if size is not None:
@@ -427,11 +426,8 @@ class Sanitizer:
 
     @staticmethod
     def _in_pool_chunk(ptr: int) -> bool:
-        from .backends.cpu import SPACE
-        from .memory import _pools
-
-        alloc = SPACE.find(ptr)
-        return alloc is not None and any(alloc.base in p._chunks for p in members(_pools))
+        found = range_of(ptr)
+        return found is not None and found[1].kind == "arena"
 
     def _find(self, kind: str, ptr: int, nbytes: int, op: Any, other: Any, msg: str,
               gen: _Gen | None = None) -> Finding:
@@ -571,8 +567,6 @@ def _checked_array(ctx: Any, ptr: int, shape: Any, dtype: Any, *, readonly: bool
     """``KernelContext.array`` while the sanitizer is on: check the access, then make the view."""
     import numpy as np
 
-    from .backends.cpu import SPACE
-
     try:
         dt = np.dtype(dtype)
         shp = (shape,) if isinstance(shape, int | np.integer) else tuple(int(d) for d in shape)
@@ -582,7 +576,7 @@ def _checked_array(ctx: Any, ptr: int, shape: Any, dtype: Any, *, readonly: bool
         p = None
     if p is not None:
         op = instrument.current()
-        unmapped = SPACE.find(p) is None
+        unmapped = get_backend(ctx.device.backend).range_of(p) is None
         # a freed generation still names the free (use-after-free); else: no allocation at all
         found = _SAN.access(op, p, nbytes, not readonly)
         if found is None and unmapped and op is not None:
@@ -594,7 +588,7 @@ def _checked_array(ctx: Any, ptr: int, shape: Any, dtype: Any, *, readonly: bool
             # stop the kernel before it writes (as compute-sanitizer aborts it), in collect mode
             # too: the synchronize reports no LaunchError for it (see hostsync)
             raise SanitizerError(str(found), found)
-    return SPACE.array(ptr, shape, dtype, readonly)
+    return ctx._view(ptr, shape, dtype, readonly)  # type: ignore[no-any-return]
 
 
 def raise_pending() -> None:

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from . import hostsync, instrument
+from .backends.base import InlineQueue
 from .device import Device, current_device, members
 from .errors import (
     InvalidHandleError,
@@ -120,7 +121,8 @@ class Stream:
             f"{device.name}/{'default' if legacy else self.id}",
             priority=priority, non_blocking=non_blocking, legacy=legacy,
         )
-        self._inline = self._q.inline  # read on every launch: a slot, not the queue's class
+        # read on every launch: a slot, not an isinstance call
+        self._inline = isinstance(self._q, InlineQueue)
         self._pos = 0
         self._recorded = -1  # position of the latest event record (see free)
         self._clock: dict[int, int] = {}
@@ -190,7 +192,7 @@ class Stream:
         cuda, whose enqueue may wait for work that needs this stream)."""
         q = self._q
         if _global_slow and instrument.listeners:
-            if q.inline:
+            if self._inline:
                 with self._lock:
                     self._pos += 1
                     q.submit(*instrument.wrap(self, fn, args, kind, name, accesses, extra))
@@ -259,7 +261,7 @@ class Stream:
                 accesses: tuple = (), extra: dict | None = None) -> None:
         if self._destroyed:
             self._check_alive()
-        if _global_slow and instrument.listeners and not self._q.inline:
+        if _global_slow and instrument.listeners and not self._inline:
             instrument.check_backend(self)
         if not self.non_blocking:
             self._implicit()
@@ -283,11 +285,11 @@ class Stream:
             return self._launch_slow(kernel, ctx, args)
         # the hottest path of the runtime: a non-blocking stream with no capture or hooks
         q = self._q
-        if self._inline:
+        if self._inline:  # the queue's operations are the work: append it (InlineQueue)
             self._pos += 1
-            q._ops.append((kernel.fn, (ctx,) + args))
-            if q._idle:
-                q.wake()
+            q.ops.append((kernel.fn, (ctx,) + args))  # type: ignore[attr-defined]
+            if q.idle:  # type: ignore[attr-defined]
+                q.wake()  # type: ignore[attr-defined]
             return
         fn, a = q.op_launch(kernel, ctx, args)  # a refused argument raises before counting
         self._pos += 1
@@ -327,7 +329,7 @@ class Stream:
         if n == 0:
             self._check_alive()  # nothing to enqueue, but still a call on this stream
             return
-        if not isinstance(src, int | np.integer) and self._q.inline:
+        if not isinstance(src, int | np.integer) and self._inline:
             src_view = src_view.copy()  # pageable source: staged at call time (CUDA stages itself)
         fn, args = self._q.op_copy(dst_view, src_view, n)
         self._submit(fn, args, "memcpy", f"memcpy {n} B",

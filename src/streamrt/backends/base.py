@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import NotSupportedError
@@ -220,8 +221,8 @@ class DeviceImpl(ABC):
     # over :meth:`reserve` ranges (the cpu backend)
     pools: NativePools | None = None
     # ``last_views``: ptr -> (shape, dtype, readonly, view), the view :meth:`view` made last at
-    # each address; the kernel context's fast path reads it without a call (may stay empty)
-    last_views: dict[int, tuple[Any, Any, bool, Any]]
+    # each address; the kernel context's fast path reads it without a call (empty: no views)
+    last_views: Mapping[int, tuple[Any, Any, bool, Any]] = MappingProxyType({})
     # one graph runner per launching stream (True: its operations hold the stream's kernel
     # contexts) or one per device (False)
     runner_per_stream = False
@@ -259,6 +260,10 @@ class DeviceImpl(ABC):
         """The allocation of this device (or pinned host memory of its backend) holding
         ``ptr``, or None."""
         raise NotSupportedError(f"{type(self).__name__}.range_of")
+
+    def ranges(self) -> list[MemRange]:
+        """Every live allocation of this device (for an observer starting mid-program)."""
+        return []
 
     def view(self, ptr: int, shape: Any, dtype: Any, readonly: bool) -> np.ndarray:
         """A numpy view of device memory for a kernel body, bounds-checked against its

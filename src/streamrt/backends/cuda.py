@@ -35,7 +35,7 @@ from ..errors import (
 )
 from ..instrument import fn_label
 from ..reclaim import Reclaim
-from .base import Backend, DeviceImpl, Queue
+from .base import Backend, DeviceImpl, MemRange, Queue
 
 try:  # imported only when the cuda backend is asked for (backends/__init__.py)
     from cuda.bindings import driver as drv
@@ -433,6 +433,14 @@ class CudaDevice(DeviceImpl):
         room = self._ranges.room(ptr) or self._reserved.room(ptr)  # graph memory, mapped or not
         return room is not None and nbytes <= room
 
+    def range_of(self, ptr: int) -> MemRange | None:
+        # interim (the cuda package gives exact bases): the range from ptr to its end
+        room = self._ranges.room(ptr)
+        if room is not None:
+            return MemRange(ptr, room, self.index, "pool" if ptr in self._pooled else "malloc")
+        room = self._reserved.room(ptr)
+        return None if room is None else MemRange(ptr, room, self.index, "graph")
+
     def free_all(self) -> None:
         """Device reset: pool allocations freed, created pools destroyed, the default pool
         trimmed, then every ``cudaMalloc`` freed (the frontend synchronized the device)."""
@@ -494,7 +502,7 @@ class CudaDevice(DeviceImpl):
             hit = self._functions[kernel] = (fn, packer(types))
         return hit
 
-    def graph_exec(self, flat: list[tuple[Any, list[int]]]) -> Any:
+    def graph_runner(self, flat: Any, op_of: Any) -> Any:
         """Build and instantiate the CUDA graph of a flattened frontend graph."""
         from .cuda_graph import NativeGraph
 
@@ -708,6 +716,17 @@ class CudaBackend(Backend):
 
     def owns_host(self, ptr: int) -> bool:
         return ptr in self._host
+
+    def range_of(self, ptr: int) -> MemRange | None:
+        # interim (the cuda package gives exact bases): the range from ptr to its end
+        room = self._host.room(ptr)
+        if room is not None:
+            return MemRange(ptr, room, -1, "host")
+        for dev in _opened.values():
+            r = dev.range_of(ptr)
+            if r is not None:
+                return r
+        return None
 
     def free_host(self, ptr: int) -> None:
         if ptr not in self._host:

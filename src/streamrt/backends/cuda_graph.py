@@ -189,6 +189,10 @@ class NativeGraph:
             hostfn.drop(job)
 
     # -- launch --------------------------------------------------------------------------------
+    def op_launch(self, queue: Any) -> tuple[Any, tuple]:
+        """The operation of ``queue`` launching this graph."""
+        return queue.op_graph(self)
+
     def launch(self, q: Any) -> None:
         """``cudaGraphLaunch`` on the queue's stream (one queue operation)."""
         self._launches.queue, self._launches.pos = q, q.pos

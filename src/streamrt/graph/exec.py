@@ -1,13 +1,13 @@
-"""GraphExec: an instantiated graph, its launches and updates (``cudaGraphExec_t``); plans: plan.py.
+"""GraphExec: an instantiated graph, its launches and updates (``cudaGraphExec_t``).
 
 State and invariants:
 - ``_template`` is a private clone of the instantiated graph; user nodes (of the original graph)
   map to it through ``find_in_clone``. Parameter updates edit the template and drop the cached
   plans, so they apply to later launches only: a launch holds the plan it was enqueued with.
-- A plan (one per launch stream) is the flattened DAG (child graphs inlined) cut into chains
-  (maximal runs of single-dependency nodes) with every kernel context, memory view and argument
-  tuple precomputed; replaying a chain is one loop of ``fn(*args)`` calls. Independent chains
-  run concurrently on a small thread pool.
+- A plan (``compile.Compiled``) is the device's graph runner for the flattened DAG, one per
+  launch stream (and instrumented or not) where the backend's runner holds the stream's kernel
+  contexts (cpu: every node's operation precomputed), else one per device. Per-stream plans
+  holding memory views are made again once the device's memory generation moved.
 - A launch is one operation of the launch stream, ordered after the previous launch of the same
   exec (as CUDA orders them), so launches of one exec never overlap. Event record/wait nodes and
   graph-memory bookkeeping are applied on the host at launch, around that operation.
@@ -22,7 +22,6 @@ from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
 from .. import instrument
-from ..backends.cpu import SPACE
 from ..device import current_device
 from ..errors import (
     GraphExecUpdateError,
@@ -35,9 +34,9 @@ from ..memory import device_of
 from ..stream import Stream
 from ..validate import is_bool, is_int
 from . import memory
+from .compile import Compiled, compile_graph, topo
 from .graph import Graph, host_params, memcpy_params, memset_params
 from .node import Node, NodeType
-from .plan import compile_plan, flatten, run_plan, topo
 
 _DISABLEABLE = (NodeType.KERNEL, NodeType.MEMCPY, NodeType.MEMSET)  # as cudaGraphNodeSetEnabled
 
@@ -83,8 +82,9 @@ class GraphExec:
         self._mem_nodes = [n for n in self._order
                            if n.type in (NodeType.MEM_ALLOC, NodeType.MEM_FREE)]
         self._disabled: set[int] = set()
-        self._plans: dict[Any, Any] = {}  # cpu Plan per stream, or a backend graph per device
-        self._bound_at = -1  # SPACE.generation when the cpu plans were compiled
+        # compiled per stream (and instrumented or not), or per device: see DeviceImpl
+        self._plans: dict[Any, Compiled] = {}
+        self._bound_at = -1  # the memory generation when per-stream plans were compiled
         self._has_binds: bool | None = None
         self._destroyed = False
         # the previous launch: its stream, position and that stream's clock then (merged whole by
@@ -138,30 +138,24 @@ class GraphExec:
             self._finalizer = weakref.finalize(self, _collected, self._mem, self._last_box)
 
     # -- compile -------------------------------------------------------------------------------
-    def _plan(self, stream: Stream) -> Any:
-        if not stream._q.inline:  # a backend with graphs of its own: one per device
-            key: Any = stream.device
-            plan = self._plans.get(key)
-            if plan is None:
-                _execs_of(stream.device).add(self)
-                flat = flatten(self._template, self._disabled)
-                plan = self._plans[key] = stream.device._impl.graph_exec(flat)
-            return plan
-        key = (stream.id, bool(instrument.listeners))  # instrumented plans wrap every node
+    def _plan(self, stream: Stream) -> Compiled:
+        impl = stream.device._impl
+        key: Any = (stream.id, bool(instrument.listeners)) if impl.runner_per_stream else stream.device
         plan = self._plans.get(key)
-        if plan is not None and self._bound_at != SPACE.generation and self._binds():
+        if plan is not None and impl.runner_per_stream and self._bound_at != impl.memory_generation() \
+                and self._binds():
             # memory was freed or remapped since kernel binders, copies and memsets made their
             # views: make them again (a view of memory that is gone must fail as the kernel body
             # would; graph memory mapped again by another exec is another buffer)
             self._plans = {k: v for k, v in self._plans.items() if not isinstance(k, tuple)}
             plan = None
         if plan is None:
-            self._bound_at = SPACE.generation
+            self._bound_at = impl.memory_generation()
             _execs_of(stream.device).add(self)  # a device reset destroys the execs it ran
             gc_was = gc.isenabled()
             gc.disable()  # many long-lived objects: generational passes would make it quadratic
             try:
-                plan = self._plans[key] = compile_plan(self._template, self._disabled, stream)
+                plan = self._plans[key] = compile_graph(self._template, self._disabled, stream)
             finally:
                 if gc_was:
                     gc.enable()
@@ -205,9 +199,9 @@ class GraphExec:
             for n in self._event_nodes:
                 if n.type is NodeType.WAIT_EVENT:
                     stream.wait(n._params["event"])
-            fn, args = (run_plan, (plan,)) if stream._q.inline else stream._q.op_graph(plan)
+            fn, args = plan.runner.op_launch(stream._q)
             extra = None
-            if stream._q.inline and plan.mem:  # an instrumented plan of a graph with memory
+            if plan.mem:  # an instrumented plan of a graph with memory
                 extra = {instrument.GRAPH_MEMORY: self._memory_events(plan, auto_freed)}
             stream._submit(fn, args, "graph", f"graph launch ({len(self._template._nodes)} nodes)",
                            extra=extra)
@@ -285,9 +279,7 @@ class GraphExec:
         """Prepare the replay plan for ``stream`` ahead of the first launch (``cudaGraphUpload``)."""
         self._check(stream)
         with self._lock:
-            plan = self._plan(stream)
-            if not stream._q.inline:
-                plan.upload(stream._q)
+            self._plan(stream).runner.upload(stream._q)
 
     def destroy(self) -> None:
         """Release the exec (``cudaGraphExecDestroy``); its memory outlives it while allocated."""
@@ -323,7 +315,7 @@ class GraphExec:
         launches keep their plan): cpu plans are compiled again at the next launch; a backend
         graph takes the change in place (``cudaGraphExec*NodeSetParams``) when ``keep(plan)``
         can apply it, else it is built again."""
-        self._plans = {k: p for k, p in self._plans.items() if not isinstance(k, tuple) and keep(p)}
+        self._plans = {k: p for k, p in self._plans.items() if keep(p.runner)}
         self._has_binds = None
 
     def set_kernel_node_params(self, node: Node, *args: Any, grid: Any = None,
@@ -396,7 +388,7 @@ class GraphExec:
 
 # -- helpers -------------------------------------------------------------------------------------
 def _binds(n: Node) -> bool:
-    """Whether a node's compiled op holds views of device memory (see ``plan.op_of``)."""
+    """Whether a node's compiled op holds views of device memory (see ``compile._ops_for``)."""
     p = n._params
     if n.type is NodeType.KERNEL:
         return p["kernel"].bind is not None

@@ -325,17 +325,14 @@ def host_params(fn: Any, args: Sequence[Any]) -> dict[str, Any]:
 
 
 def _check_range(ptr: int, n: int) -> None:
-    from ..backends.cpu import SPACE
+    from ..device import range_of
     from ..errors import InvalidAddressError
 
-    alloc = SPACE.find(ptr)
-    if alloc is None:
-        from ..device import devices
-
-        if any(d.backend != "cpu" and d._impl.contains(ptr, n) for d in devices()):
-            return  # memory of another backend's device (cuda)
+    found = range_of(ptr)
+    if found is None:
         raise InvalidAddressError(f"{hex(ptr)} is not inside any allocation")
-    if ptr - alloc.base + n > alloc.size:
+    dev, r = found
+    if ptr - r.base + n > r.size:
         raise InvalidAddressError(f"range {hex(ptr)}+{n} leaves its allocation")
-    if alloc.buf is not None and alloc.sub is not None:
-        alloc.sub(ptr, n)
+    if r.kind == "arena" and dev is not None:  # a pool's: the range must lie in one live block
+        dev._impl.endpoint(ptr, n)

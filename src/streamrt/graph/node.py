@@ -6,7 +6,7 @@ from enum import Enum
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from ..instrument import fn_label
+from ..labels import fn_label
 
 if TYPE_CHECKING:
     from .graph import Graph

@@ -1,0 +1,179 @@
+"""Device ``cpu:N``: memory in the shared address space, pool arenas, graph memory, kernel views.
+
+State and invariants (per device):
+- ``_used`` counts committed bytes (``srt.malloc`` allocations, committed pool granules, graph
+  memory backings) and never exceeds ``capacity`` (``STREAMRT_CPU_MEMORY``, default: physical
+  RAM); it changes under ``_lock``.
+- ``_arenas`` maps a pool arena's base to its ``mmap``: addresses reserved whole with no swap
+  committed, memory touched (and counted) granule by granule.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import sys
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ...errors import InvalidAddressError, OutOfMemoryError
+from ...validate import env_int
+from ..base import DeviceImpl, MemRange
+from . import replay
+from .queues import CpuQueue
+from .space import SPACE, hex_, round_up
+
+if TYPE_CHECKING:
+    from ...graph.node import Node
+    from ..base import Flat, GraphRunner, NodeOp
+
+# reserve addresses without committing swap (Linux's value; Python < 3.13 does not export it)
+_MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform.startswith("linux") else 0)
+
+
+def physical_memory() -> int:
+    """Bytes of physical RAM on this machine."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
+        return 16 << 30
+
+
+class CpuDevice(DeviceImpl):
+    """Device ``cpu:N``: capacity from ``STREAMRT_CPU_MEMORY`` (default: physical RAM)."""
+
+    runner_per_stream = True  # a replay's operations hold the launching stream's contexts
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.capacity = env_int("STREAMRT_CPU_MEMORY", 0) or physical_memory()
+        self._used = 0
+        self._lock = threading.Lock()
+        self._arenas: dict[int, mmap.mmap] = {}
+        self._reclaim = SPACE.reclaim  # every release takes the address space's lock
+        self.last_views = SPACE.last
+
+    def reclaim(self, fn: Callable[..., Any], *args: Any) -> None:
+        self._reclaim(fn, *args)
+
+    # -- memory ------------------------------------------------------------------------------
+    def _count(self, nbytes: int, what: str) -> None:
+        with self._lock:
+            if self._used + nbytes > self.capacity:
+                raise OutOfMemoryError(
+                    f"cpu:{self.index}: cannot {what}: {self._used} of {self.capacity} bytes in use")
+            self._used += nbytes
+
+    def _uncount(self, nbytes: int) -> None:
+        with self._lock:
+            self._used -= nbytes
+
+    def malloc(self, nbytes: int) -> int:
+        size = round_up(max(nbytes, 1))
+        self._count(size, f"allocate {nbytes} bytes")
+        try:
+            return SPACE.allocate(self.index, nbytes).base
+        except MemoryError as exc:
+            self._uncount(size)
+            raise OutOfMemoryError(f"cpu:{self.index}: host refused {nbytes} bytes") from exc
+
+    def free(self, ptr: int) -> None:
+        alloc = SPACE.get(ptr)
+        if alloc is None or alloc.device != self.index or alloc.kind != "malloc":
+            raise InvalidAddressError(
+                f"free of {hex_(ptr)}: not the start of a live allocation on cpu:{self.index}")
+        SPACE.release(ptr)
+        self._uncount(alloc.size)
+
+    def used(self) -> int:
+        return self._used
+
+    def owns(self, ptr: int) -> bool:
+        alloc = SPACE.get(ptr)
+        return alloc is not None and alloc.device == self.index and alloc.kind == "malloc"
+
+    def free_all(self) -> None:
+        for alloc in SPACE.allocations(self.index):
+            if alloc.kind == "arena":
+                self.unreserve(alloc.base)
+            else:
+                self.free(alloc.base)
+        with self._lock:
+            self._used = 0  # committed arena memory went with its arenas
+
+    def range_of(self, ptr: int) -> MemRange | None:
+        alloc = SPACE.find(ptr)
+        if alloc is None or alloc.device not in (self.index, -1):
+            return None
+        return alloc.range()
+
+    def ranges(self) -> list[MemRange]:
+        return [a.range() for a in SPACE.allocations(self.index)]
+
+    def endpoint(self, ptr: int, nbytes: int) -> np.ndarray:
+        return SPACE.span(ptr, nbytes)
+
+    def view(self, ptr: int, shape: Any, dtype: Any, readonly: bool) -> np.ndarray:
+        return SPACE.array(ptr, shape, dtype, readonly)
+
+    def memory_generation(self) -> int:
+        return SPACE.generation
+
+    def create_queue(self, name: str, *, priority: int = 0, non_blocking: bool = False,
+                     legacy: bool = False) -> CpuQueue:
+        return CpuQueue(name)
+
+    def graph_runner(self, flat: Flat, op_of: Callable[[int, Node], NodeOp]) -> GraphRunner:
+        return replay.build(flat, op_of)
+
+    # -- pool arenas: addresses reserved whole, physical memory committed by granule ----------
+    def reserve(self, nbytes: int, *, check: Callable[[int, int], None] | None = None) -> int:
+        """Reserve ``nbytes`` of addresses backed by lazily committed memory (a pool arena)."""
+        size = round_up(max(nbytes, 1), mmap.PAGESIZE)
+        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE
+        try:
+            mm = mmap.mmap(-1, size, flags=flags)
+        except (OSError, OverflowError) as exc:
+            raise OutOfMemoryError(f"cpu:{self.index}: cannot reserve {size} bytes of addresses") from exc
+        alloc = SPACE.allocate(self.index, size, "arena", buf=np.frombuffer(mm, np.uint8))
+        alloc.check = check
+        self._arenas[alloc.base] = mm
+        return alloc.base
+
+    def commit(self, nbytes: int) -> None:
+        """Count ``nbytes`` of a reserved range as in use (``OutOfMemoryError`` past capacity)."""
+        self._count(nbytes, f"map {nbytes} more bytes")
+
+    def decommit(self, base: int, offset: int, nbytes: int) -> None:
+        """Give ``nbytes`` at ``base + offset`` back to the host (their contents are lost)."""
+        mm = self._arenas[base]
+        if hasattr(mm, "madvise"):
+            mm.madvise(mmap.MADV_DONTNEED, offset, nbytes)
+        self._uncount(nbytes)
+
+    def unreserve(self, base: int) -> None:
+        """Drop a reserved range (everything in it was decommitted)."""
+        SPACE.release(base)
+        self._arenas.pop(base, None)  # the mapping goes once no view of it is left
+
+    # -- graph memory: ranges of the address space, backed by an allocation per exec ----------
+    def graph_reserve(self, nbytes: int) -> int:
+        return SPACE.allocate(self.index, nbytes, "graph").base
+
+    def graph_release(self, ptr: int, nbytes: int) -> None:
+        SPACE.unreserve(ptr)
+
+    def graph_map(self, ranges: list[tuple[int, int, int]], nbytes: int) -> int:
+        base = self.malloc(nbytes)
+        buf = SPACE.get(base).buf  # type: ignore[union-attr]
+        for ptr, off, size in ranges:
+            SPACE.map_reserved(ptr, buf[off : off + size])
+        return base
+
+    def graph_unmap(self, ranges: list[tuple[int, int, int]], handle: int) -> None:
+        for ptr, _off, _size in ranges:
+            SPACE.map_reserved(ptr, None)
+        self.free(handle)

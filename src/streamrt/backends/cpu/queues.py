@@ -1,0 +1,202 @@
+"""The cpu backend's queues: one worker thread per stream, running ``(fn, args)`` in order.
+
+State and invariants (per queue):
+- ``ops`` holds submitted operations not yet started; the worker pops them in order and
+  counts ``done`` after each (only the worker writes it). It sleeps only when ``ops`` is
+  empty, with ``idle`` set first; a submitter wakes it only when ``idle`` is set (the common
+  enqueue is one deque append). The bell is a ``SimpleQueue``: ringing takes no lock, so a
+  stream's finalizer closing the queue on any thread, even inside this queue's lock, never
+  deadlocks.
+- Host threads blocked in ``wait_done`` register their target positions; the worker notifies
+  them once ``done`` reaches the smallest (``_wake_at``), so a busy queue does not notify per
+  operation.
+- A failing operation is appended to ``errors`` with its position and label; it never stops
+  the worker.
+- Delay injection: ``STREAMRT_CPU_DELAY_US=N`` (or :func:`set_delay_us`) makes each worker
+  sleep a random 0..N microseconds before each operation, so that a missing ``wait`` in a
+  program turns into a wrong result instead of passing by luck.
+- ``in_operations.on`` is set in threads that run nothing but stream operations (workers,
+  graph replay workers): a wait for stream work from there is a kernel or host function
+  synchronizing, which CUDA forbids, and is refused.
+"""
+
+from __future__ import annotations
+
+import queue
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ...errors import InvalidTypeError, InvalidValueError, NotPermittedError, NotReadyError
+from ...labels import describe, host_call
+from ...validate import env_int, is_int
+from ..base import InlineQueue, Queue
+
+_NEVER = float("inf")
+_delay_us = env_int("STREAMRT_CPU_DELAY_US", 0)
+in_operations = threading.local()
+
+
+def set_delay_us(us: int) -> int:
+    """Set the worker delay injection (0 = off); returns the previous value."""
+    global _delay_us
+    if not is_int(us):
+        raise InvalidTypeError(f"the delay must be an int of microseconds, not {us!r}")
+    if us < 0:
+        raise InvalidValueError(f"the delay must be >= 0 microseconds, got {us}")
+    prev, _delay_us = _delay_us, int(us)
+    return prev
+
+
+def delay_us() -> int:
+    """Current worker delay injection in microseconds (0 = off)."""
+    return _delay_us
+
+
+def delay() -> None:
+    """Sleep as delay injection asks before an operation (workers and graph replay alike)."""
+    time.sleep(random.random() * _delay_us * 1e-6)
+
+
+class CpuQueue(InlineQueue):
+    """A worker thread running ``(fn, args)`` operations in order."""
+
+    def __init__(self, name: str) -> None:
+        self.done = 0
+        self.name = name
+        self.ops = deque()
+        self._bell: queue.SimpleQueue = queue.SimpleQueue()
+        self._progress = threading.Condition(threading.Lock())
+        self.idle = False
+        self._targets: list[int] = []  # positions host threads wait for in wait_done
+        self._wake_at: float = _NEVER  # the smallest of them
+        self._closed = False
+        self.errors: list[tuple[int, BaseException, str]] = []
+        self._thread = threading.Thread(target=self._run, name=f"streamrt-{name}", daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[..., Any], args: tuple) -> None:
+        self.ops.append((fn, args))
+        if self.idle:
+            self.wake()
+
+    def drain(self) -> None:
+        assert self._closed, "only a retired (closed) queue is drained"
+        # the worker exits once closed and empty, so nothing is left running or queued then;
+        # (done + queued would miss an op the worker has popped and is running)
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    # -- operations: the work itself, run later by the worker ------------------------------
+    def op_launch(self, kernel: Any, ctx: Any, args: tuple) -> tuple[Callable[..., Any], tuple]:
+        return kernel.fn, (ctx,) + args
+
+    def op_copy(self, dst: Any, src: Any, nbytes: int) -> tuple[Callable[..., Any], tuple]:
+        return copy_op, (dst, src)
+
+    def op_fill(self, dst: Any, value: int, nbytes: int) -> tuple[Callable[..., Any], tuple]:
+        return fill_op, (dst, value)
+
+    def op_host(self, fn: Callable[..., Any], args: tuple) -> tuple[Callable[..., Any], tuple]:
+        return host_call, (fn, args)
+
+    def op_wait(self, other: Queue, pos: int) -> tuple[Callable[..., Any], tuple]:
+        assert isinstance(other, CpuQueue)
+        return other._wait, (pos,)  # the queue's own wait: not a call from a kernel
+
+    def op_stamp(self) -> tuple[Callable[..., Any], tuple, Any]:
+        slot: list = [None]
+        return _stamp, (slot,), slot
+
+    def elapsed_ms(self, start: Any, end: Any) -> float:
+        if start[0] is None or end[0] is None:
+            raise NotReadyError("the event has not completed yet")
+        return float(end[0] - start[0]) * 1000.0
+
+    def wake(self) -> None:
+        """Wake the idle worker (once: it may take a while to get the GIL)."""
+        self.idle = False
+        self._bell.put(None)
+
+    def _run(self) -> None:
+        in_operations.on = True  # this thread runs nothing but operations (see wait_done)
+        ops = self.ops
+        pop = ops.popleft
+        done = self.done  # only this thread writes ``done``; keep it in a local too
+        while True:
+            try:
+                fn, args = pop()
+            except IndexError:
+                fn = args = None  # the last operation's arguments may be all that keeps its stream
+                # idle first, then look again: a submit either lands before the look or sees
+                # ``idle`` and rings (a ring left over only makes one more empty pass)
+                self.idle = True
+                if not ops:
+                    if self._closed:
+                        return
+                    self._bell.get()
+                self.idle = False
+                continue
+            if _delay_us:
+                delay()
+            try:
+                fn(*args)
+            except BaseException as exc:  # reported at the next synchronize, never lost
+                self.errors.append((done + 1, exc, describe(fn, args, exc)))
+            done += 1
+            self.done = done
+            if done >= self._wake_at:
+                with self._progress:
+                    self._wake_at = min((t for t in self._targets if t > done), default=_NEVER)
+                    self._progress.notify_all()
+
+    def wait_done(self, pos: int) -> None:
+        if self.done >= pos:
+            return
+        if getattr(in_operations, "on", False):  # a kernel or host function waiting
+            raise NotPermittedError(
+                f"{self.name}: a kernel or host function waited for stream work (position {pos}, "
+                f"done {self.done}); the work may be queued behind it, and it would wait forever. "
+                "Kernels and host functions must not synchronize (srt.malloc, srt.free, "
+                "srt.memcpy and the other synchronous helpers do): CUDA forbids API calls in them")
+        self._wait(pos)
+
+    def _wait(self, pos: int) -> None:
+        """Block until ``pos`` operations have completed (a wait operation runs this)."""
+        if self.done >= pos:
+            return
+        with self._progress:
+            self._targets.append(pos)
+            if pos < self._wake_at:
+                self._wake_at = pos
+            try:
+                while self.done < pos:
+                    self._progress.wait()
+            finally:
+                self._targets.remove(pos)
+
+    def finished(self) -> bool:
+        return self._closed and not self._thread.is_alive()
+
+    def close(self) -> None:
+        self._closed = True  # before the ring: the worker looks at it once the queue is empty
+        self._bell.put(None)
+
+
+def copy_op(dst: np.ndarray, src: Any) -> None:
+    """Queue op: copy bytes between two resolved ``uint8`` views."""
+    dst[:] = src
+
+
+def fill_op(dst: np.ndarray, value: int) -> None:
+    """Queue op: memset."""
+    dst.fill(value)
+
+
+def _stamp(slot: list) -> None:
+    slot[0] = time.perf_counter()

@@ -1,0 +1,55 @@
+"""Human labels of queued operations, made when one fails: a helper the backends may import.
+
+It imports no other streamrt module (backends import only data types and helpers like this
+one). A label never raises: a worker thread makes it, and an error escaping there would stop
+its stream for good.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["WRAPPER", "describe", "fn_label", "host_call"]
+
+# set on a callable ``w(info, fn, args)`` that runs ``fn(*args)`` for an observer (the
+# sanitizer's and tracer's wrapper): the label is the wrapped operation's
+WRAPPER = "_streamrt_wraps"
+NODE_NOTE = "in graph node: "  # the note a graph replay adds to a failing node's exception
+
+
+def fn_label(fn: Any) -> str:
+    """How labels name a user callable: its qualified name, else its repr; never raises."""
+    try:
+        name = getattr(fn, "__qualname__", None)
+        return name if isinstance(name, str) else repr(fn)
+    except Exception:
+        return f"<{type(fn).__name__} object>"
+
+
+def host_call(fn: Callable[..., Any], args: tuple) -> None:
+    """Queue operation: run a host function."""
+    fn(*args)
+
+
+def describe(fn: Callable[..., Any], args: tuple, exc: BaseException | None = None) -> str:
+    """A human label for a queued operation (used only when it failed, raising ``exc``)."""
+    try:
+        return _describe(fn, args, exc)
+    except BaseException:  # a user object's repr or notes failed: the label is only cosmetic
+        return getattr(fn, "__name__", "operation")
+
+
+def _describe(fn: Callable[..., Any], args: tuple, exc: BaseException | None) -> str:
+    if getattr(fn, WRAPPER, False) and len(args) == 3:  # an observer's wrapper: the op inside
+        return describe(args[1], args[2], exc)
+    node = [n for n in getattr(exc, "__notes__", ())
+            if isinstance(n, str) and n.startswith(NODE_NOTE)]
+    if node:  # a graph launch: the node that failed
+        return f"graph launch ({node[-1][3:]})"
+    label = getattr(fn, "__self__", None)
+    if label is not None and hasattr(label, "name"):  # a bound Kernel method
+        return f"kernel {label.name!r}"
+    if fn is host_call and args:
+        return f"host function {fn_label(args[0])!r}"
+    return getattr(fn, "__name__", repr(fn))
