@@ -232,7 +232,7 @@ class GraphLifecycle(RuleBasedStateMachine):
             srt.sanitizer.clear()
         self.base_allocs = len(gmem._allocs)
         self.base_held = set(gmem.held)  # other tests' graph memory still held by live allocations
-        self.base_info = dict(gmem.info(self.dev))
+        self.base_info = dict(self.dev.graph_mem_info())
         self.base_space = len(srt.backends.cpu.SPACE.allocations())
         self.bufs = [srt.malloc(NB, self.dev) for _ in range(NBUF)]
         self.host = np.zeros(N, np.int32)
@@ -890,7 +890,7 @@ class GraphLifecycle(RuleBasedStateMachine):
                     a["live"] = False
             self.dev.synchronize()
             assert not set(gmem.held) - self.base_held
-            assert gmem.info(self.dev) == self.base_info
+            assert self.dev.graph_mem_info() == self.base_info
             for p in self.bufs:
                 srt.free(p)
             for s in self.streams[1:]:

@@ -24,15 +24,17 @@ def pool_read_hook(monkeypatch, dev: srt.Device, action: Callable[[], None]) -> 
     main = threading.current_thread()
     armed = [False]
 
+    slot = srt.Device.__dict__["_pool"]  # the declared state's descriptor (Device.__slots__)
+
     def get(self: srt.Device) -> Any:
-        value = self.__dict__["_pool"]
+        value = slot.__get__(self, srt.Device)
         if armed[0] and self is dev and threading.current_thread() is main:
             armed[0] = False
             action()
         return value
 
     def put(self: srt.Device, value: Any) -> None:
-        self.__dict__["_pool"] = value
+        slot.__set__(self, value)
 
     monkeypatch.setattr(srt.Device, "_pool", property(get, put), raising=False)
     return armed
@@ -58,7 +60,7 @@ def in_background(dev: srt.Device, monkeypatch,
 @pytest.fixture
 def dev(monkeypatch):
     d = srt.Device("cpu:0")
-    monkeypatch.setitem(d.__dict__, "_pool", None)  # the test's current pool goes with it
+    monkeypatch.setattr(d, "_pool", None)  # the test's current pool goes with it
     yield d
     d.synchronize()
 

@@ -61,7 +61,7 @@ def test_destroyed_streams_do_not_pile_up_without_a_device_synchronize():
         s.synchronize()
         s.destroy()
         s._q._thread.join(10)
-    assert len(dev.__dict__.get("_retired", [])) <= 2
+    assert len(dev._retired) <= 2
     srt.free(ptr)
 
 

@@ -1,4 +1,5 @@
-"""Devices: the registry (same spec, same object), the current device per thread, reset."""
+"""Devices: the registry (same spec, same object), the current device per thread, and the state
+every device keeps (declared in :class:`Device`, changed only through its methods)."""
 
 from __future__ import annotations
 
@@ -51,8 +52,27 @@ def _parse(spec: Any) -> tuple[str, int]:
 
 
 class Device:
-    """A device (``cpu:N`` or ``cuda:N``); the same spec always gives the same object."""
+    """A device (``cpu:N`` or ``cuda:N``); the same spec always gives the same object.
 
+    State (the runtime's modules change it only through the methods below):
+    - ``_impl``: the backend's device object (the contract of ``backends/base.py``);
+    - ``_streams``, ``_blocking``: live streams, and those of them ordered with the legacy
+      stream; ``_dead``: destroyed streams whose pool frees a synchronize must still prove;
+      ``_retired``: the queues of destroyed streams, kept until drained and reported;
+    - ``_legacy``: the legacy default stream, made on first use; ``_events``: live events;
+    - ``_default_pool``, ``_pool`` (None: the default is current), ``_pools`` (every live
+      pool), ``_pool_lock`` (a current pool's check and change are one step under it);
+    - ``_execs``: graph execs made or run here (a reset destroys them);
+    - ``_graph_used``, ``_graph_reserved``: bytes of live graph allocations, and of memory
+      backing execs' graph allocations (``graph_mem_info``).
+    Sets of objects are weak: a device keeps nothing alive.
+    """
+
+    __slots__ = (
+        "backend", "index", "name", "_impl", "_streams", "_blocking", "_dead", "_retired",
+        "_events", "_legacy", "_default_pool", "_pool", "_pool_lock", "_pools", "_execs",
+        "_graph_used", "_graph_reserved", "__weakref__",
+    )
     backend: str
     index: int
     name: str
@@ -90,14 +110,45 @@ class Device:
         dev._impl = backend.open_device(index)
         dev._streams = weakref.WeakSet()
         dev._blocking = weakref.WeakSet()
+        dev._dead = weakref.WeakSet()
+        dev._retired = []
         dev._events = weakref.WeakSet()
         dev._legacy = None
         dev._default_pool = None
         dev._pool = None
-        # set_mem_pool and a pool's destroy: "is it current?" and the change, one step each
         dev._pool_lock = threading.Lock()
         dev._pools = weakref.WeakSet()
+        dev._execs = weakref.WeakSet()
+        dev._graph_used = 0
+        dev._graph_reserved = 0
         return dev
+
+    # -- the runtime's bookkeeping ---------------------------------------------------------
+    def _add_stream(self, stream: Stream, *, blocking: bool) -> None:
+        """A stream of this device was made (``blocking``: ordered with the legacy stream)."""
+        self._streams.add(stream)
+        if blocking:
+            self._blocking.add(stream)
+
+    def _drop_stream(self, stream: Stream) -> None:
+        """A stream was destroyed: no longer live, but findable until its frees are proved."""
+        self._dead.add(stream)
+        self._streams.discard(stream)
+        self._blocking.discard(stream)
+
+    def _add_exec(self, ge: Any) -> None:
+        """A graph exec was made or launched here: a reset destroys it."""
+        self._execs.add(ge)
+
+    def _count_graph_memory(self, *, used: int = 0, reserved: int = 0) -> None:
+        """Graph memory of this device grew (or shrank) by these bytes."""
+        with self._pool_lock:
+            self._graph_used += used
+            self._graph_reserved += reserved
+
+    def streams(self) -> list[Stream]:
+        """The live streams of this device (the legacy one too once made)."""
+        return members(self._streams)
 
     def __repr__(self) -> str:
         return f"Device({self.name!r})"
@@ -147,9 +198,7 @@ class Device:
     def graph_mem_info(self) -> dict[str, int]:
         """Graph memory: ``reserved`` (backing live execs) and ``used`` (live allocations)
         (``cudaDeviceGetGraphMemAttribute``)."""
-        from .graph import memory
-
-        return memory.info(self)
+        return {"reserved": self._graph_reserved, "used": self._graph_used}
 
     @property
     def default_mem_pool(self) -> MemPool:

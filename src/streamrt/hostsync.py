@@ -30,7 +30,7 @@ streams: weakref.WeakValueDictionary[int, Stream] = weakref.WeakValueDictionary(
 def retire(device: Device, q: Any) -> None:
     """A stream is gone: its queue drains and stops; its failures stay reportable by the device."""
     q.close()
-    retired = device.__dict__.setdefault("_retired", [])
+    retired = device._retired
     # a program that never synchronizes its device retires streams for days: drop the queues
     # with nothing left to drain (finished first: a running worker may still fail)
     _drop_reported(retired, [r for r in retired if r.finished()])
@@ -139,10 +139,10 @@ def synchronize_device(device: Device, *, skip_capturing: bool = False) -> None:
     # each stream's clock, then position, read before waiting (see Stream.synchronize): work
     # other threads enqueue meanwhile is not proved
     live = [(s, s._clock.copy(), s._pos) for s in streams]
-    dead = [(s, s._clock.copy(), s._pos) for s in members(device.__dict__.get("_dead_streams"))]
+    dead = [(s, s._clock.copy(), s._pos) for s in members(device._dead)]
     reached = [(s, *reach(s, pos, clock)) for s, clock, pos in live]  # what each proved
     seen = [(s, pos) for s, pos, _clock in reached]
-    retired = device.__dict__.get("_retired", [])
+    retired = device._retired
     drained = list(retired)  # destroyed streams' queues: all their work
     for q in drained:
         q.drain()
@@ -185,7 +185,7 @@ def reset_device(device: Device) -> None:
         synchronize_device(device)
     except StreamRTError:
         pass  # a reset discards pending failures along with everything else
-    for ge in members(device.__dict__.get("_execs")):
+    for ge in members(device._execs):
         if not ge._destroyed:
             ge.destroy()  # before the memory goes: it unmaps and frees its graph memory
     from .graph import memory as graph_memory
@@ -196,7 +196,7 @@ def reset_device(device: Device) -> None:
     for s in members(device._streams):
         s._destroy_quiet()
     device._legacy = None
-    device.__dict__["_retired"] = []
+    device._retired.clear()
     from .event import UNRECORDED
 
     for e in members(device._events):  # destroyed, as aclrtResetDevice destroys them

@@ -135,9 +135,7 @@ class Stream:
         # another thread's operation can neither share its label nor come between them
         self._lock = threading.Lock()
         self._refresh()
-        device._streams.add(self)
-        if not non_blocking and not legacy:
-            device._blocking.add(self)
+        device._add_stream(self, blocking=not non_blocking and not legacy)
         hostsync.streams[self.id] = self
         weakref.finalize(self, retire, device, self._q)
 
@@ -539,10 +537,7 @@ class Stream:
         self._destroyed = True
         self._refresh()
         dev = self.device
-        # pool blocks freed on it still need a synchronize to prove them: keep it findable
-        dev.__dict__.setdefault("_dead_streams", weakref.WeakSet()).add(self)
-        dev._streams.discard(self)
-        dev._blocking.discard(self)
+        dev._drop_stream(self)  # pool blocks freed on it still need a synchronize to prove them
         retire(dev, self._q)
 
 

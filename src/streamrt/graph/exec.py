@@ -99,7 +99,7 @@ class GraphExec:
         self._map_memory()
         # made in the current device's context, as cudaGraphInstantiate: its reset destroys it,
         # launched there or not (an exec of memset nodes only named no device otherwise)
-        _execs_of(current_device()).add(self)
+        current_device()._add_exec(self)
 
     def __repr__(self) -> str:
         return f"<GraphExec of {len(self._template._nodes)} nodes>"
@@ -132,7 +132,7 @@ class GraphExec:
             offsets, footprint = memory.pack(allocs, anc, bit)
             self._mem.map(device, offsets, footprint)
             self.memory_footprint += footprint
-            _execs_of(device).add(self)  # a device reset destroys it (and unmaps its memory)
+            device._add_exec(self)  # a device reset destroys it (and unmaps its memory)
         if self._mem.arenas:
             # collected without destroy(): its memory retires as by destroy()
             self._finalizer = weakref.finalize(self, _collected, self._mem, self._last_box)
@@ -151,7 +151,7 @@ class GraphExec:
             plan = None
         if plan is None:
             self._bound_at = impl.memory_generation()
-            _execs_of(stream.device).add(self)  # a device reset destroys the execs it ran
+            stream.device._add_exec(self)  # a device reset destroys the execs it ran
             gc_was = gc.isenabled()
             gc.disable()  # many long-lived objects: generational passes would make it quadratic
             try:
@@ -450,8 +450,3 @@ def _adopt(old: Graph, new: Graph) -> list[Node]:
 def _collected(mem: memory.ExecMemory, last: list[tuple[Stream, int] | None]) -> None:
     """An exec collected without destroy(): its memory retires as by destroy()."""
     mem.retire(last[0])
-
-
-def _execs_of(device: Any) -> weakref.WeakSet:
-    """The execs a device's reset must destroy (made, mapping memory or run on it)."""
-    return device.__dict__.setdefault("_execs", weakref.WeakSet())

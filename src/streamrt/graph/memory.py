@@ -139,7 +139,7 @@ def freed(a: GraphAlloc, stream: Any, pos: int) -> None:
 
 
 def _account(device: Device, delta: int) -> None:
-    device.__dict__["_graph_used"] = device.__dict__.get("_graph_used", 0) + delta
+    device._count_graph_memory(used=delta)
 
 
 def pack(allocs: list[tuple[GraphAlloc, Node, Node | None]], ancestors: dict[Node, int],
@@ -217,7 +217,7 @@ class ExecMemory:
             for r in offsets:
                 r.owner = self
             self.arenas.append((device, base, footprint, list(offsets)))
-        device.__dict__["_graph_reserved"] = device.__dict__.get("_graph_reserved", 0) + footprint
+        device._count_graph_memory(reserved=footprint)
 
     def retire(self, last: tuple[Any, int] | None) -> None:
         """The exec is destroyed or collected: the memory goes once nothing needs it."""
@@ -266,8 +266,7 @@ class ExecMemory:
         for r in ranges:
             r.owner = None
         if base is not None:
-            device.__dict__["_graph_reserved"] = (
-                device.__dict__.get("_graph_reserved", 0) - footprint)
+            device._count_graph_memory(reserved=-footprint)
             device._impl.graph_unmap([(r.ptr, 0, r.size) for r in ranges], base)
 
 
@@ -279,11 +278,3 @@ def _on_sync(device: Device) -> None:
 
 
 sync_listeners.append(_on_sync)
-
-
-def info(device: Device) -> dict[str, int]:
-    """Graph memory of a device: bytes backing live execs and bytes of live allocations."""
-    return {
-        "reserved": device.__dict__.get("_graph_reserved", 0),
-        "used": device.__dict__.get("_graph_used", 0),
-    }
