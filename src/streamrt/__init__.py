@@ -44,13 +44,12 @@ from .graph import (
     CaptureMode,
     CaptureStatus,
     Graph,
-    GraphExec,
-    GraphExecUpdateResult,
     Node,
     NodeType,
     exchange_capture_mode,
     graph_capture,
 )
+from .graph.exec import GraphExec, GraphExecUpdateResult
 from .kernel import Dim3, Kernel, KernelContext, kernel
 from .memory import MemPool
 from .pool_attr import MemPoolAttr

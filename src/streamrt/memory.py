@@ -258,9 +258,9 @@ class MemPool(ArenaMixin, ReuseMixin):
             raise InvalidValueError(
                 f"{self!r} cannot serve a stream of {stream.device.name}: pools are per device"
             )
-        cap = stream._capture  # once: another thread may end the capture
+        cap = stream._capture  # once: a capture another thread began after the fast-path test
         if cap is not None:
-            return cap.add_mem_alloc(stream, self, nbytes)
+            return cap.malloc(stream, self, nbytes)  # type: ignore[no-any-return]
         size = _round(nbytes)
         if not stream.non_blocking:
             # The allocation is a stream operation, as the free is (see ``_free``): legacy
@@ -475,9 +475,9 @@ class MemPool(ArenaMixin, ReuseMixin):
                 f"{hex(ptr)} belongs to a pool of {self.device.name}; free it on a stream of "
                 f"that device, not {stream.device.name}"
             )
-        cap = stream._capture  # once: another thread may end the capture
+        cap = stream._capture  # once: a capture another thread began after the fast-path test
         if cap is not None:
-            return cap.add_mem_free(stream, ptr)
+            return cap.free(stream, ptr, self)  # type: ignore[no-any-return]
         if not stream.non_blocking:
             stream._implicit()  # the free is a stream operation: legacy ordering applies
         self._release_block(ptr, stream, stream._pos)

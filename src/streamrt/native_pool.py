@@ -98,7 +98,7 @@ class NativeMemPool(MemPool):
                 f"{self!r} cannot serve a stream of {stream.device.name}: pools are per device")
         cap = stream._capture  # once: another thread may end the capture
         if cap is not None:
-            return cap.add_mem_alloc(stream, self, nbytes)
+            return cap.malloc(stream, self, nbytes)  # type: ignore[no-any-return]
         got: list[int] = []
         # cudaMallocFromPoolAsync is work of the stream (it may make it wait for another stream's
         # free): an operation of its queue, so that a synchronize of the stream waits for it
@@ -118,7 +118,7 @@ class NativeMemPool(MemPool):
                 f"that device, not {stream.device.name}")
         cap = stream._capture  # once: another thread may end the capture
         if cap is not None:
-            return cap.add_mem_free(stream, ptr)
+            return cap.free(stream, ptr, self)  # type: ignore[no-any-return]
         self._forget(ptr)
         # an operation of the queue (see _malloc): a synchronize of a stream that did nothing but
         # free must still be one, where the driver applies the release threshold

@@ -22,26 +22,26 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from . import hostsync, instrument
 from .backends.base import InlineQueue
 from .device import Device, current_device, members
+from .eager import EAGER
 from .errors import (
     InvalidHandleError,
     InvalidTypeError,
 )
 from .event import Event
+from .graph import capture
+from .graph import memory as graph_memory
 from .hostsync import after_sync, covered, reach, reset_device, retire, synchronize_device
 from .kernel import Kernel, KernelContext, dim3, exact_ints
-from .memory import MemPool, _owners, pool_of
+from .memory import MemPool, _owners
 from .validate import (
     check_bool,
     check_byte,
     check_ptr,
     check_size,
     env_flag,
-    host_view,
     is_bool,
     is_int,
 )
@@ -90,7 +90,7 @@ class Stream:
 
     __slots__ = (
         "device", "id", "priority", "non_blocking", "_legacy", "_q", "_pos", "_clock", "_host",
-        "_destroyed", "_ctxs", "_ctx1", "_capture", "_slow", "_lock", "_inline", "_recorded",
+        "_destroyed", "_ctxs", "_ctx1", "_target", "_slow", "_lock", "_inline", "_recorded",
         "__weakref__",
     )
 
@@ -130,7 +130,8 @@ class Stream:
         self._destroyed = False
         self._ctxs: dict[Any, KernelContext] = {}
         self._ctx1 = self._context(1, 1)
-        self._capture = None
+        # where validated work goes: EAGER (the queue), or the Capture the stream takes part in
+        self._target: Any = EAGER
         # held by an instrumented enqueue on a cpu queue from its count to its submit, so
         # another thread's operation can neither share its label nor come between them
         self._lock = threading.Lock()
@@ -143,6 +144,20 @@ class Stream:
         kind = "legacy default" if self._legacy else (
             "non-blocking" if self.non_blocking else "blocking")
         return f"<Stream {self.device.name}#{self.id} {kind}>"
+
+    @property
+    def _capture(self) -> Any:
+        """The capture this stream takes part in, or None (its enqueue target, if a capture)."""
+        t = self._target
+        return None if t is EAGER else t
+
+    def _set_target(self, cap: Any) -> None:
+        """Join ``cap`` (a Capture), or leave the capture with None: work goes there from now.
+        The fast path is closed first, so no launch slips past the new target."""
+        if cap is not None:
+            self._slow = True
+        self._target = EAGER if cap is None else cap
+        self._refresh()
 
     @property
     def name(self) -> str:
@@ -216,9 +231,7 @@ class Stream:
         dev = self.device
         if self._legacy:
             if _capturing:
-                from .graph.capture import check_legacy
-
-                check_legacy(self)
+                capture.check_legacy(self)
             for b in members(dev._blocking):
                 if b._pos > self._clock.get(b.id, 0):
                     snap = b._snapshot()  # position and clock of one moment (see _snapshot)
@@ -234,26 +247,15 @@ class Stream:
         is refused while a blocking stream of its device captures: CUDA leaves the legacy stream
         unusable until that capture ends (DESIGN.md §5)."""
         if self._legacy and _capturing:
-            from .graph.capture import check_legacy
-
-            check_legacy(self)
+            capture.check_legacy(self)
 
     def _check_alive(self) -> None:
         if self._destroyed:
             raise InvalidHandleError(f"{self!r} was destroyed")
 
-    def _refuse_while_capturing(self, what: str) -> None:
-        """``what`` (a synchronize, query or destroy) is illegal while the stream captures: the
-        capture is invalidated and CaptureUnsupportedError raised (see capture.illegal_sync)."""
-        cap = self._capture  # read once: another thread may end the capture
-        if cap is not None:
-            from .graph.capture import illegal_sync
-
-            illegal_sync(self, cap, what)
-
     def _refresh(self) -> None:
         """Recompute whether launches must leave the fast path (blocking, captured, destroyed)."""
-        self._slow = not self.non_blocking or self._capture is not None or self._destroyed
+        self._slow = not self.non_blocking or self._target is not EAGER or self._destroyed
 
     def _submit(self, fn: Callable[..., Any], args: tuple, kind: str = "op", name: str = "",
                 accesses: tuple = (), extra: dict | None = None) -> None:
@@ -303,12 +305,7 @@ class Stream:
         if type(kernel) is not Kernel:
             raise InvalidTypeError(f"launch needs an @srt.kernel, not {type(kernel).__name__}")
         self._check_alive()
-        cap = self._capture  # once: another thread may end the capture
-        if cap is not None:
-            return cap.add_kernel(self, kernel, args, ctx.grid, ctx.block)
-        fn, a = self._q.op_launch(kernel, ctx, args)
-        self._submit(fn, a, "kernel", kernel.name,
-                     extra={"grid": tuple(ctx.grid), "block": tuple(ctx.block)})
+        self._target.kernel(self, kernel, ctx, args)
 
     def memcpy(self, dst: Any, src: Any, nbytes: int) -> None:
         """Enqueue a copy (``cudaMemcpyAsync``); each side a device pointer or a host buffer.
@@ -317,58 +314,26 @@ class Stream:
         into a pageable host buffer returns once the data is there; pinned memory
         (``srt.malloc_host``) is fully asynchronous.
         """
-        n = check_size(nbytes)
-        cap = self._capture  # once: another thread may end the capture
-        if cap is not None:  # graph memory may have no backing yet: not resolved here
-            return cap.add_memcpy(self, dst, src, n)
-        impl = self.device._impl
-        dst_view = _endpoint(impl, dst, n, writable=True)
-        src_view = _endpoint(impl, src, n, writable=False)
-        if n == 0:
-            self._check_alive()  # nothing to enqueue, but still a call on this stream
-            return
-        if not isinstance(src, int | np.integer) and self._inline:
-            src_view = src_view.copy()  # pageable source: staged at call time (CUDA stages itself)
-        fn, args = self._q.op_copy(dst_view, src_view, n)
-        self._submit(fn, args, "memcpy", f"memcpy {n} B",
-                     tuple((int(p), n, w) for p, w in ((dst, True), (src, False))
-                           if isinstance(p, int | np.integer)), {"bytes": n})
-        if not isinstance(dst, int | np.integer):  # pageable destination: synchronous
-            clock = self._clock.copy()  # then the position: not later work (see synchronize)
-            reach(self, self._pos, clock)  # the host saw the stream get this far
+        self._target.memcpy(self, dst, src, check_size(nbytes))
 
     def memset(self, ptr: int, value: int, nbytes: int) -> None:
         """Enqueue a byte fill (``cudaMemsetAsync``)."""
         n = check_size(nbytes)
         ptr = check_ptr(ptr)
-        value = check_byte(value)
-        cap = self._capture  # once: another thread may end the capture
-        if cap is not None:  # validated by the capture; graph memory may be unmapped
-            return cap.add_memset(self, ptr, value, n)
-        view = self.device._impl.endpoint(ptr, n)
-        if n:
-            fn, args = self._q.op_fill(view, int(value), n)
-            self._submit(fn, args, "memset", f"memset {n} B",
-                         ((ptr, n, True),), {"bytes": n, "value": int(value)})
-        else:
-            self._check_alive()  # nothing to enqueue, but still a call on this stream
+        self._target.memset(self, ptr, int(check_byte(value)), n)
 
     def launch_host_func(self, fn: Callable[..., Any], *args: Any) -> None:
         """Enqueue ``fn(*args)`` to run on a host thread in stream order (``cudaLaunchHostFunc``)."""
         if not callable(fn):
             raise InvalidTypeError(f"launch_host_func needs a callable, not {type(fn).__name__}")
-        cap = self._capture  # once: another thread may end the capture
-        if cap is not None:
-            return cap.add_host(self, fn, args)
-        op, a = self._q.op_host(fn, args)
-        self._submit(op, a, "host", instrument.fn_label(fn))
+        self._target.host(self, fn, args)
 
     def _after_record(self) -> None:
         """Give a free right after an event record a position of its own. A free adds no work
         (it is tagged with the stream's position), but it is a stream operation after the
         record (``cudaFreeAsync``): a stream waiting on that event must not count as ordered
         after the free (DESIGN.md §3, reuse by event dependency)."""
-        if self._capture is None and not self._destroyed:
+        if self._target is EAGER and not self._destroyed:
             self._submit(_free_marker, (), "free", "free")
 
     def malloc(self, nbytes: int, pool: Any = None) -> int:
@@ -382,10 +347,7 @@ class Stream:
         if not (self._slow or _global_slow):
             return pool._malloc(self, nbytes)
         self._check_alive()
-        ptr = pool._malloc(self, nbytes)
-        if instrument.listeners and self._capture is None:
-            instrument.notify("alloc", self, ptr, nbytes)
-        return ptr
+        return self._target.malloc(self, pool, nbytes)  # type: ignore[no-any-return]
 
     def free(self, ptr: int) -> None:
         """Stream-ordered free (``cudaFreeAsync``): the block returns to its pool after prior work."""
@@ -397,23 +359,7 @@ class Stream:
         if pool is not None and not (self._slow or _global_slow):
             return pool._free(self, ptr)
         self._check_alive()
-        cap = self._capture  # once: another thread may end the capture
-        if cap is not None:
-            return cap.add_mem_free(self, ptr)
-        if not self.non_blocking:
-            # the free is a stream operation: legacy ordering applies before it, and before
-            # the sanitizer reads its clock (the pool's own ordering below is then a no-op)
-            self._implicit()
-        if instrument.listeners and pool is not None:
-            instrument.notify("free", self, ptr)
-        if pool is None and graph_memory.find(ptr) is not None:
-            graph_memory.free_outside(ptr, self)  # graph memory, freed outside the graph
-            if instrument.listeners:
-                instrument.notify("free", self, ptr)
-            return
-        (pool or pool_of(ptr))._free(self, ptr)
-        if instrument.listeners:
-            instrument.notify("freed", self, pool)
+        self._target.free(self, ptr, pool)
 
     def record(self, event: Event | None = None) -> Event:
         """Record ``event`` (a new one if None) at the current tail (``cudaEventRecord``)."""
@@ -423,24 +369,7 @@ class Stream:
         elif not isinstance(event, Event):
             raise InvalidTypeError(f"record needs an Event, not {type(event).__name__}")
         event._check_recordable(self)
-        cap = self._capture  # once: another thread may end the capture
-        if cap is not None:
-            return cap.record(self, event)
-        stamp = None
-        if event.timing:
-            fn, args, stamp = self._q.op_stamp()
-            self._submit(fn, args, "record", "timing event")
-        elif not self.non_blocking:
-            self._implicit()
-        self._q.mark()
-        # published whole, its position taken from the clock snapshot: a reader on another
-        # thread must never pair this stream with an older record's clock, nor a position with
-        # a clock that already merged a wait enqueued after it (see _snapshot)
-        clock = self._snapshot()
-        event._rec = (self, clock[self.id], clock, stamp)
-        event._capture = None
-        self._recorded = clock[self.id]
-        return event
+        return self._target.record(self, event)  # type: ignore[no-any-return]
 
     def wait(self, event: Event) -> None:
         """Make later work on this stream wait for ``event`` (``cudaStreamWaitEvent``)."""
@@ -448,24 +377,11 @@ class Stream:
         if not isinstance(event, Event):
             raise InvalidTypeError(f"wait needs an Event, not {type(event).__name__}")
         event._check_alive()
-        ce = event._capture  # once: another thread's record may reset it
-        if self._capture is not None or ce is not None:
-            from .graph.capture import capture_wait
-
-            return capture_wait(self, event, ce)
-        self._check_legacy_capture()
-        other, pos, clock, _stamp = event._rec  # once: another thread may re-record it
-        if other is None or other is self:
-            return  # never recorded: a no-op, as in CUDA
-        if self._clock.get(other.id, 0) >= pos:
-            return  # already ordered: no new dependency needed
-        self._order_after(other, pos, clock)
+        self._target.wait(self, event)
 
     # -- capture -------------------------------------------------------------------------------
     def begin_capture(self, mode: Any = None) -> None:
         """Start capturing this stream into a graph (``cudaStreamBeginCapture``)."""
-        from .graph import capture
-
         global _capturing
         # before the capture is visible: another thread's legacy-stream use must not miss it
         _capturing = True
@@ -475,8 +391,6 @@ class Stream:
 
     def end_capture(self) -> Any:
         """End the capture begun on this stream and return its graph (``cudaStreamEndCapture``)."""
-        from .graph import capture
-
         try:
             return capture.end(self)
         finally:
@@ -485,27 +399,21 @@ class Stream:
 
     def is_capturing(self) -> bool:
         """True from ``begin_capture`` (or joining one) to ``end_capture``, invalidated or not."""
-        from .graph import capture
-
         return capture.is_capturing(self)
 
     def capture_info(self) -> Any:
         """Status, id, graph and current dependencies of the capture (``cudaStreamGetCaptureInfo``)."""
-        from .graph import capture
-
         return capture.info(self)
 
     def update_capture_dependencies(self, nodes: Any, *, replace: bool = False) -> None:
         """Add (or, with ``replace``, set) the capture dependencies of this stream."""
-        from .graph import capture
-
         capture.update_dependencies(self, nodes, check_bool(replace, "replace"))
 
     # -- host synchronization ----------------------------------------------------------------
     def synchronize(self) -> None:
         """Block until all work enqueued so far has completed (``cudaStreamSynchronize``)."""
         self._check_alive()
-        self._refuse_while_capturing("synchronize")
+        self._target.refuse(self, "synchronize")
         self._check_legacy_capture()
         # what is proved is read before waiting, the clock first: a wait another thread enqueues
         # meanwhile counts itself in _pos before it merges into _clock, so it is either in both
@@ -517,7 +425,7 @@ class Stream:
     def query(self) -> bool:
         """True when all enqueued work has completed (``cudaStreamQuery``); not a synchronize."""
         self._check_alive()
-        self._refuse_while_capturing("query")
+        self._target.refuse(self, "query")
         self._check_legacy_capture()
         return self._q.done >= self._pos
 
@@ -528,7 +436,7 @@ class Stream:
         self._check_alive()
         # a capture keeps its streams until end_capture: destroying one would leave the capture
         # active for good (refusing every unsafe call and device synchronize)
-        self._refuse_while_capturing("destroy")
+        self._target.refuse(self, "destroy")
         self._destroy_quiet()
 
     def _destroy_quiet(self) -> None:
@@ -539,12 +447,6 @@ class Stream:
         dev = self.device
         dev._drop_stream(self)  # pool blocks freed on it still need a synchronize to prove them
         retire(dev, self._q)
-
-
-def _endpoint(impl: Any, obj: Any, n: int, *, writable: bool) -> Any:
-    if is_int(obj):
-        return impl.endpoint(int(obj), n)
-    return host_view(obj, n, writable=writable)
 
 
 def current_stream() -> Stream:
@@ -558,6 +460,3 @@ def current_stream() -> Stream:
                 return s
     return dev.default_stream
 
-
-# graph/ imports this module: bind it once this module is fully defined
-from .graph import memory as graph_memory  # noqa: E402

@@ -11,7 +11,8 @@ import numpy as np
 
 from ..device import Device
 from ..errors import CaptureError, GraphExecUpdateError, InvalidValueError
-from ..graph import CaptureMode, Graph, GraphExecUpdateResult
+from ..graph import CaptureMode, Graph
+from ..graph.exec import GraphExecUpdateResult
 from ..kernel import kernel
 from ..stream import Stream
 from . import check, table

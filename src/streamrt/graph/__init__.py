@@ -1,16 +1,18 @@
-"""Task graphs: builder (Graph, Node), stream capture, executable graphs, graph memory."""
+"""Task graphs: builder (Graph, Node), stream capture, executable graphs, graph memory.
+
+``exec`` (GraphExec) is not imported here: it builds on streams, which build on capture and
+graph memory; importing it from this package's ``__init__`` would close that loop."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from .capture import CaptureInfo, CaptureMode, CaptureStatus, exchange_capture_mode
-from .exec import GraphExec, GraphExecUpdateResult
 from .graph import Graph
 from .node import Node, NodeType
 
 __all__ = [
-    "Graph", "Node", "NodeType", "GraphExec", "GraphExecUpdateResult", "CaptureMode",
+    "Graph", "Node", "NodeType", "CaptureMode",
     "CaptureStatus", "CaptureInfo", "graph_capture", "exchange_capture_mode",
 ]
 

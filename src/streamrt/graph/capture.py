@@ -2,9 +2,10 @@
 
 State and invariants:
 - A :class:`Capture` is begun on an origin stream by one thread, with a mode. Every stream
-  that joined it (the origin, and any stream that waited on one of its captured events) has
-  ``stream._capture`` set to it, and ``deps[stream]``: the node set the stream's next captured
-  operation depends on. Enqueues on a capturing stream add nodes instead of running.
+  that joined it (the origin, and any stream that waited on one of its captured events) has it
+  as its enqueue target (``stream._target``, see ``eager.py``), and ``deps[stream]``: the node
+  set the stream's next captured operation depends on. The target methods add nodes instead of
+  running; a capture that ended meanwhile hands the call back to the stream's target then.
 - A ``record`` on a capturing stream makes a captured event: the stream's current node set.
   Waiting on it from an idle stream forks (the stream joins); from a stream of the same capture
   joins (node sets merge); from another capture is a merge error; a capturing stream waiting
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import weakref
 from enum import Enum
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -48,11 +50,13 @@ from ..errors import (
     InvalidTypeError,
     InvalidValueError,
 )
+from .graph import Graph, memcpy_params, memset_params
+from .memory import GraphAlloc, find
+from .node import NodeType
 
 if TYPE_CHECKING:
     from ..device import Device
     from ..stream import Event, Stream
-    from .graph import Graph
     from .node import Node
 
 
@@ -90,9 +94,9 @@ _tls = threading.local()
 class Capture:
     """One capture sequence."""
 
-    def __init__(self, origin: Stream, mode: CaptureMode) -> None:
-        from .graph import Graph
+    capturing = True  # an enqueue target that records instead of running (see eager.Eager)
 
+    def __init__(self, origin: Stream, mode: CaptureMode) -> None:
         self.id = next(_ids)
         self.origin = origin
         self.mode = mode
@@ -125,9 +129,7 @@ class Capture:
             if self.status is CaptureStatus.NONE:
                 return False
             self.deps[stream] = deps
-            stream._slow = True  # before the capture is visible: no fast path past it
-            stream._capture = self
-            stream._refresh()
+            stream._set_target(self)
             return True
 
     def finish(self) -> None:
@@ -137,8 +139,7 @@ class Capture:
             with _lock:
                 _active.discard(self)
             for s in self.deps:
-                s._capture = None
-                s._refresh()
+                s._set_target(None)
             for e in self.events:
                 if e._capture is self:
                     e._capture = None
@@ -157,67 +158,58 @@ class Capture:
             self.deps[stream] = (node,)
             return node
 
-    def add_kernel(self, stream: Stream, kernel: Any, args: tuple, grid: Any, block: Any) -> None:
-        from .node import NodeType
+    # -- the enqueue target's methods (see eager.Eager) --------------------------------------
+    def kernel(self, s: Stream, kernel: Any, ctx: Any, args: tuple) -> None:
+        """A KERNEL node."""
+        if self.add(s, NodeType.KERNEL, {"kernel": kernel, "args": tuple(args), "grid": ctx.grid,
+                                         "block": ctx.block, "device": s.device}) is None:
+            s._target.kernel(s, kernel, ctx, args)
 
-        if self.add(stream, NodeType.KERNEL, {"kernel": kernel, "args": tuple(args), "grid": grid,
-                                              "block": block, "device": stream.device}) is None:
-            stream.launch(kernel, *args, grid=tuple(grid), block=tuple(block))
+    def memcpy(self, s: Stream, dst: Any, src: Any, n: int) -> None:
+        """A MEMCPY node (graph memory may have no backing yet: validated, not resolved)."""
+        if self.add(s, NodeType.MEMCPY, memcpy_params(dst, src, n)) is None:
+            s._target.memcpy(s, dst, src, n)
 
-    def add_memcpy(self, stream: Stream, dst: Any, src: Any, nbytes: int) -> None:
-        from .graph import memcpy_params
-        from .node import NodeType
+    def memset(self, s: Stream, ptr: int, value: int, n: int) -> None:
+        """A MEMSET node (graph memory, unmapped while capturing, is checked against its
+        reserved range only)."""
+        if self.add(s, NodeType.MEMSET, memset_params(ptr, value, n)) is None:
+            s._target.memset(s, ptr, value, n)
 
-        if self.add(stream, NodeType.MEMCPY, memcpy_params(dst, src, nbytes)) is None:
-            stream.memcpy(dst, src, nbytes)
+    def host(self, s: Stream, fn: Any, args: tuple) -> None:
+        """A HOST node."""
+        if self.add(s, NodeType.HOST, {"fn": fn, "args": tuple(args)}) is None:
+            s._target.host(s, fn, args)
 
-    def add_memset(self, stream: Stream, ptr: int, value: int, nbytes: int) -> None:
-        from .graph import memset_params
-        from .node import NodeType
-
-        # validated here as add_memcpy does (graph memory, unmapped while capturing, is checked
-        # against its reserved range only), not only by the caller's eager-path checks
-        if self.add(stream, NodeType.MEMSET, memset_params(ptr, value, nbytes)) is None:
-            stream.memset(ptr, value, nbytes)
-
-    def add_host(self, stream: Stream, fn: Any, args: tuple) -> None:
-        from .node import NodeType
-
-        if self.add(stream, NodeType.HOST, {"fn": fn, "args": tuple(args)}) is None:
-            stream.launch_host_func(fn, *args)
-
-    def add_mem_alloc(self, stream: Stream, pool: Any, nbytes: int) -> int:
-        from .memory import GraphAlloc
-        from .node import NodeType
-
+    def malloc(self, s: Stream, pool: Any, nbytes: int) -> int:
+        """A MEM_ALLOC node: graph memory, its address fixed now (``cudaMallocAsync`` captured)."""
+        pool._check_alive()
+        if s.device is not pool.device:
+            raise InvalidValueError(
+                f"{pool!r} cannot serve a stream of {s.device.name}: pools are per device")
         with self._lock:  # no graph memory reserved for a capture that ended meanwhile
             if self.status is not CaptureStatus.NONE:
                 if self.status is CaptureStatus.INVALIDATED:
                     raise CaptureInvalidatedError(f"{self!r} was invalidated: {self.reason}")
-                alloc = GraphAlloc(stream.device, nbytes, self.graph._slabs)
-                self.add(stream, NodeType.MEM_ALLOC,
-                         {"nbytes": nbytes, "ptr": alloc.ptr, "alloc": alloc})
+                alloc = GraphAlloc(s.device, nbytes, self.graph._slabs)
+                self.add(s, NodeType.MEM_ALLOC, {"nbytes": nbytes, "ptr": alloc.ptr, "alloc": alloc})
                 return alloc.ptr
-        return pool._malloc(stream, nbytes)  # ended meanwhile: the caller reports it as eager
+        return s._target.malloc(s, pool, nbytes)  # type: ignore[no-any-return]
 
-    def add_mem_free(self, stream: Stream, ptr: int) -> None:
-        from . import memory
-        from .node import NodeType
-
-        alloc = memory.find(ptr)
+    def free(self, s: Stream, ptr: int, pool: Any) -> None:
+        """A MEM_FREE node, of graph memory only."""
+        alloc = find(ptr)
         if alloc is None:
             raise InvalidValueError(
                 f"{hex(ptr)} was not allocated by a graph: memory allocated outside the capture "
                 "cannot be freed inside it"
             )
-        if self.add(stream, NodeType.MEM_FREE, {"ptr": ptr, "alloc": alloc}) is None:
-            stream.free(ptr)
+        if self.add(s, NodeType.MEM_FREE, {"ptr": ptr, "alloc": alloc}) is None:
+            s._target.free(s, ptr, pool)
 
-    def add_graph(self, stream: Stream, graph: Graph) -> bool:
-        """Add ``graph`` as a child graph node; False if the capture ended meanwhile (the caller
-        launches it on the stream)."""
-        from .node import NodeType
-
+    def launch_graph(self, s: Stream, ge: Any) -> None:
+        """A GRAPH node running what the exec ``ge`` runs (its disabled nodes empty)."""
+        graph = ge._captured_graph()
         # the same rule as Graph.add_child_graph_node: graph memory cannot live in a child graph
         # (the outer exec would neither map it nor check its relaunch rules)
         if any(n.type in (NodeType.MEM_ALLOC, NodeType.MEM_FREE) for n in graph._walk()):
@@ -225,18 +217,43 @@ class Capture:
                 "an executable graph with memory allocation or free nodes cannot be launched into "
                 "a capture (it would become a child graph)"
             )
-        return self.add(stream, NodeType.GRAPH, {"graph": graph._embedded_clone()}) is not None
+        if self.add(s, NodeType.GRAPH, {"graph": graph._embedded_clone()}) is None:
+            s._target.launch_graph(s, ge)
 
-    def record(self, stream: Stream, event: Event) -> Event:
+    def record(self, s: Stream, event: Event) -> Event:
+        """A captured event: the stream's current node set."""
         with self._lock:
             if self.status is not CaptureStatus.NONE:
                 if self.status is CaptureStatus.INVALIDATED:
                     raise CaptureInvalidatedError(f"{self!r} was invalidated: {self.reason}")
-                event._nodes = self.deps[stream]  # before _capture: a reader of it gets these
+                event._nodes = self.deps[s]  # before _capture: a reader of it gets these
                 event._capture = self
                 self.events.append(event)
                 return event
-        return stream.record(event)  # ended meanwhile: recorded on the stream
+        return s._target.record(s, event)  # type: ignore[no-any-return]
+
+    def wait(self, s: Stream, event: Event, ce: Capture | None = None) -> None:
+        """A wait of capturing ``s``, or (``ce`` is this capture, the event's as the caller read
+        it once) a wait on an event this capture recorded."""
+        capture_wait(s, event, event._capture if ce is None else ce)
+
+    def release_after(self, s: Stream, release: Any) -> None:
+        """The graph (every clone and exec of it) owns what ``release`` frees: it runs when the
+        last of them is gone, not at each replay."""
+        self.graph._keep.append(_Keeper(release))
+
+    def refuse(self, s: Stream, what: str) -> None:
+        """A synchronize, query or destroy of a capturing stream (see :func:`illegal_sync`)."""
+        illegal_sync(s, self, what)
+
+
+class _Keeper:
+    """Shared by a captured graph and its clones: calls ``release`` when the last goes."""
+
+    __slots__ = ("__weakref__",)
+
+    def __init__(self, release: Any) -> None:
+        weakref.finalize(self, release)
 
 
 # -- stream entry points ---------------------------------------------------------------------
@@ -253,9 +270,7 @@ def begin(stream: Stream, mode: Any) -> None:
         if other is not None:
             raise IllegalStateError(f"{stream!r} is already capturing ({other!r})")
         _active.add(cap)
-        stream._slow = True  # before the capture is visible: no fast path past it
-        stream._capture = cap
-    stream._refresh()
+        stream._set_target(cap)
 
 
 def end(stream: Stream) -> Graph:

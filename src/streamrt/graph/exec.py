@@ -175,18 +175,20 @@ class GraphExec:
         Event nodes act at the launch's edges (waits before it, records after it), not at their
         place in the DAG as in CUDA: never a weaker order, but a later one (see the README)."""
         self._check(stream)
-        cap = stream._capture  # once: another thread may end the capture
-        if cap is not None:
-            # captured as a child graph of what this exec runs: its disabled nodes must stay
-            # empty there too (the raw template was captured before, so a disabled node ran)
-            with self._lock:
-                graph = self._template.clone()
-                for i in self._disabled:
-                    n = graph._nodes[i]
-                    n.type, n._params = NodeType.EMPTY, {}
-            if cap.add_graph(stream, graph):
-                return
-            # the capture ended meanwhile: this launch came after the end, it runs on the stream
+        stream._target.launch_graph(stream, self)  # a capture adds it as a child graph node
+
+    def _captured_graph(self) -> Graph:
+        """What a launch into a capture adds as a child graph: its disabled nodes stay empty
+        there too (the raw template was captured before, so a disabled node ran)."""
+        with self._lock:
+            graph = self._template.clone()
+            for i in self._disabled:
+                n = graph._nodes[i]
+                n.type, n._params = NodeType.EMPTY, {}
+        return graph
+
+    def _launch_on(self, stream: Stream) -> None:
+        """The launch itself: one operation of ``stream``."""
         with self._lock:
             self._check_memory()
             plan = self._plan(stream)  # may refuse too (memory a node uses is gone)

@@ -33,7 +33,6 @@ that ``_launch`` queues after ``_enqueue``; ``_launch`` is the place to branch o
 from __future__ import annotations
 
 import threading
-import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -253,13 +252,9 @@ class Executor:
                 st.cache_hits += 1
         if not self._repeatable:
             self._state = CONSUMED
-            cap = stream._capture
-            if cap is not None:
-                # captured: the graph (and every clone and exec of it) owns the executor; it is
-                # released when the last of them is gone, not by a host node at each replay
-                cap.graph._keep.append(_Owned(self))
-                return
-            stream.launch_host_func(self._release)
+            # captured: the graph (and every clone and exec of it) owns the executor; it is
+            # released when the last of them is gone, not by a host node at each replay
+            stream._target.release_after(stream, self._release)
 
     def _release(self) -> None:
         global _live
@@ -269,13 +264,3 @@ class Executor:
             self._state = RELEASED
             _live -= 1
         self._fn = None  # drop the plan (closures, tiling) now, whatever still references us
-
-
-class _Owned:
-    """Shared by a captured graph and its clones: releases the executor when the last goes."""
-
-    __slots__ = ("executor", "__weakref__")
-
-    def __init__(self, executor: Executor) -> None:
-        self.executor = executor
-        weakref.finalize(self, executor._release)
