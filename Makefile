@@ -24,6 +24,8 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed-test
 	$(BIN)/ruff check .
+	@# the public API as a typed user program sees it (py.typed): mypy --strict on one
+	$(BIN)/mypy --strict --follow-imports=silent --no-incremental examples/typed_program.py
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 	@# the cuda backend's code and the cuda tests again, on the fake CUDA runtime (tests/cuda_fake)
 	@why=$$($(BIN)/python -c "from tests.cuda_fake import unavailable; print(unavailable() or '')"); \

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, overload
 
 import numpy as np
 
@@ -111,13 +111,23 @@ class Kernel:
         return fn
 
 
+@overload
+def kernel(fn: Callable[..., Any], *, name: str | None = None, cuda: str | None = None,
+           signature: str | None = None) -> Kernel: ...
+
+
+@overload
+def kernel(fn: None = None, *, name: str | None = None, cuda: str | None = None,
+           signature: str | None = None) -> Callable[[Callable[..., Any]], Kernel]: ...
+
+
 def kernel(
     fn: Callable[..., Any] | None = None,
     *,
     name: str | None = None,
     cuda: str | None = None,
     signature: str | None = None,
-) -> Any:
+) -> Kernel | Callable[[Callable[..., Any]], Kernel]:
     """Decorator making a kernel: ``@srt.kernel`` or ``@srt.kernel(cuda=SRC, signature=...)``."""
     if fn is None:
         return lambda f: Kernel(f, name=name, cuda=cuda, signature=signature)
