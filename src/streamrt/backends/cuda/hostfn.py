@@ -21,7 +21,7 @@ from typing import Any
 
 from cuda.bindings import runtime as rt
 
-from .cuda_errors import check
+from .errors import check
 
 __all__ = ["HOST_FN", "add", "add_repeating", "block", "count", "deferred", "drop", "jobs",
            "on_driver_thread", "on_worker", "outstanding", "release", "run_deferred"]

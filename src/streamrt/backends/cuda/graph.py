@@ -15,14 +15,14 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from ..graph.node import NodeType
-from ..instrument import fn_label
-from ..stream import _endpoint  # device pointers checked by the backend, host buffers as views
-from . import cuda_hostfn as hostfn
-from .cuda import _activate, _host_ptr, check, drv, rt
+from ...graph.node import NodeType
+from ...instrument import fn_label
+from ...stream import _endpoint  # device pointers checked by the backend, host buffers as views
+from . import hostfn
+from .backend import _activate, _host_ptr, check, drv, rt
 
 if TYPE_CHECKING:
-    from ..graph.node import Node
+    from ...graph.node import Node
 
 # nodes built as empty ones whatever their parameters: an update has nothing to change
 _PARAMLESS = (NodeType.EMPTY, NodeType.EVENT_RECORD, NodeType.WAIT_EVENT, NodeType.MEM_ALLOC,

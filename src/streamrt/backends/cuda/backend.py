@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from sortedcontainers import SortedDict
 
-from ..errors import (
+from ...errors import (
     BackendUnavailableError,
     InvalidAddressError,
     NotPermittedError,
@@ -33,9 +33,9 @@ from ..errors import (
     NotSupportedError,
     OutOfMemoryError,
 )
-from ..instrument import fn_label
-from ..reclaim import Reclaim
-from .base import Backend, DeviceImpl, Queue
+from ...instrument import fn_label
+from ...reclaim import Reclaim
+from ..base import Backend, DeviceImpl, Queue
 
 try:  # imported only when the cuda backend is asked for (backends/__init__.py)
     from cuda.bindings import driver as drv
@@ -45,8 +45,8 @@ except ImportError as exc:  # pragma: no cover - the registry reports this as un
         "the cuda backend needs the 'cuda-bindings' package (pip install 'streamrt[cuda]')"
     ) from exc
 
-from . import cuda_hostfn as hostfn
-from .cuda_errors import check, error_for
+from . import hostfn
+from .errors import check, error_for
 
 _SUCCESS = rt.cudaError_t.cudaSuccess
 _NOT_READY = rt.cudaError_t.cudaErrorNotReady
@@ -496,7 +496,7 @@ class CudaDevice(DeviceImpl):
 
     def graph_exec(self, flat: list[tuple[Any, list[int]]]) -> Any:
         """Build and instantiate the CUDA graph of a flattened frontend graph."""
-        from .cuda_graph import NativeGraph
+        from .graph import NativeGraph
 
         return NativeGraph(self, flat)
 
