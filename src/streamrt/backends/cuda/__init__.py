@@ -18,14 +18,18 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .backend import CudaBackend, CudaDevice, CudaQueue, check, drv, rt, why_unusable
+    from .backend import CudaBackend, why_unusable
+    from .device import CudaDevice
+    from .errors import check
+    from .queue import CudaQueue
+    from .runtime import drv, rt
 
 __all__ = ["CudaBackend", "CudaDevice", "CudaQueue", "check", "drv", "rt", "why_unusable"]
 
 # name -> the module defining it; rt, drv and check: the CUDA modules the backend calls (tests
 # patch their functions) and the result check
-_LAZY = {"CudaBackend": "backend", "why_unusable": "backend", "CudaDevice": "backend",
-         "CudaQueue": "backend", "rt": "backend", "drv": "backend", "check": "backend"}
+_LAZY = {"CudaBackend": "backend", "why_unusable": "backend", "CudaDevice": "device",
+         "CudaQueue": "queue", "rt": "runtime", "drv": "runtime", "check": "errors"}
 
 
 def __getattr__(name: str) -> Any:

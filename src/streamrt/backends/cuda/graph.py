@@ -19,7 +19,8 @@ from ...graph.node import NodeType
 from ...instrument import fn_label
 from ...stream import _endpoint  # device pointers checked by the backend, host buffers as views
 from . import hostfn
-from .backend import _activate, _host_ptr, check, drv, rt
+from .errors import check
+from .runtime import activate, drv, host_ptr, rt
 
 if TYPE_CHECKING:
     from ...graph.node import Node
@@ -57,7 +58,7 @@ class NativeGraph:
         self._host: dict[Node, tuple] = {}  # host node -> the (fn, args) it was built with
         self._views: dict[Node, list[Any]] = {}  # memcpy node -> the host views it copies
         self._retired: list[tuple[Any, int, list[Any]]] = []  # views enqueued launches may use
-        _activate(dev.index)
+        activate(dev.index)
         self.graph = check(rt.cudaGraphCreate(0))
         try:
             made: list[int] = []
@@ -87,7 +88,7 @@ class NativeGraph:
         elif t is NodeType.MEMCPY and p["nbytes"]:
             dst, src = self._views[node] = self._endpoints(p)
             made = check(rt.cudaGraphAddMemcpyNode1D(
-                graph, rdeps, len(deps), _host_ptr(dst), _host_ptr(src), p["nbytes"],
+                graph, rdeps, len(deps), host_ptr(dst), host_ptr(src), p["nbytes"],
                 rt.cudaMemcpyKind.cudaMemcpyDefault))
             self._built[node] = int(made)
         elif t is NodeType.MEMSET and p["nbytes"]:
@@ -140,7 +141,7 @@ class NativeGraph:
             return t in _PARAMLESS or not p["nbytes"]  # a copy or memset of nothing stays empty
         if t is not NodeType.KERNEL and not p["nbytes"]:
             return False  # CUDA cannot make a copy or memset node empty
-        _activate(self.dev.index)
+        activate(self.dev.index)
         try:
             if t is NodeType.KERNEL:
                 check(drv.cuGraphExecKernelNodeSetParams(  # the driver copies the parameters
@@ -148,7 +149,7 @@ class NativeGraph:
             elif t is NodeType.MEMCPY:
                 views = self._endpoints(p)
                 check(rt.cudaGraphExecMemcpyNodeSetParams1D(
-                    self.exec, rt.cudaGraphNode_t(made), _host_ptr(views[0]), _host_ptr(views[1]),
+                    self.exec, rt.cudaGraphNode_t(made), host_ptr(views[0]), host_ptr(views[1]),
                     p["nbytes"], rt.cudaMemcpyKind.cudaMemcpyDefault))
                 self._retire(self._views[node])
                 self._views[node] = views
@@ -173,7 +174,7 @@ class NativeGraph:
         return True
 
     def _enable(self, made: int, enabled: bool) -> None:
-        _activate(self.dev.index)
+        activate(self.dev.index)
         check(rt.cudaGraphNodeSetEnabled(self.exec, rt.cudaGraphNode_t(made), int(enabled)))
 
     def _retire(self, views: list[Any]) -> None:
@@ -194,7 +195,7 @@ class NativeGraph:
         self._launches.queue, self._launches.pos = q, q.pos
         if self._jobs:
             hostfn.count(len(self._jobs))
-        _activate(self.dev.index)
+        activate(self.dev.index)
         try:
             check(rt.cudaGraphLaunch(self.exec, q.stream))
         except BaseException:
@@ -204,7 +205,7 @@ class NativeGraph:
 
     def upload(self, q: Any) -> None:
         """``cudaGraphUpload``: do the launch's one-time work ahead of it."""
-        _activate(self.dev.index)
+        activate(self.dev.index)
         check(rt.cudaGraphUpload(self.exec, q.stream))
 
 
