@@ -15,7 +15,7 @@ rt = pytest.importorskip("cuda.bindings.runtime", reason="cuda-bindings is not i
 drv = pytest.importorskip("cuda.bindings.driver", reason="cuda-bindings is not installed")
 
 _CUDA = Path(__file__).resolve().parent.parent / "src" / "streamrt" / "backends" / "cuda"
-SOURCES = [_CUDA / name for name in ("backend.py", "device.py", "graph.py", "queue.py")]
+SOURCES = [_CUDA / name for name in ("backend.py", "device.py", "graph.py", "pools.py", "queue.py")]
 
 
 def _references(path: Path) -> set[tuple[str, ...]]:

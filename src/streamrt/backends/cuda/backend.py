@@ -71,7 +71,7 @@ class CudaBackend(Backend):
             ptr = int(check(rt.cudaMallocHost(max(nbytes, 1))))
         except OutOfMemoryError as exc:
             raise OutOfMemoryError(f"cudaMallocHost of {nbytes} bytes failed") from exc
-        self._host.add(ptr, nbytes)
+        self._host.add(ptr, nbytes, "host")
         return ptr
 
     def owns_host(self, ptr: int) -> bool:

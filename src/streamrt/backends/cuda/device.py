@@ -28,14 +28,15 @@ from ..base import DeviceImpl
 from . import hostfn, nvrtc
 from .errors import check, error_for
 from .graph import NativeGraph
+from .pools import CudaPools
 from .queue import CudaQueue
-from .runtime import SIZE_MAX, activate, drv, legacy_stream, rt, too_big
+from .runtime import activate, drv, rt, too_big
 
 
 class CudaDevice(DeviceImpl):
     """Device ``cuda:N``: memory through ``cudaMalloc``, pools through ``cudaMemPool``."""
 
-    pools: Any = True  # interim: the pool_* methods below; a NativePools object next
+    pools: CudaPools
 
     def __init__(self, index: int, pinned: Ranges) -> None:
         self.index = index
@@ -55,8 +56,7 @@ class CudaDevice(DeviceImpl):
         self._ranges = Ranges()  # every live allocation, pools too
         self._reserved = Ranges()  # graph memory's address ranges
         self.reclaim = self._reserved.reclaim  # finalizers release graph address ranges
-        self._pooled: set[int] = set()  # live pool allocations, and created pools: a reset frees them
-        self._pools: dict[int, Any] = {}
+        self.pools = CudaPools(self, self._ranges)
         self._functions: dict[Any, tuple] = {}
         self._lock = threading.Lock()
         opened[index] = self
@@ -71,7 +71,7 @@ class CudaDevice(DeviceImpl):
             raise OutOfMemoryError(f"cuda:{self.index}: cudaMalloc of {nbytes} bytes failed: "
                                    f"{free} of {total} bytes free") from exc
         self._allocs[ptr] = nbytes
-        self._ranges.add(ptr, nbytes)
+        self._ranges.add(ptr, nbytes, "malloc")
         return ptr
 
     def free(self, ptr: int) -> None:
@@ -103,19 +103,9 @@ class CudaDevice(DeviceImpl):
         return room is not None and nbytes <= room
 
     def free_all(self) -> None:
-        """Device reset: pool allocations freed, created pools destroyed, the default pool
-        trimmed, then every ``cudaMalloc`` freed (the frontend synchronized the device)."""
-        activate(self.index)
-        legacy = legacy_stream()
-        for ptr in list(self._pooled):
-            check(rt.cudaFreeAsync(ptr, legacy))
-            self._ranges.drop(ptr)
-        self._pooled.clear()
-        check(rt.cudaStreamSynchronize(legacy))
-        for pool in list(self._pools.values()):
-            check(rt.cudaMemPoolDestroy(pool))
-        self._pools.clear()
-        check(rt.cudaMemPoolTrimTo(self.pool_default(), 0))
+        """Device reset: the pools' memory first (:meth:`.CudaPools.reset`), then every
+        ``cudaMalloc`` (the frontend synchronized the device)."""
+        self.pools.reset()
         for ptr in list(self._allocs):
             self.free(ptr)
 
@@ -186,7 +176,7 @@ class CudaDevice(DeviceImpl):
         """``cuMemAddressReserve``: addresses only; an exec maps memory there."""
         activate(self.index)
         ptr = int(check(drv.cuMemAddressReserve(nbytes, 0, 0, 0)))
-        self._reserved.add(ptr, nbytes)
+        self._reserved.add(ptr, nbytes, "graph")
         return ptr
 
     def graph_release(self, ptr: int, nbytes: int) -> None:
@@ -209,7 +199,7 @@ class CudaDevice(DeviceImpl):
                 check(drv.cuMemMap(ptr, size, off, handle, 0))
                 mapped.append((ptr, off, size))
                 check(drv.cuMemSetAccess(ptr, size, [access], 1))
-                self._ranges.add(ptr, size)
+                self._ranges.add(ptr, size, "graph")
         except BaseException:
             self.graph_unmap(mapped, handle)
             raise
@@ -223,85 +213,15 @@ class CudaDevice(DeviceImpl):
             check(drv.cuMemUnmap(ptr, size))
         check(drv.cuMemRelease(handle))
 
-    # -- native pools (cudaMemPool_t) --------------------------------------------------------
-    def pool_default(self) -> Any:
-        """The device's default pool (``cudaDeviceGetDefaultMemPool``)."""
-        return check(rt.cudaDeviceGetDefaultMemPool(self.index))
-
-    def pool_create(self, max_size: int) -> Any:
-        """A new pool of pinned device memory on this device (``cudaMemPoolCreate``)."""
-        props = rt.cudaMemPoolProps()
-        props.allocType = rt.cudaMemAllocationType.cudaMemAllocationTypePinned
-        props.location.type = rt.cudaMemLocationType.cudaMemLocationTypeDevice
-        props.location.id = self.index
-        # a limit at or past the device's memory is none: 0, the driver's own maximum (a larger
-        # maxSize, up to SIZE_MAX, is a value the documentation never promises to accept)
-        props.maxSize = max_size if max_size < self.capacity else 0
-        pool = check(rt.cudaMemPoolCreate(props))
-        self._pools[int(pool)] = pool
-        return pool
-
-    def pool_get(self, pool: Any, attr: int) -> int:
-        """``cudaMemPoolGetAttribute`` as an int."""
-        return int(check(rt.cudaMemPoolGetAttribute(pool, rt.cudaMemPoolAttr(attr))))
-
-    def pool_set(self, pool: Any, attr: int, value: int) -> None:
-        """``cudaMemPoolSetAttribute``: flags as int, sizes as ``cuuint64_t``."""
-        v: Any = int(value) if attr <= 3 else drv.cuuint64_t(min(int(value), SIZE_MAX))
-        check(rt.cudaMemPoolSetAttribute(pool, rt.cudaMemPoolAttr(attr), v))
-
-    def pool_malloc(self, pool: Any, nbytes: int, q: CudaQueue) -> int:
-        """``cudaMallocFromPoolAsync`` on the queue's stream."""
-        too_big(nbytes, f"cuda:{self.index}: cudaMallocFromPoolAsync")
-        if nbytes > self.capacity:  # which error the driver gives for it is undocumented
-            raise OutOfMemoryError(f"cuda:{self.index}: cudaMallocFromPoolAsync of {nbytes} bytes: "
-                                   f"more than the device's {self.capacity} bytes")
-        activate(self.index)
-        try:
-            ptr = int(check(rt.cudaMallocFromPoolAsync(max(nbytes, 1), pool, q.stream)))
-        except OutOfMemoryError as exc:
-            free, total = self.memory_info()
-            raise OutOfMemoryError(
-                f"cuda:{self.index}: cudaMallocFromPoolAsync of {nbytes} bytes failed: the pool "
-                f"reserves {self.pool_get(pool, 5)} bytes ({self.pool_get(pool, 7)} in use); "
-                f"{free} of {total} bytes of the device free") from exc
-        self._ranges.add(ptr, nbytes)
-        self._pooled.add(ptr)
-        return ptr
-
-    def pool_free(self, ptr: int, q: CudaQueue) -> None:
-        """``cudaFreeAsync`` on the queue's stream."""
-        activate(self.index)
-        check(rt.cudaFreeAsync(ptr, q.stream))
-        self._ranges.drop(ptr)
-        self._pooled.discard(ptr)
-
-    def pool_free_now(self, ptr: int) -> None:
-        """``cudaFreeAsync`` on the legacy stream, then its synchronize (``srt.free``)."""
-        activate(self.index)
-        legacy = legacy_stream()
-        check(rt.cudaFreeAsync(ptr, legacy))
-        self._ranges.drop(ptr)
-        self._pooled.discard(ptr)
-        check(rt.cudaStreamSynchronize(legacy))
-
-    def pool_trim(self, pool: Any, keep: int) -> None:
-        """``cudaMemPoolTrimTo``."""
-        check(rt.cudaMemPoolTrimTo(pool, min(keep, SIZE_MAX)))
-
-    def pool_destroy(self, pool: Any) -> None:
-        """``cudaMemPoolDestroy``: CUDA releases the memory once its allocations are freed."""
-        check(rt.cudaMemPoolDestroy(pool))
-        self._pools.pop(int(pool), None)
-
 
 opened: dict[int, CudaDevice] = {}  # every opened device, for peer copies
 
 
 class Ranges:
-    """Live address ranges, ``base -> size``, safe from any thread: a SortedDict is pure Python,
-    so two threads updating it at once, or a finalizer that the garbage collector runs inside an
-    update, could corrupt it (finalizers' releases go through :attr:`reclaim`)."""
+    """Live address ranges, ``base -> (size, kind)`` (kinds as :class:`~..base.MemRange`'s),
+    safe from any thread: a SortedDict is pure Python, so two threads updating it at once, or a
+    finalizer that the garbage collector runs inside an update, could corrupt it (finalizers'
+    releases go through :attr:`reclaim`). A range of 0 bytes holds its base."""
 
     __slots__ = ("_lock", "_map", "reclaim")
 
@@ -310,9 +230,9 @@ class Ranges:
         self._map: SortedDict = SortedDict()
         self.reclaim = Reclaim(self._lock)
 
-    def add(self, ptr: int, nbytes: int) -> None:
+    def add(self, ptr: int, nbytes: int, kind: str) -> None:
         with self._lock:
-            self._map[ptr] = nbytes
+            self._map[ptr] = (nbytes, kind)
         self.reclaim.drain()
 
     def drop(self, ptr: int) -> None:
@@ -323,12 +243,16 @@ class Ranges:
     def __contains__(self, ptr: int) -> bool:
         return ptr in self._map
 
-    def room(self, ptr: int) -> int | None:
-        """Bytes from ``ptr`` to the end of the range holding it, or None."""
+    def find(self, ptr: int) -> tuple[int, int, str] | None:
+        """``(base, size, kind)`` of the range holding ``ptr``, or None."""
         with self._lock:
             i = self._map.bisect_right(ptr) - 1
             if i < 0:
                 return None
-            base, size = self._map.peekitem(i)
-        end = base + max(size, 1)
-        return end - ptr if ptr < end else None
+            base, (size, kind) = self._map.peekitem(i)
+        return (base, size, kind) if ptr < base + max(size, 1) else None
+
+    def room(self, ptr: int) -> int | None:
+        """Bytes from ``ptr`` to the end of the range holding it, or None."""
+        hit = self.find(ptr)
+        return None if hit is None else hit[0] + max(hit[1], 1) - ptr
