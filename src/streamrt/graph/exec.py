@@ -145,7 +145,7 @@ class GraphExec:
             if plan is None:
                 _execs_of(stream.device).add(self)
                 flat = flatten(self._template, self._disabled)
-                plan = self._plans[key] = stream.device._impl.graph_exec(flat)
+                plan = self._plans[key] = stream.device._impl.graph_runner(flat, None)
             return plan
         key = (stream.id, bool(instrument.listeners))  # instrumented plans wrap every node
         plan = self._plans.get(key)
@@ -205,7 +205,7 @@ class GraphExec:
             for n in self._event_nodes:
                 if n.type is NodeType.WAIT_EVENT:
                     stream.wait(n._params["event"])
-            fn, args = (run_plan, (plan,)) if stream._q.inline else stream._q.op_graph(plan)
+            fn, args = (run_plan, (plan,)) if stream._q.inline else plan.op_launch(stream._q)
             extra = None
             if stream._q.inline and plan.mem:  # an instrumented plan of a graph with memory
                 extra = {instrument.GRAPH_MEMORY: self._memory_events(plan, auto_freed)}

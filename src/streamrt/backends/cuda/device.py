@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sortedcontainers import SortedDict
 
 from ...errors import InvalidAddressError, NotSupportedError, OutOfMemoryError
 from ...reclaim import Reclaim
-from ..base import DeviceImpl
+from ..base import DeviceImpl, Flat, NodeOp
 from . import hostfn, nvrtc
 from .errors import check, error_for
 from .graph import NativeGraph
@@ -32,11 +32,15 @@ from .pools import CudaPools
 from .queue import CudaQueue
 from .runtime import activate, drv, rt, too_big
 
+if TYPE_CHECKING:
+    from ...graph.node import Node
+
 
 class CudaDevice(DeviceImpl):
     """Device ``cuda:N``: memory through ``cudaMalloc``, pools through ``cudaMemPool``."""
 
     pools: CudaPools
+    runner_per_stream = False  # one cudaGraphExec_t per device, launched on any of its streams
 
     def __init__(self, index: int, pinned: Ranges) -> None:
         self.index = index
@@ -151,8 +155,9 @@ class CudaDevice(DeviceImpl):
             hit = self._functions[kernel] = (fn, nvrtc.packer(types))
         return hit
 
-    def graph_exec(self, flat: list[tuple[Any, list[int]]]) -> Any:
-        """Build and instantiate the CUDA graph of a flattened frontend graph."""
+    def graph_runner(self, flat: Flat, op_of: Callable[[int, Node], NodeOp]) -> NativeGraph:
+        """Build and instantiate the CUDA graph of a flattened frontend graph (from its nodes:
+        ``op_of`` is not used)."""
         return NativeGraph(self, flat)
 
     # -- graph memory: virtual memory management (what CUDA's own graph memory is built on) ----

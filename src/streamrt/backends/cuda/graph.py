@@ -2,12 +2,13 @@
 
 Capture, the capture errors, exec update rules and events stay in the frontend (DESIGN.md §1);
 this module turns the flattened node list of one exec into a real CUDA graph
-(``cudaGraphAdd*Node``), instantiates it once per device and launches it with one
-``cudaGraphLaunch``. Parameter updates and enable/disable reach the instantiated graph in place
-(``cudaGraphExec*NodeSetParams``, ``cudaGraphNodeSetEnabled``), so the graph is kept as long as
-its exec: CUDA names exec nodes by the graph's. Host nodes run through the backend's
-host-function trampoline, so their Python callables run on a Python thread, never on the
-driver's.
+(``cudaGraphAdd*Node``), instantiates it once per device (the device's graph runner, whichever
+of its streams launches it) and launches it with one ``cudaGraphLaunch``. Parameter updates and
+enable/disable reach the instantiated graph in place (``cudaGraphExec*NodeSetParams``,
+``cudaGraphNodeSetEnabled``), so the graph is kept as long as its exec: CUDA names exec nodes by
+the graph's. Host nodes run through the backend's host-function trampoline, so their Python
+callables run on a Python thread, never on the driver's. A launching queue holds the graph until
+it has passed the launch (``CudaQueue.hold``); the graph's jobs go when it is collected.
 """
 
 from __future__ import annotations
@@ -17,13 +18,18 @@ from typing import TYPE_CHECKING, Any
 
 from ...graph.node import NodeType
 from ...instrument import fn_label
-from ...stream import _endpoint  # device pointers checked by the backend, host buffers as views
+from ...validate import host_view, is_int
+from ..base import GraphRunner
 from . import hostfn
 from .errors import check
 from .runtime import activate, drv, host_ptr, rt
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ...graph.node import Node
+    from .device import CudaDevice
+    from .queue import CudaQueue
 
 # nodes built as empty ones whatever their parameters: an update has nothing to change
 _PARAMLESS = (NodeType.EMPTY, NodeType.EVENT_RECORD, NodeType.WAIT_EVENT, NodeType.MEM_ALLOC,
@@ -46,10 +52,10 @@ class _Launches:
             self.queue.errors.append((self.pos, exc, label))
 
 
-class NativeGraph:
+class NativeGraph(GraphRunner):
     """One instantiated CUDA graph (``cudaGraphExec_t``) of a frontend exec on one device."""
 
-    def __init__(self, dev: Any, flat: list[tuple[Node | None, list[int], bool]]) -> None:
+    def __init__(self, dev: CudaDevice, flat: list[tuple[Node | None, list[int], bool]]) -> None:
         self.dev = dev
         self._launches = _Launches()
         self._keep: list[Any] = []  # parameter buffers the nodes point at
@@ -124,7 +130,10 @@ class NativeGraph:
         return kp
 
     def _endpoints(self, p: dict[str, Any]) -> list[Any]:
-        return [_endpoint(self.dev, x, p["nbytes"], writable=w)
+        # device pointers checked by the device (a peer's and pinned memory too), host buffers
+        # as views
+        n = p["nbytes"]
+        return [self.dev.endpoint(int(x), n) if is_int(x) else host_view(x, n, writable=w)
                 for x, w in ((p["dst"], True), (p["src"], False))]
 
     # -- updates in place ------------------------------------------------------------------------
@@ -190,8 +199,13 @@ class NativeGraph:
             hostfn.drop(job)
 
     # -- launch --------------------------------------------------------------------------------
-    def launch(self, q: Any) -> None:
-        """``cudaGraphLaunch`` on the queue's stream (one queue operation)."""
+    def op_launch(self, queue: CudaQueue) -> tuple[Callable[..., Any], tuple]:  # type: ignore[override]
+        """The queue operation launching the graph on ``queue``'s stream."""
+        return self.launch, (queue,)
+
+    def launch(self, q: CudaQueue) -> None:
+        """``cudaGraphLaunch`` on the queue's stream; the queue holds the graph until it has
+        passed the launch."""
         self._launches.queue, self._launches.pos = q, q.pos
         if self._jobs:
             hostfn.count(len(self._jobs))
@@ -202,11 +216,12 @@ class NativeGraph:
             if self._jobs:
                 hostfn.count(-len(self._jobs))
             raise
+        q.hold(self)
 
-    def upload(self, q: Any) -> None:
+    def upload(self, queue: CudaQueue) -> None:  # type: ignore[override]
         """``cudaGraphUpload``: do the launch's one-time work ahead of it."""
         activate(self.dev.index)
-        check(rt.cudaGraphUpload(self.exec, q.stream))
+        check(rt.cudaGraphUpload(self.exec, queue.stream))
 
 
 def _memset_params(p: dict[str, Any]) -> Any:

@@ -70,9 +70,9 @@ class CudaQueue(Queue):
         self._lock = threading.Lock()
         self._pins = 0
         self._dead: list[Any] = []
-        # graphs launched and maybe still running, with their newest position: kept alive until
-        # the stream passes it (their host nodes and host buffers must outlive an exec update)
-        self._graphs: dict[Any, int] = {}
+        # what launches maybe still running need (graphs), with the newest such position: kept
+        # alive until the stream passes it (hold)
+        self._held: dict[Any, int] = {}
         self.errors: list[tuple[int, BaseException, str]] = []
         self._legacy = legacy
         self._closed = False
@@ -117,8 +117,8 @@ class CudaQueue(Queue):
             while self._markers and self._markers[0][0] <= self._done:
                 self._dead.append(self._markers.popleft()[1])
             dead, self._dead = (self._dead, []) if not self._pins else ([], self._dead)
-            if self._graphs:
-                self._graphs = {g: q for g, q in self._graphs.items() if q > self._done}
+            if self._held:
+                self._held = {g: q for g, q in self._held.items() if q > self._done}
         for ev in dead:
             rt.cudaEventDestroy(ev)
 
@@ -276,14 +276,11 @@ class CudaQueue(Queue):
             activate(self.dev.index)
             check(rt.cudaStreamWaitEvent(self.stream, ev, 0))
 
-    def op_graph(self, graph: Any) -> tuple[Callable[..., Any], tuple]:
-        """Launching a :class:`~.cuda_graph.NativeGraph` (``cudaGraphLaunch``)."""
-        return self._graph, (graph,)
-
-    def _graph(self, graph: Any) -> None:
-        graph.launch(self)
+    def hold(self, obj: Any) -> None:
+        """Keep ``obj`` alive until the stream has passed the operation being submitted (a graph
+        launched by it: its host nodes and host buffers must outlive an exec update)."""
         with self._lock:  # _advance may be rebuilding the dict on another thread
-            self._graphs[graph] = self.pos
+            self._held[obj] = self.pos
 
     def op_stamp(self) -> tuple[Callable[..., Any], tuple, Any]:
         activate(self.dev.index)
