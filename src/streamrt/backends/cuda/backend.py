@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from ...errors import BackendUnavailableError, InvalidAddressError, OutOfMemoryError
-from ..base import Backend
-from .device import CudaDevice, Ranges
+from ..base import Backend, MemRange
+from .device import CudaDevice, Ranges, opened
 from .errors import check
 from .runtime import SUCCESS, drv, rt, too_big
 
@@ -57,7 +57,7 @@ class CudaBackend(Backend):
         except Exception as exc:  # the driver library itself may be missing
             raise BackendUnavailableError(f"the CUDA driver could not be loaded: {exc}") from exc
         self._count = int(count)
-        self._host = Ranges()  # pinned host allocations
+        self._host = Ranges(-1)  # pinned host allocations
 
     def device_count(self) -> int:
         return self._count
@@ -73,6 +73,13 @@ class CudaBackend(Backend):
             raise OutOfMemoryError(f"cudaMallocHost of {nbytes} bytes failed") from exc
         self._host.add(ptr, nbytes, "host")
         return ptr
+
+    def range_of(self, ptr: int) -> MemRange | None:
+        for dev in opened.values():
+            found = dev.range_of(ptr)
+            if found is not None:
+                return found
+        return self._host.find(ptr)
 
     def owns_host(self, ptr: int) -> bool:
         return ptr in self._host

@@ -4,14 +4,18 @@ State and invariants:
 - ``_allocs``: every live ``cudaMalloc`` of the device, ``ptr -> size``. ``_ranges``: every
   allocation of the device that has memory behind it (``cudaMalloc``, pool blocks, mapped graph
   memory); ``_reserved``: graph memory's address ranges, mapped or not. Copies and fills are
-  checked against them (and against the backend's pinned host ranges, and other GPUs' for a
-  peer copy) before CUDA sees the pointer.
+  checked against ``_ranges`` (and the backend's pinned host ranges, and other GPUs' for a peer
+  copy) before CUDA sees the pointer. :meth:`CudaDevice.range_of` reads ``_ranges``,
+  ``_reserved``, then pinned memory: a hit in ``_reserved`` alone is unmapped graph memory.
+  :data:`opened`: every device opened, for peer copies and the backend's ``range_of``.
+- Pools: :class:`.CudaPools` (``pools``), whose blocks are in ``_ranges`` too.
 - Graph memory is CUDA's virtual memory management: an address range is reserved when a
   MEM_ALLOC node is made and memory is mapped there per exec (what CUDA's own graph memory is
   built on).
 - Kernels: compiled by NVRTC for the device's architecture once per process (and on disk; PTX
   for the newest architecture NVRTC knows when it does not know the GPU's), loaded per device
   with ``cuModuleLoadData`` (``_functions``: kernel -> loaded function and argument packer).
+  Kernels see device memory only through their CUDA body: no views (``last_views`` stays empty).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from sortedcontainers import SortedDict
 
 from ...errors import InvalidAddressError, NotSupportedError, OutOfMemoryError
 from ...reclaim import Reclaim
-from ..base import DeviceImpl, Flat, NodeOp
+from ..base import DeviceImpl, Flat, MemRange, NodeOp
 from . import hostfn, nvrtc
 from .errors import check, error_for
 from .graph import NativeGraph
@@ -57,8 +61,9 @@ class CudaDevice(DeviceImpl):
         self._cc = (int(prop.major), int(prop.minor))
         self._target: str | None = None  # what NVRTC builds for this GPU, chosen at the first kernel
         self._allocs: dict[int, int] = {}
-        self._ranges = Ranges()  # every live allocation, pools too
-        self._reserved = Ranges()  # graph memory's address ranges
+        self._ranges = Ranges(index)  # every live allocation, pools too
+        self._reserved = Ranges(index, mapped=False)  # graph memory's address ranges
+        self.last_views: dict[int, tuple[Any, Any, bool, Any]] = {}  # no views here: stays empty
         self.reclaim = self._reserved.reclaim  # finalizers release graph address ranges
         self.pools = CudaPools(self, self._ranges)
         self._functions: dict[Any, tuple] = {}
@@ -99,6 +104,10 @@ class CudaDevice(DeviceImpl):
     def owns(self, ptr: int) -> bool:
         return ptr in self._allocs
 
+    def range_of(self, ptr: int) -> MemRange | None:
+        return self._ranges.find(ptr) or self._reserved.find(ptr) or self._pinned.find(ptr)
+
+    # interim: memory.py, graph/graph.py and native_pool.py call these until they call range_of
     def usable(self, ptr: int) -> int | None:
         return self._ranges.room(ptr)
 
@@ -223,21 +232,24 @@ opened: dict[int, CudaDevice] = {}  # every opened device, for peer copies
 
 
 class Ranges:
-    """Live address ranges, ``base -> (size, kind)`` (kinds as :class:`~..base.MemRange`'s),
-    safe from any thread: a SortedDict is pure Python, so two threads updating it at once, or a
-    finalizer that the garbage collector runs inside an update, could corrupt it (finalizers'
-    releases go through :attr:`reclaim`). A range of 0 bytes holds its base."""
+    """Live address ranges of one device (-1: pinned host memory), ``base -> (size, kind)``
+    (kinds as :class:`~..base.MemRange`'s; ``mapped``: whether memory is behind them), safe from
+    any thread: a SortedDict is pure Python, so two threads updating it at once, or a finalizer
+    that the garbage collector runs inside an update, could corrupt it (finalizers' releases go
+    through :attr:`reclaim`). A range of 0 bytes holds its base, as CUDA allocates one byte."""
 
-    __slots__ = ("_lock", "_map", "reclaim")
+    __slots__ = ("_lock", "_map", "device", "mapped", "reclaim")
 
-    def __init__(self) -> None:
+    def __init__(self, device: int, *, mapped: bool = True) -> None:
+        self.device = device
+        self.mapped = mapped
         self._lock = threading.Lock()
         self._map: SortedDict = SortedDict()
         self.reclaim = Reclaim(self._lock)
 
     def add(self, ptr: int, nbytes: int, kind: str) -> None:
         with self._lock:
-            self._map[ptr] = (nbytes, kind)
+            self._map[ptr] = (max(nbytes, 1), kind)
         self.reclaim.drain()
 
     def drop(self, ptr: int) -> None:
@@ -248,16 +260,23 @@ class Ranges:
     def __contains__(self, ptr: int) -> bool:
         return ptr in self._map
 
-    def find(self, ptr: int) -> tuple[int, int, str] | None:
-        """``(base, size, kind)`` of the range holding ``ptr``, or None."""
+    def _hit(self, ptr: int) -> tuple[int, tuple[int, str]] | None:
         with self._lock:
             i = self._map.bisect_right(ptr) - 1
             if i < 0:
                 return None
-            base, (size, kind) = self._map.peekitem(i)
-        return (base, size, kind) if ptr < base + max(size, 1) else None
+            hit = self._map.peekitem(i)
+        return hit if ptr < hit[0] + hit[1][0] else None
+
+    def find(self, ptr: int) -> MemRange | None:
+        """The range holding ``ptr``, or None."""
+        hit = self._hit(ptr)
+        if hit is None:
+            return None
+        base, (size, kind) = hit
+        return MemRange(base, size, self.device, kind, self.mapped)
 
     def room(self, ptr: int) -> int | None:
         """Bytes from ``ptr`` to the end of the range holding it, or None."""
-        hit = self.find(ptr)
-        return None if hit is None else hit[0] + max(hit[1], 1) - ptr
+        hit = self._hit(ptr)
+        return None if hit is None else hit[0] + hit[1][0] - ptr
