@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from ...graph.node import NodeType
 from ...instrument import fn_label
 from ...validate import host_view, is_int
-from ..base import GraphRunner
+from ..base import Flat, GraphRunner
 from . import hostfn
 from .errors import check
 from .runtime import activate, drv, host_ptr, rt
@@ -55,7 +55,7 @@ class _Launches:
 class NativeGraph(GraphRunner):
     """One instantiated CUDA graph (``cudaGraphExec_t``) of a frontend exec on one device."""
 
-    def __init__(self, dev: CudaDevice, flat: list[tuple[Node | None, list[int], bool]]) -> None:
+    def __init__(self, dev: CudaDevice, flat: Flat) -> None:
         self.dev = dev
         self._launches = _Launches()
         self._keep: list[Any] = []  # parameter buffers the nodes point at

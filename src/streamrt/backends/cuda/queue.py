@@ -52,7 +52,7 @@ class _Stamp:
 class CudaQueue(Queue):
     """One CUDA stream: enqueue calls run at once; completion is read from CUDA events."""
 
-    inline = False
+    inline = False  # interim: the frontend tells an InlineQueue by this flag (cpu: True)
 
     def __init__(self, dev: CudaDevice, name: str, priority: int, non_blocking: bool,
                  legacy: bool) -> None:
