@@ -31,6 +31,7 @@ def test_cuda_range_of_malloc_is_the_whole_allocation_from_any_byte_of_it(cuda0)
         assert impl.range_of(p + 999) == want
         assert get_backend("cuda").range_of(p + 10) == want
         assert impl.range_of(p + 1000) is None or impl.range_of(p + 1000).base != p
+        assert want in impl.ranges()
     finally:
         srt.free(p)
     assert impl.range_of(p) is None
@@ -75,10 +76,12 @@ def test_cuda_range_of_graph_memory_is_mapped_only_while_an_exec_maps_it(cuda0):
     r = cuda0._impl.range_of(a.ptr)
     assert (r.kind, r.device, r.mapped) == ("graph", 0, False)
     assert r.base <= a.ptr < r.end
+    assert r in cuda0._impl.ranges()
     g.add_mem_free_node(a.ptr, deps=a)
     ge = g.instantiate()
     r = cuda0._impl.range_of(a.ptr)
     assert (r.kind, r.mapped) == ("graph", True)
+    assert [x.base for x in cuda0._impl.ranges()].count(r.base) == 1  # once, mapped
     ge.destroy()
     cuda0.synchronize()
 

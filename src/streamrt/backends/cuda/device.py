@@ -107,6 +107,12 @@ class CudaDevice(DeviceImpl):
     def range_of(self, ptr: int) -> MemRange | None:
         return self._ranges.find(ptr) or self._reserved.find(ptr) or self._pinned.find(ptr)
 
+    def ranges(self) -> list[MemRange]:
+        """Every live allocation of the device: memory, pool blocks, graph memory (mapped or not)."""
+        live = self._ranges.all()
+        mapped = {r.base for r in live}
+        return live + [r for r in self._reserved.all() if r.base not in mapped]
+
     # interim: memory.py, graph/graph.py and native_pool.py call these until they call range_of
     def usable(self, ptr: int) -> int | None:
         return self._ranges.room(ptr)
@@ -275,6 +281,12 @@ class Ranges:
             return None
         base, (size, kind) = hit
         return MemRange(base, size, self.device, kind, self.mapped)
+
+    def all(self) -> list[MemRange]:
+        """Every range, in address order."""
+        with self._lock:
+            items = list(self._map.items())
+        return [MemRange(base, size, self.device, kind, self.mapped) for base, (size, kind) in items]
 
     def room(self, ptr: int) -> int | None:
         """Bytes from ``ptr`` to the end of the range holding it, or None."""
