@@ -20,7 +20,7 @@ import numpy as np
 from _common import SMOKE_HELP
 
 import streamrt as srt
-from streamrt.backends.nvrtc import compile_cubin
+from streamrt.backends.cuda.nvrtc import compile_cubin
 
 N_ELEMS = 256
 SRC = r"""extern "C" __global__ void tiny_add(const float* a, const float* b, float* c, int n) {

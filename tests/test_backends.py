@@ -387,7 +387,7 @@ def test_cuda_kernel_from_ptx_when_nvrtc_does_not_know_the_gpu(monkeypatch):
         pytest.skip(f"no usable CUDA device here: {reason}")
     from cuda.bindings import runtime as rt
 
-    from streamrt.backends import nvrtc
+    from streamrt.backends.cuda import nvrtc
 
     # the driver JIT-compiles PTX only up to its own CUDA version (cudaErrorUnsupportedPtxVersion,
     # 222, e.g. NVRTC 13.2 on a 580 driver, which is CUDA 13.0); a GPU newer than NVRTC always

@@ -14,8 +14,8 @@ import pytest
 rt = pytest.importorskip("cuda.bindings.runtime", reason="cuda-bindings is not installed")
 drv = pytest.importorskip("cuda.bindings.driver", reason="cuda-bindings is not installed")
 
-_BACKENDS = Path(__file__).resolve().parent.parent / "src" / "streamrt" / "backends"
-SOURCES = [_BACKENDS / "cuda.py", _BACKENDS / "cuda_graph.py"]
+_CUDA = Path(__file__).resolve().parent.parent / "src" / "streamrt" / "backends" / "cuda"
+SOURCES = [_CUDA / name for name in ("backend.py", "device.py", "graph.py", "pools.py", "queue.py")]
 
 
 def _references(path: Path) -> set[tuple[str, ...]]:

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 import streamrt as srt
 from streamrt import errors
-from streamrt.backends import nvrtc as srt_nvrtc
-from streamrt.backends.cuda_errors import KernelCompileError
+from streamrt.backends.cuda import nvrtc as srt_nvrtc
+from streamrt.backends.cuda.errors import KernelCompileError
 
 nvrtc = pytest.importorskip(
     "cuda.bindings.nvrtc", reason="cuda-bindings is not installed (pip install 'streamrt[cuda]')"

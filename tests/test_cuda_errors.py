@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from streamrt import errors
-from streamrt.backends.cuda_errors import KernelCompileError, check, error_for
+from streamrt.backends.cuda.errors import KernelCompileError, check, error_for
 
 _WHY = "cuda-bindings is not installed (pip install 'streamrt[cuda]')"
 runtime = pytest.importorskip("cuda.bindings.runtime", reason=_WHY)

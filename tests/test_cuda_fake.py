@@ -23,7 +23,7 @@ if os.environ.get("STREAMRT_CUDA_FAKE") != "1":
 from cuda.bindings import driver as drv  # noqa: E402
 from cuda.bindings import runtime as rt  # noqa: E402
 
-from streamrt.backends.nvrtc import compile_cubin  # noqa: E402
+from streamrt.backends.cuda.nvrtc import compile_cubin  # noqa: E402
 
 from .cuda_fake import state  # noqa: E402
 

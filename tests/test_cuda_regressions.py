@@ -113,7 +113,7 @@ def test_peer_copy_between_devices(cuda0, cuda1):
 
 
 def test_graph_with_host_node_is_released_and_completes_in_flight(cuda0, gate):
-    from streamrt.backends import cuda_hostfn
+    from streamrt.backends.cuda import hostfn as cuda_hostfn
 
     gc.collect()
     before = len(cuda_hostfn.jobs)

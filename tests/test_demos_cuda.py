@@ -11,7 +11,7 @@ import pytest
 
 import streamrt.demos
 from streamrt import cli
-from streamrt.backends.nvrtc import compile_cubin, nvrtc_available, parse_signature
+from streamrt.backends.cuda.nvrtc import compile_cubin, nvrtc_available, parse_signature
 from streamrt.demos import guarded, run
 from streamrt.errors import ExecutorError, InvalidValueError, NotSupportedError
 from streamrt.kernel import Kernel

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 import streamrt as srt
 from streamrt import ops
-from streamrt.backends import nvrtc as srt_nvrtc
+from streamrt.backends.cuda import nvrtc as srt_nvrtc
 from streamrt.errors import ExecutorError
 from streamrt.kernel import dim3
 from streamrt.ops.cuda import KERNELS

@@ -46,7 +46,7 @@ class NativeMemPool(MemPool):
             max_size, release_threshold, reuse_follow_event_dependencies,
             reuse_allow_opportunistic, reuse_allow_internal_dependencies)
         self._impl = self.device._impl
-        self._handle = _handle if _handle is not None else self._impl.pool_create(self.max_size)
+        self._handle = _handle if _handle is not None else self._impl.pools.create(self.max_size)
         self._is_default = _handle is not None
         self._destroyed = False
         self._final: dict[MemPoolAttr, int] = {}  # the attributes when destroyed
@@ -55,13 +55,13 @@ class NativeMemPool(MemPool):
         self._counts = {"alloc_count": 0, "free_count": 0}
         if _handle is None:  # a wrapped default pool keeps the driver's settings
             for attr, value in zip((1, 2, 3), flags, strict=True):
-                self._impl.pool_set(self._handle, attr, int(value))
-            self._impl.pool_set(self._handle, MemPoolAttr.RELEASE_THRESHOLD, threshold)
+                self._impl.pools.set(self._handle, attr, int(value))
+            self._impl.pools.set(self._handle, MemPoolAttr.RELEASE_THRESHOLD, threshold)
         self.device._pools.add(self)
 
     @classmethod
     def _make_default(cls, device: Device) -> MemPool:
-        return cls(device, _handle=device._impl.pool_default())
+        return cls(device, _handle=device._impl.pools.default())
 
     def __repr__(self) -> str:
         kind = "default " if self._is_default else ""
@@ -76,11 +76,11 @@ class NativeMemPool(MemPool):
             gone = not self._live and attr in (MemPoolAttr.RESERVED_MEM_CURRENT,
                                                MemPoolAttr.USED_MEM_CURRENT)
             return 0 if gone else self._final.get(attr, 0)
-        return self._impl.pool_get(self._handle, int(attr))
+        return self._impl.pools.get(self._handle, int(attr))
 
     def _store_attr(self, attr: MemPoolAttr, value: int) -> None:
         """The driver applies the write (and resets a watermark written 0)."""
-        self._impl.pool_set(self._handle, int(attr), value)
+        self._impl.pools.set(self._handle, int(attr), value)
 
     def stats(self) -> dict[str, Any]:
         """The eight attributes and the alloc/free counts; counters CUDA hides are None."""
@@ -102,7 +102,7 @@ class NativeMemPool(MemPool):
         got: list[int] = []
         # cudaMallocFromPoolAsync is work of the stream (it may make it wait for another stream's
         # free): an operation of its queue, so that a synchronize of the stream waits for it
-        stream._submit(lambda: got.append(self._impl.pool_malloc(self._handle, nbytes, stream._q)),
+        stream._submit(lambda: got.append(self._impl.pools.malloc(self._handle, nbytes, stream._q)),
                        (), "malloc", f"malloc {nbytes} B")
         ptr = got[0]
         with self._lock:
@@ -122,12 +122,12 @@ class NativeMemPool(MemPool):
         self._forget(ptr)
         # an operation of the queue (see _malloc): a synchronize of a stream that did nothing but
         # free must still be one, where the driver applies the release threshold
-        stream._submit(self._impl.pool_free, (ptr, stream._q), "free", f"free {hex(ptr)}")
+        stream._submit(self._impl.pools.free, (ptr, stream._q), "free", f"free {hex(ptr)}")
 
     def _free_now(self, ptr: int) -> None:
         """``srt.free`` of pool memory: the device is already synchronized; returns once freed."""
         self._forget(ptr)
-        self._impl.pool_free_now(ptr)
+        self._impl.pools.free_now(ptr)
 
     def _forget(self, ptr: int) -> None:
         with self._lock:
@@ -139,7 +139,8 @@ class NativeMemPool(MemPool):
 
     def _usable(self, ptr: int) -> int | None:
         """Bytes of the live allocation starting at ``ptr`` (None: not one of this pool)."""
-        return self._impl.usable(ptr) if ptr in self._live else None
+        r = self._impl.range_of(ptr) if ptr in self._live else None
+        return None if r is None else r.end - ptr
 
     def _on_sync(self) -> None:
         """The driver applies the release threshold at synchronize points itself."""
@@ -148,7 +149,7 @@ class NativeMemPool(MemPool):
         """``cudaMemPoolTrimTo``."""
         keep = nonneg(min_bytes_to_keep, "min_bytes_to_keep")
         self._check_alive()
-        self._impl.pool_trim(self._handle, keep)
+        self._impl.pools.trim(self._handle, keep)
 
     def destroy(self) -> None:
         """``cudaMemPoolDestroy``: the driver releases memory once its last allocation is freed."""
@@ -158,7 +159,7 @@ class NativeMemPool(MemPool):
         self._final = {a: self.get_attr(a) for a in MemPoolAttr}
         self._destroyed = True  # before the forget: set_mem_pool checks it under the same lock
         self.device._forget_pool(self)
-        self._impl.pool_destroy(self._handle)
+        self._impl.pools.destroy(self._handle)
 
     def _reset(self) -> None:
         """Device reset: forget every allocation (the backend frees the memory)."""

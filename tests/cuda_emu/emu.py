@@ -66,7 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from streamrt.backends.cpu import SPACE
-from streamrt.backends.nvrtc import parse_signature
+from streamrt.backends.cuda.nvrtc import parse_signature
 from streamrt.kernel import Kernel, dim3
 from streamrt.ops.framework import Op
 

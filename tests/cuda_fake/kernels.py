@@ -1,6 +1,6 @@
 """Kernels: CUBINs and PTX known by their CUDA C source, run on the CPU by ``tests/cuda_emu``.
 
-``install()`` wraps ``streamrt.backends.nvrtc.compile_module`` so that it still compiles with the
+``install()`` wraps ``streamrt.backends.cuda.nvrtc.compile_module`` so that it still compiles with the
 real NVRTC and records ``image -> (source, name)``; ``cuModuleLoadData`` of such an image gives a
 module whose functions g++ builds with the emulator's shim. A launch copies its parameters at the
 call (as the driver does), checked against the kernel's C parameter list, and runs in stream
@@ -28,7 +28,7 @@ _cubins_lock = threading.Lock()
 def wrap_compile_module() -> None:
     """Make ``nvrtc.compile_module`` (which ``compile_cubin`` calls too) record what it compiled,
     CUBIN or PTX (it still compiles for real)."""
-    from streamrt.backends import nvrtc
+    from streamrt.backends.cuda import nvrtc
 
     real = nvrtc.compile_module
     if getattr(real, "__fake_recording__", False):
@@ -82,7 +82,7 @@ def cuModuleLoadData(image: Any) -> tuple:
     hit = CUBINS.get(data) if data is not None else None
     if hit is None:
         raise FakeUnsupported("cuModuleLoadData: the fake runs only images compiled through "
-                              "streamrt.backends.nvrtc.compile_module after install()")
+                              "streamrt.backends.cuda.nvrtc.compile_module after install()")
     with LOCK:
         m = Module(hit[0], state.current_device())
         MODULES[m.handle] = m

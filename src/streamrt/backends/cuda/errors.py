@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import (
+from ...errors import (
     BackendUnavailableError,
     CapturedEventError,
     CaptureImplicitError,

@@ -19,14 +19,12 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from cuda.bindings import runtime as rt
-
-from .cuda_errors import check
+from .errors import check
+from .runtime import NOT_READY, rt
 
 __all__ = ["HOST_FN", "add", "add_repeating", "block", "count", "deferred", "drop", "jobs",
            "on_driver_thread", "on_worker", "outstanding", "release", "run_deferred"]
 
-_NOT_READY = rt.cudaError_t.cudaErrorNotReady
 _HOSTFN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 _ONE_SHOT_END = 1 << 40  # job ids below: one host function; above: a graph's host node
 jobs: dict[int, tuple] = {}  # job id -> (fn, args, sink(exc))
@@ -94,7 +92,7 @@ def block(query: Callable[[], Any], wait: Callable[[], Any], *, settle: bool = F
     delay = 1e-6
     while True:
         err = query()[0]
-        if err != _NOT_READY:
+        if err != NOT_READY:
             check((err,))
             if settle:
                 check(wait())

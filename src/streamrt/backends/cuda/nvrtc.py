@@ -20,8 +20,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import InvalidTypeError, InvalidValueError, NotSupportedError
-from .cuda_errors import KernelCompileError, check
+from ...errors import InvalidTypeError, InvalidValueError, NotSupportedError
+from .errors import KernelCompileError, check
 
 __all__ = [
     "KernelCompileError",

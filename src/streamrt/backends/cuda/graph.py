@@ -2,12 +2,13 @@
 
 Capture, the capture errors, exec update rules and events stay in the frontend (DESIGN.md §1);
 this module turns the flattened node list of one exec into a real CUDA graph
-(``cudaGraphAdd*Node``), instantiates it once per device and launches it with one
-``cudaGraphLaunch``. Parameter updates and enable/disable reach the instantiated graph in place
-(``cudaGraphExec*NodeSetParams``, ``cudaGraphNodeSetEnabled``), so the graph is kept as long as
-its exec: CUDA names exec nodes by the graph's. Host nodes run through the backend's
-host-function trampoline, so their Python callables run on a Python thread, never on the
-driver's.
+(``cudaGraphAdd*Node``), instantiates it once per device (the device's graph runner, whichever
+of its streams launches it) and launches it with one ``cudaGraphLaunch``. Parameter updates and
+enable/disable reach the instantiated graph in place (``cudaGraphExec*NodeSetParams``,
+``cudaGraphNodeSetEnabled``), so the graph is kept as long as its exec: CUDA names exec nodes by
+the graph's. Host nodes run through the backend's host-function trampoline, so their Python
+callables run on a Python thread, never on the driver's. A launching queue holds the graph until
+it has passed the launch (``CudaQueue.hold``); the graph's jobs go when it is collected.
 """
 
 from __future__ import annotations
@@ -15,14 +16,20 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from ..eager import _endpoint  # interim: the cuda package makes its own
-from ..graph.node import NodeType
-from ..instrument import fn_label
-from . import cuda_hostfn as hostfn
-from .cuda import _activate, _host_ptr, check, drv, rt
+from ...graph.node import NodeType
+from ...labels import fn_label
+from ...validate import host_view, is_int
+from ..base import Flat, GraphRunner
+from . import hostfn
+from .errors import check
+from .runtime import activate, drv, host_ptr, rt
 
 if TYPE_CHECKING:
-    from ..graph.node import Node
+    from collections.abc import Callable
+
+    from ...graph.node import Node
+    from .device import CudaDevice
+    from .queue import CudaQueue
 
 # nodes built as empty ones whatever their parameters: an update has nothing to change
 _PARAMLESS = (NodeType.EMPTY, NodeType.EVENT_RECORD, NodeType.WAIT_EVENT, NodeType.MEM_ALLOC,
@@ -45,10 +52,10 @@ class _Launches:
             self.queue.errors.append((self.pos, exc, label))
 
 
-class NativeGraph:
+class NativeGraph(GraphRunner):
     """One instantiated CUDA graph (``cudaGraphExec_t``) of a frontend exec on one device."""
 
-    def __init__(self, dev: Any, flat: list[tuple[Node | None, list[int], bool]]) -> None:
+    def __init__(self, dev: CudaDevice, flat: Flat) -> None:
         self.dev = dev
         self._launches = _Launches()
         self._keep: list[Any] = []  # parameter buffers the nodes point at
@@ -57,7 +64,7 @@ class NativeGraph:
         self._host: dict[Node, tuple] = {}  # host node -> the (fn, args) it was built with
         self._views: dict[Node, list[Any]] = {}  # memcpy node -> the host views it copies
         self._retired: list[tuple[Any, int, list[Any]]] = []  # views enqueued launches may use
-        _activate(dev.index)
+        activate(dev.index)
         self.graph = check(rt.cudaGraphCreate(0))
         try:
             made: list[int] = []
@@ -87,7 +94,7 @@ class NativeGraph:
         elif t is NodeType.MEMCPY and p["nbytes"]:
             dst, src = self._views[node] = self._endpoints(p)
             made = check(rt.cudaGraphAddMemcpyNode1D(
-                graph, rdeps, len(deps), _host_ptr(dst), _host_ptr(src), p["nbytes"],
+                graph, rdeps, len(deps), host_ptr(dst), host_ptr(src), p["nbytes"],
                 rt.cudaMemcpyKind.cudaMemcpyDefault))
             self._built[node] = int(made)
         elif t is NodeType.MEMSET and p["nbytes"]:
@@ -123,7 +130,10 @@ class NativeGraph:
         return kp
 
     def _endpoints(self, p: dict[str, Any]) -> list[Any]:
-        return [_endpoint(self.dev, x, p["nbytes"], writable=w)
+        # device pointers checked by the device (a peer's and pinned memory too), host buffers
+        # as views
+        n = p["nbytes"]
+        return [self.dev.endpoint(int(x), n) if is_int(x) else host_view(x, n, writable=w)
                 for x, w in ((p["dst"], True), (p["src"], False))]
 
     # -- updates in place ------------------------------------------------------------------------
@@ -140,7 +150,7 @@ class NativeGraph:
             return t in _PARAMLESS or not p["nbytes"]  # a copy or memset of nothing stays empty
         if t is not NodeType.KERNEL and not p["nbytes"]:
             return False  # CUDA cannot make a copy or memset node empty
-        _activate(self.dev.index)
+        activate(self.dev.index)
         try:
             if t is NodeType.KERNEL:
                 check(drv.cuGraphExecKernelNodeSetParams(  # the driver copies the parameters
@@ -148,7 +158,7 @@ class NativeGraph:
             elif t is NodeType.MEMCPY:
                 views = self._endpoints(p)
                 check(rt.cudaGraphExecMemcpyNodeSetParams1D(
-                    self.exec, rt.cudaGraphNode_t(made), _host_ptr(views[0]), _host_ptr(views[1]),
+                    self.exec, rt.cudaGraphNode_t(made), host_ptr(views[0]), host_ptr(views[1]),
                     p["nbytes"], rt.cudaMemcpyKind.cudaMemcpyDefault))
                 self._retire(self._views[node])
                 self._views[node] = views
@@ -173,7 +183,7 @@ class NativeGraph:
         return True
 
     def _enable(self, made: int, enabled: bool) -> None:
-        _activate(self.dev.index)
+        activate(self.dev.index)
         check(rt.cudaGraphNodeSetEnabled(self.exec, rt.cudaGraphNode_t(made), int(enabled)))
 
     def _retire(self, views: list[Any]) -> None:
@@ -189,27 +199,29 @@ class NativeGraph:
             hostfn.drop(job)
 
     # -- launch --------------------------------------------------------------------------------
-    def op_launch(self, queue: Any) -> tuple[Any, tuple]:
-        """The operation of ``queue`` launching this graph."""
-        return queue.op_graph(self)
+    def op_launch(self, queue: CudaQueue) -> tuple[Callable[..., Any], tuple]:  # type: ignore[override]
+        """The queue operation launching the graph on ``queue``'s stream."""
+        return self.launch, (queue,)
 
-    def launch(self, q: Any) -> None:
-        """``cudaGraphLaunch`` on the queue's stream (one queue operation)."""
+    def launch(self, q: CudaQueue) -> None:
+        """``cudaGraphLaunch`` on the queue's stream; the queue holds the graph until it has
+        passed the launch."""
         self._launches.queue, self._launches.pos = q, q.pos
         if self._jobs:
             hostfn.count(len(self._jobs))
-        _activate(self.dev.index)
+        activate(self.dev.index)
         try:
             check(rt.cudaGraphLaunch(self.exec, q.stream))
         except BaseException:
             if self._jobs:
                 hostfn.count(-len(self._jobs))
             raise
+        q.hold(self)
 
-    def upload(self, q: Any) -> None:
+    def upload(self, queue: CudaQueue) -> None:  # type: ignore[override]
         """``cudaGraphUpload``: do the launch's one-time work ahead of it."""
-        _activate(self.dev.index)
-        check(rt.cudaGraphUpload(self.exec, q.stream))
+        activate(self.dev.index)
+        check(rt.cudaGraphUpload(self.exec, queue.stream))
 
 
 def _memset_params(p: dict[str, Any]) -> Any:
