@@ -7,7 +7,6 @@ from . import (
     ops,
     sanitizer,  # noqa: E402,I001  (last: may switch itself on from STREAMRT_SANITIZE)
 )
-from .blocking import free, free_host, malloc, malloc_host, memcpy, memset, read, write
 from .device import Device, current_device, device_count
 from .errors import (
     BackendUnavailableError,
@@ -50,6 +49,7 @@ from .graph import (
     graph_capture,
 )
 from .graph.exec import GraphExec, GraphExecUpdateResult
+from .host_memory import free, free_host, malloc, malloc_host, memcpy, memset, read, write
 from .kernel import Dim3, Kernel, KernelContext, kernel
 from .memory import MemPool
 from .pool_attr import MemPoolAttr

@@ -186,7 +186,7 @@ class Device:
 
     def synchronize(self) -> None:
         """Wait for all work on every stream of this device (``cudaDeviceSynchronize``)."""
-        from .hostsync import synchronize_device
+        from .sync import synchronize_device
 
         synchronize_device(self)
 
@@ -242,7 +242,7 @@ class Device:
 
     def reset(self) -> None:
         """Synchronize, then destroy every stream, event, pool and allocation (``aclrtResetDevice``)."""
-        from .hostsync import reset_device
+        from .sync import reset_device
 
         reset_device(self)
 

@@ -17,8 +17,8 @@ import numpy as np
 from . import instrument
 from .event import Event
 from .graph import memory as graph_memory
-from .hostsync import reach
 from .memory import pool_of
+from .sync import reach
 from .validate import host_view, is_int
 
 if TYPE_CHECKING:

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from .device import Device
 from .errors import InvalidHandleError, InvalidTypeError, NotReadyError
-from .hostsync import after_sync, covered, reach
+from .sync import after_sync, covered, reach
 from .validate import is_bool
 
 if TYPE_CHECKING:

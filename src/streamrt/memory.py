@@ -59,11 +59,11 @@ from .errors import (
 )
 from .freelist import Block as _Block
 from .freelist import FreeList as _FreeList
-from .hooks import sync_listeners
 from .pool_attr import FLAGS, MemPoolAttr, nonneg, options, with_attr_properties
 from .pool_attr import parse as parse_attr
 from .pool_attr import value as attr_value
 from .reuse import ReuseMixin
+from .sync import sync_listeners
 
 _addr = attrgetter("addr")
 

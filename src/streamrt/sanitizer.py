@@ -586,7 +586,7 @@ def _checked_array(ctx: Any, ptr: int, shape: Any, dtype: Any, *, readonly: bool
                                    "no allocation")
         if found is not None and (unmapped or found.kind in ("out-of-bounds", "invalid-address")):
             # stop the kernel before it writes (as compute-sanitizer aborts it), in collect mode
-            # too: the synchronize reports no LaunchError for it (see hostsync)
+            # too: the synchronize reports no LaunchError for it (see sync)
             raise SanitizerError(str(found), found)
     return ctx._view(ptr, shape, dtype, readonly)  # type: ignore[no-any-return]
 

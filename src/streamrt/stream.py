@@ -22,7 +22,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from . import hostsync, instrument
+from . import instrument, sync
 from .backends.base import InlineQueue
 from .device import Device, current_device, members
 from .eager import EAGER
@@ -33,9 +33,9 @@ from .errors import (
 from .event import Event
 from .graph import capture
 from .graph import memory as graph_memory
-from .hostsync import after_sync, covered, reach, reset_device, retire, synchronize_device
 from .kernel import Kernel, KernelContext, dim3, exact_ints
 from .memory import MemPool, _owners
+from .sync import after_sync, covered, reach, reset_device, retire, synchronize_device
 from .validate import (
     check_bool,
     check_byte,
@@ -137,7 +137,7 @@ class Stream:
         self._lock = threading.Lock()
         self._refresh()
         device._add_stream(self, blocking=not non_blocking and not legacy)
-        hostsync.streams[self.id] = self
+        sync.streams[self.id] = self
         weakref.finalize(self, retire, device, self._q)
 
     def __repr__(self) -> str:

@@ -14,8 +14,8 @@ import time
 import numpy as np
 
 from ..backends import cpu
-from ..blocking import free_host, malloc_host
 from ..device import Device
+from ..host_memory import free_host, malloc_host
 from ..kernel import Kernel, kernel
 from ..stream import Stream
 

@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..blocking import free_host, malloc_host, read
 from ..device import Device
+from ..host_memory import free_host, malloc_host, read
 from ..kernel import kernel
 from ..memory import MemPool
 from ..stream import Stream

@@ -40,7 +40,7 @@ from ..errors import (
     OutOfMemoryError,
     StreamRTError,
 )
-from ..hooks import sync_listeners
+from ..sync import sync_listeners
 
 if TYPE_CHECKING:
     from ..device import Device

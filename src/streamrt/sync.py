@@ -1,4 +1,4 @@
-"""Host synchronization: what a synchronize proves, reports and releases (DESIGN.md §2).
+"""Host synchronization (vector clocks' host side): what a synchronize proves, reports, releases.
 
 A synchronize of a stream, an event or a device waits for its queue positions, records on every
 stream it covers the position the host saw complete (``_host``: pools reuse such frees whatever
@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import instrument
 from .device import members
 from .errors import LaunchError, SanitizerError, StreamRTError
-from .hooks import sync_listeners
 
 if TYPE_CHECKING:
     from .device import Device
@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 __all__ = ["synchronize_device", "reset_device"]
 
 streams: weakref.WeakValueDictionary[int, Stream] = weakref.WeakValueDictionary()
+# called as ``fn(device)`` after every host synchronize (pools apply their release threshold,
+# retired graph memory goes): modules above this one observe synchronizes without a cycle
+sync_listeners: list[Callable[[Any], None]] = []
 
 
 def retire(device: Device, q: Any) -> None:

@@ -1,4 +1,6 @@
-"""Synchronous memory helpers (not stream-ordered): ``srt.malloc``, ``srt.memcpy``, ``srt.read``..."""
+"""Memory calls the host makes synchronously (not stream-ordered), and pinned host memory:
+``srt.malloc``/``free``, ``srt.malloc_host``/``free_host``, ``srt.memcpy``/``memset``,
+``srt.read``/``write``."""
 
 from __future__ import annotations
 
@@ -11,9 +13,9 @@ from .backends import get_backend, loaded_backends
 from .device import Device, current_device, devices
 from .errors import InvalidAddressError, InvalidTypeError, InvalidValueError, OutOfMemoryError
 from .graph.capture import check_unsafe
-from .hostsync import synchronize_device
 from .memory import device_of
 from .stream import current_stream
+from .sync import synchronize_device
 from .validate import check_ptr, check_size, host_array, is_int
 
 
