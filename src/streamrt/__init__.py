@@ -46,9 +46,9 @@ from .graph import (
     Node,
     NodeType,
     exchange_capture_mode,
-    graph_capture,
 )
 from .graph.exec import GraphExec, GraphExecUpdateResult
+from .graph.scope import graph_capture
 from .host_memory import free, free_host, malloc, malloc_host, memcpy, memset, read, write
 from .kernel import Dim3, Kernel, KernelContext, kernel
 from .memory import MemPool

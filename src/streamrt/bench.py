@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import platform
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
 ORDER = (
@@ -49,10 +53,7 @@ def collect(quick: bool = False, progress: Any = None) -> list[dict]:
 
 def machine() -> str:
     """One line naming the machine and software the figures come from."""
-    import os
-    import platform
 
-    import numpy as np
 
     cpu = platform.processor() or platform.machine()
     try:

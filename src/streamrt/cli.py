@@ -7,18 +7,19 @@ import os
 import platform
 import sys
 
-from . import __version__
+import numpy as np
+
+from . import __version__, bench, demos, sanitizer
+from .backends import BACKENDS, get_backend
+from .backends.cpu import delay_us
+from .demos import SECTION_NAMES
+from .device import Device
+from .errors import BackendUnavailableError, StreamRTError
+from .stream import launch_blocking
+from .trace import trace
 
 
 def _info(args: argparse.Namespace) -> int:
-    import numpy as np
-
-    from .backends import BACKENDS, get_backend
-    from .backends.cpu import delay_us
-    from .device import Device
-    from .errors import BackendUnavailableError
-    from .stream import launch_blocking
-
     print(f"streamrt {__version__}  (Python {platform.python_version()}, numpy {np.__version__}, "
           f"{platform.machine()}, {os.cpu_count()} cores)")
     print("backends:")
@@ -50,7 +51,6 @@ def _info(args: argparse.Namespace) -> int:
     }
     for k, what in env.items():
         print(f"  {k:26s} = {os.environ.get(k, '(unset)'):10s} {what}")
-    from . import sanitizer
 
     print(f"  in effect: launch blocking {launch_blocking()}, cpu delay {delay_us()} us, "
           f"sanitizer {'on' if sanitizer.enabled() else 'off'}")
@@ -58,18 +58,12 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from . import demos
-    from .device import Device
-    from .errors import StreamRTError
-
     try:
         Device(args.device)
     except StreamRTError as exc:
         print(f"streamrt demo: {exc}", file=sys.stderr)
         return 2
     if args.trace:
-        from .trace import trace
-
         with trace(args.trace):
             failed = demos.run(args.device, args.only)
         print(f"trace written to {args.trace} (open it in https://ui.perfetto.dev or "
@@ -79,9 +73,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from .bench import run_all
-
-    return run_all(quick=args.quick, json_path=args.json, markdown_path=args.markdown)
+    return bench.run_all(quick=args.quick, json_path=args.json, markdown_path=args.markdown)
 
 
 def _device_spec(text: str) -> str | int:
@@ -91,7 +83,6 @@ def _device_spec(text: str) -> str | int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``streamrt`` console script."""
-    from .demos import SECTION_NAMES
 
     ap = argparse.ArgumentParser(prog="streamrt", description="stream-ordered runtime: demo, "
                                  "benchmarks and environment information")
@@ -118,7 +109,6 @@ def main(argv: list[str] | None = None) -> int:
             f"unrecognized arguments: {' '.join(extra)}")
     if args.cmd is None:
         ap.error("a command is required: demo, bench or info")
-    from .errors import StreamRTError
 
     try:
         return args.fn(args)

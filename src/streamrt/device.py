@@ -6,19 +6,20 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from .backends import BACKENDS, get_backend, loaded_backends
 from .backends import device_count as _backend_device_count
-from .errors import InvalidDeviceError, InvalidTypeError
+from .errors import InvalidDeviceError, InvalidTypeError, InvalidValueError
+from .sync import synchronize_device
 from .validate import is_int
+from .weak import members
 
 if TYPE_CHECKING:
     from .backends.base import DeviceImpl, MemRange
     from .memory import MemPool
     from .stream import Stream
 
-_T = TypeVar("_T")
 _registry: dict[tuple[str, int], Device] = {}
 _registry_lock = threading.RLock()
 _tls = threading.local()
@@ -186,8 +187,6 @@ class Device:
 
     def synchronize(self) -> None:
         """Wait for all work on every stream of this device (``cudaDeviceSynchronize``)."""
-        from .sync import synchronize_device
-
         synchronize_device(self)
 
     def memory_info(self) -> tuple[int, int]:
@@ -226,8 +225,6 @@ class Device:
         if not isinstance(pool, MemPool):
             raise InvalidTypeError(f"set_mem_pool needs a MemPool, not {type(pool).__name__}")
         if pool.device is not self:
-            from .errors import InvalidValueError
-
             raise InvalidValueError(f"{pool!r} belongs to {pool.device.name}, not {self.name}")
         with self._pool_lock:  # a destroy of the pool meanwhile must not leave it current
             pool._check_alive()
@@ -242,7 +239,7 @@ class Device:
 
     def reset(self) -> None:
         """Synchronize, then destroy every stream, event, pool and allocation (``aclrtResetDevice``)."""
-        from .sync import reset_device
+        from .reset import reset_device  # it destroys everything above this module
 
         reset_device(self)
 
@@ -263,16 +260,6 @@ def device_count(backend: str = "cpu") -> int:
     if backend not in BACKENDS:
         raise InvalidDeviceError(f"unknown backend {backend!r}: known are {', '.join(BACKENDS)}")
     return _backend_device_count(backend)
-
-
-def members(ws: weakref.WeakSet[_T] | None) -> list[_T]:
-    """The live members of ``ws`` (none for None), read at once. Iterating a WeakSet runs Python
-    code between items, where another thread may add or discard a member (a stream or pool
-    created or destroyed): "RuntimeError: Set changed size during iteration". Copying its set of
-    references is one C call, which no other thread interrupts."""
-    if ws is None:
-        return []
-    return [x for r in list(ws.data) if (x := r()) is not None]
 
 
 def range_of(ptr: int) -> tuple[Device | None, MemRange] | None:

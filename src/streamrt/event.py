@@ -65,9 +65,7 @@ class Event:
     def _check_capture(self, what: str) -> None:
         cap = self._capture  # read once: another thread may end the capture
         if cap is not None:
-            from .graph.capture import illegal_event_use
-
-            illegal_event_use(self, cap, what)
+            cap.refuse_event(self, what)
 
     def query(self) -> bool:
         """True when the recorded work has completed, or the event was never recorded."""

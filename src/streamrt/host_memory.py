@@ -12,8 +12,9 @@ from . import instrument
 from .backends import get_backend, loaded_backends
 from .device import Device, current_device, devices
 from .errors import InvalidAddressError, InvalidTypeError, InvalidValueError, OutOfMemoryError
+from .graph import memory as graph_memory
 from .graph.capture import check_unsafe
-from .memory import device_of
+from .memory import device_of, find_pool
 from .stream import current_stream
 from .sync import synchronize_device
 from .validate import check_ptr, check_size, host_array, is_int
@@ -35,8 +36,6 @@ def free(ptr: int) -> None:
     ptr = check_ptr(ptr)
     if ptr == 0:
         return  # cudaFree(NULL) is a no-op
-    from .graph import memory as graph_memory
-    from .memory import find_pool
 
     # whose memory it is: a pool's, a graph's (it outlives its launch until freed, cudaFree
     # included) or a device's srt.malloc; then one path: synchronize, tell, release

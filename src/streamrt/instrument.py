@@ -27,6 +27,9 @@ _seq = itertools.count(1)
 # to other threads in a copy of its context still knows the launch it belongs to
 _current: ContextVar[OpInfo | None] = ContextVar("streamrt_op", default=None)
 listeners: list[Any] = []  # objects with op_start(op), op_end(op) and optional on_* hooks
+# called after a listener came or went: the streams recompute their process-wide slow-path
+# switch (stream.py registers it; this module is below it)
+on_change: list[Callable[[], None]] = []
 # key of a graph launch's ``OpInfo.args``: what its memory nodes do (keys starting with "_" are
 # for listeners, not shown in traces)
 GRAPH_MEMORY = "_graph_memory"
@@ -180,17 +183,15 @@ def notify(event: str, *args: Any) -> None:
 
 def add(listener: Any) -> None:
     """Activate a listener (turns the streams' slow path on)."""
-    from . import stream
-
     if listener not in listeners:
         listeners.append(listener)
-    stream.refresh_global()
+    for fn in on_change:
+        fn()
 
 
 def remove(listener: Any) -> None:
     """Deactivate a listener."""
-    from . import stream
-
     if listener in listeners:
         listeners.remove(listener)
-    stream.refresh_global()
+    for fn in on_change:
+        fn()

@@ -50,7 +50,7 @@ from sortedcontainers import SortedDict
 
 from . import instrument
 from .arena import ALIGN, SMALL_REQUEST, ArenaMixin, granule_for
-from .device import Device, members, range_of
+from .device import Device, range_of
 from .errors import (
     InvalidAddressError,
     InvalidHandleError,
@@ -64,6 +64,7 @@ from .pool_attr import parse as parse_attr
 from .pool_attr import value as attr_value
 from .reuse import ReuseMixin
 from .sync import sync_listeners
+from .weak import members
 
 _addr = attrgetter("addr")
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from . import instrument, sync
 from .backends.base import InlineQueue
-from .device import Device, current_device, members
+from .device import Device, current_device
 from .eager import EAGER
 from .errors import (
     InvalidHandleError,
@@ -35,7 +35,7 @@ from .graph import capture
 from .graph import memory as graph_memory
 from .kernel import Kernel, KernelContext, dim3, exact_ints
 from .memory import MemPool, _owners
-from .sync import after_sync, covered, reach, reset_device, retire, synchronize_device
+from .sync import after_sync, covered, reach, retire
 from .validate import (
     check_bool,
     check_byte,
@@ -45,10 +45,11 @@ from .validate import (
     is_bool,
     is_int,
 )
+from .weak import members
 
 _owners_get = _owners.get  # live pool pointer -> pool
 
-__all__ = ["Stream", "Event", "current_stream", "synchronize_device", "reset_device"]
+__all__ = ["Stream", "Event", "current_stream"]
 
 _ids = itertools.count(1)
 _tls = threading.local()
@@ -71,6 +72,9 @@ def refresh_global() -> None:
     """Recompute the process-wide slow-path switch after a global setting changed."""
     global _global_slow
     _global_slow = _launch_blocking or instrument.active()
+
+
+instrument.on_change.append(refresh_global)
 
 
 def launch_blocking() -> bool:

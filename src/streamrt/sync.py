@@ -15,19 +15,22 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import instrument
-from .device import members
-from .errors import LaunchError, SanitizerError, StreamRTError
+from .errors import LaunchError, SanitizerError
+from .weak import members
 
 if TYPE_CHECKING:
     from .device import Device
     from .stream import Stream
 
-__all__ = ["synchronize_device", "reset_device"]
+__all__ = ["synchronize_device"]
 
 streams: weakref.WeakValueDictionary[int, Stream] = weakref.WeakValueDictionary()
 # called as ``fn(device)`` after every host synchronize (pools apply their release threshold,
 # retired graph memory goes): modules above this one observe synchronizes without a cycle
 sync_listeners: list[Callable[[Any], None]] = []
+# called as ``fn(device)`` before a device synchronize, which may refuse it (capture.py: a
+# synchronize of a device one of whose streams captures)
+device_sync_checks: list[Callable[[Any], None]] = []
 
 
 def retire(device: Device, q: Any) -> None:
@@ -133,10 +136,9 @@ def synchronize_device(device: Device, *, skip_capturing: bool = False) -> None:
     ``skip_capturing`` (the implicit synchronize of ``srt.free``, which mode gating allowed):
     capturing streams have no work to wait for, so they are left alone instead of refused.
     """
-    from .graph.capture import check_device_sync
-
     if not skip_capturing:
-        check_device_sync(device)
+        for check in device_sync_checks:
+            check(device)
     streams = [s for s in members(device._streams)
                if not (skip_capturing and s._capture is not None)]
     # each stream's clock, then position, read before waiting (see Stream.synchronize): work
@@ -176,37 +178,3 @@ def _forget_gone(s: Stream, proven: dict[int, int]) -> None:
 def _gone(sid: int) -> bool:
     t = streams.get(sid)
     return t is None or t._destroyed
-
-
-def reset_device(device: Device) -> None:
-    """``aclrtResetDevice``: synchronize, then destroy the device's graph execs, streams, pools,
-    events and memory."""
-    from .graph.capture import abandon
-
-    abandon(device)  # captures with a stream of the device end, returning no graph
-    try:
-        synchronize_device(device)
-    except StreamRTError:
-        pass  # a reset discards pending failures along with everything else
-    for ge in members(device._execs):
-        if not ge._destroyed:
-            ge.destroy()  # before the memory goes: it unmaps and frees its graph memory
-    from .graph import memory as graph_memory
-
-    for mem in list(graph_memory.held):  # retired memory kept for live allocations: gone too
-        if any(arena[0] is device for arena in mem.arenas):
-            mem.release(force=True)
-    for s in members(device._streams):
-        s._destroy_quiet()
-    device._legacy = None
-    device._retired.clear()
-    from .event import UNRECORDED
-
-    for e in members(device._events):  # destroyed, as aclrtResetDevice destroys them
-        e._rec = UNRECORDED  # and its record, which names streams that are gone
-        e.destroy()
-    for pool in members(device._pools):
-        pool._reset()
-    device._default_pool = None
-    device._pool = None
-    device._impl.free_all()

@@ -21,6 +21,8 @@ import numpy as np
 
 from .device import Device
 from .errors import InvalidHandleError, InvalidTypeError, InvalidValueError
+from .memory import device_of
+from .stream import Stream, current_stream
 from .validate import host_array, is_int
 
 __all__ = ["TensorDesc", "Tensor", "FORMATS"]
@@ -186,8 +188,6 @@ class TensorDesc:
 
 
 def _stream(stream: Any) -> Any:
-    from .stream import Stream, current_stream
-
     if stream is None:
         return current_stream()
     if not isinstance(stream, Stream):
@@ -212,12 +212,8 @@ class Tensor:
         if ptr % desc.itemsize:  # the cpu backend would not care; a GPU kernel faults on it
             raise InvalidValueError(f"ptr {hex(ptr)} is not aligned to the {desc.itemsize} bytes of "
                                     f"{desc.dtype} (cudaErrorMisalignedAddress on a GPU)")
-        if device is None:  # the memory's device (srt.malloc's, interior pointers too), else current
-            from .memory import device_of
-
-            dev = device_of(int(ptr)) or Device(None)
-        else:
-            dev = Device(device)
+        # the memory's device (srt.malloc's, interior pointers too), else current
+        dev = (device_of(int(ptr)) or Device(None)) if device is None else Device(device)
         self.desc = desc
         self.device = dev
         self.stream = None if stream is None else _stream(stream)

@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from . import instrument
-from .device import members
 from .errors import InvalidValueError
 from .instrument import OpInfo
 from .validate import as_path
+from .weak import members
 
 __all__ = ["trace", "Tracer"]
 

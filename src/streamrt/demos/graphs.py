@@ -15,7 +15,7 @@ from ..graph import CaptureMode, Graph
 from ..graph.exec import GraphExecUpdateResult
 from ..kernel import kernel
 from ..stream import Stream
-from . import check, table
+from .report import check, table
 
 # grid-stride loops: correct for any launch shape, like the Python bodies
 FOO_CUDA = r"""extern "C" __global__ void foo(float* data, int n) {

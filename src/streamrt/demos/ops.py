@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .. import ops
 from ..device import Device
 from ..errors import StreamRTError
 from ..stream import Stream
-from . import check, guarded, not_available, table, unsupported
+from ..tensor import Tensor, TensorDesc
+from .report import check, guarded, not_available, table, unsupported
 
 if TYPE_CHECKING:
     from ..tensor import Tensor
@@ -19,8 +22,6 @@ if TYPE_CHECKING:
 # -- two-phase operators (seed 001) ------------------------------------------------------------
 def _ws_rows(stream: Stream, out: Callable[[str], None]) -> list[tuple]:
     """One row per (op, shape); an op the backend has no kernel for gets an n/a row and line."""
-    from .. import ops
-    from ..tensor import Tensor, TensorDesc
 
     rows = []
     for name, shapes, attrs in [
@@ -47,8 +48,6 @@ def _ws_rows(stream: Stream, out: Callable[[str], None]) -> list[tuple]:
 
 def demo_ops(dev: Device, out: Callable[[str], None]) -> list[str]:
     """Seed 001: phase 1 (workspace size printed), phase 2, then 1000 ``ops.run`` with a cache."""
-    from .. import ops
-    from ..tensor import Tensor
 
     out("== two-phase operators (seed 001): GetWorkspaceSize, workspace, execute ==")
     failures: list[str] = []
@@ -93,9 +92,7 @@ def demo_ops(dev: Device, out: Callable[[str], None]) -> list[str]:
 def _demo_cache(s: Stream, a: Tensor, y: Tensor, failures: list[str],
                 out: Callable[[str], None]) -> None:
     """1000 ``ops.run`` of softmax, planning every call, then through an ExecutorCache."""
-    import time
 
-    from .. import ops
 
     results = []
     for label, cache in (("no cache (phase 1 every call)", None),

@@ -12,8 +12,8 @@ from ..host_memory import free_host, malloc_host, read
 from ..kernel import kernel
 from ..memory import MemPool
 from ..stream import Stream
-from . import check, guarded, not_available, table
 from ._gate import HostGate
+from .report import check, guarded, not_available, table
 
 # -- stream-ordered memory pool (seed 000) -----------------------------------------------------
 ARGS_INFO = np.dtype([("input_x", np.uint64), ("input_y", np.uint64), ("output_z", np.uint64)])

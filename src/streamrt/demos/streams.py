@@ -10,7 +10,7 @@ import numpy as np
 from ..device import Device
 from ..kernel import kernel
 from ..stream import Event, Stream
-from . import check, table
+from .report import check, table
 
 # -- streams and events -----------------------------------------------------------------------
 # CUDA bodies loop grid-stride, so any launch shape covers all n elements, as the Python bodies do.

@@ -35,7 +35,7 @@ import weakref
 from enum import Enum
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ..device import members
+from .. import sync
 from ..errors import (
     CapturedEventError,
     CaptureImplicitError,
@@ -50,6 +50,7 @@ from ..errors import (
     InvalidTypeError,
     InvalidValueError,
 )
+from ..weak import members
 from .graph import Graph, memcpy_params, memset_params
 from .memory import GraphAlloc, find
 from .node import NodeType
@@ -242,6 +243,11 @@ class Capture:
         last of them is gone, not at each replay."""
         self.graph._keep.append(_Keeper(release))
 
+    def refuse_event(self, event: Event, what: str) -> None:
+        """A synchronize or query of an event this capture recorded (see
+        :func:`illegal_event_use`)."""
+        illegal_event_use(event, self, what)
+
     def refuse(self, s: Stream, what: str) -> None:
         """A synchronize, query or destroy of a capturing stream (see :func:`illegal_sync`)."""
         illegal_sync(s, self, what)
@@ -433,6 +439,9 @@ def check_device_sync(device: Device) -> None:
         raise CaptureUnsupportedError(
             f"synchronize of {device.name} is not permitted while {hit[0]!r} is active"
         )
+
+
+sync.device_sync_checks.append(check_device_sync)
 
 
 def check_legacy(stream: Stream) -> None:

@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import instrument
-from ..device import Device
-from ..errors import InvalidTypeError, InvalidValueError
+from ..device import Device, range_of
+from ..errors import InvalidAddressError, InvalidTypeError, InvalidValueError
 from ..event import Event
 from ..kernel import Kernel, dim3
 from ..validate import as_path, check_byte, check_ptr, check_size, host_view, is_int
+from . import memory
 from .memory import GraphAlloc
 from .node import Node, NodeType
 
@@ -126,8 +127,6 @@ class Graph:
 
     def add_mem_free_node(self, ptr: int, deps: Any = ()) -> Node:
         """Add a MEM_FREE node for graph memory (from a MEM_ALLOC node of this or another graph)."""
-        from . import memory
-
         self._refuse_memory_node()
         ptr = check_ptr(ptr)
         alloc = memory.find(ptr)
@@ -325,9 +324,6 @@ def host_params(fn: Any, args: Sequence[Any]) -> dict[str, Any]:
 
 
 def _check_range(ptr: int, n: int) -> None:
-    from ..device import range_of
-    from ..errors import InvalidAddressError
-
     found = range_of(ptr)
     if found is None:
         raise InvalidAddressError(f"{hex(ptr)} is not inside any allocation")

@@ -6,6 +6,7 @@ from enum import Enum
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from ..errors import InvalidValueError
 from ..labels import fn_label
 
 if TYPE_CHECKING:
@@ -61,8 +62,6 @@ class Node:
     def ptr(self) -> int:
         """The address of a MEM_ALLOC node's allocation (fixed at node creation)."""
         if self.type is not NodeType.MEM_ALLOC:
-            from ..errors import InvalidValueError
-
             raise InvalidValueError(f"{self!r} is not a MEM_ALLOC node")
         return self._params["ptr"]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from ...errors import (
@@ -139,10 +140,17 @@ def _decode(text: Any) -> str:
     return text.decode(errors="replace") if isinstance(text, bytes) else str(text)
 
 
+def _bindings() -> Any:
+    """cuda-bindings' runtime, driver and NVRTC modules, imported on first use: this module
+    must import without the optional cuda-bindings (errors are mapped before it is asked for)."""
+    from cuda.bindings import driver, nvrtc, runtime
+
+    return SimpleNamespace(driver=driver, nvrtc=nvrtc, runtime=runtime)
+
+
 def _runtime_description(code: int) -> tuple[str, str] | None:
     """(name, description) of a runtime code via cudart, which answers without a driver."""
-    from cuda.bindings import runtime
-
+    runtime = _bindings().runtime
     try:
         member = runtime.cudaError_t(code)
     except ValueError:
@@ -164,9 +172,7 @@ def _describe(err: Any) -> tuple[str, str, str]:
         name = err.name
         desc = None
         try:
-            from cuda.bindings import driver
-
-            res, text = driver.cuGetErrorString(err)
+            res, text = _bindings().driver.cuGetErrorString(err)
             if res == 0 and text:
                 desc = _decode(text)
         except Exception:  # no driver library (DynamicLibNotFoundError): fall back below
@@ -176,9 +182,7 @@ def _describe(err: Any) -> tuple[str, str, str]:
             desc = rt[1] if rt is not None else name
         return kind, name, desc
     if kind == _NVRTC:
-        from cuda.bindings import nvrtc
-
-        res, text = nvrtc.nvrtcGetErrorString(err)
+        res, text = _bindings().nvrtc.nvrtcGetErrorString(err)
         desc = _decode(text) if res == 0 and text else err.name
         return kind, err.name, desc
     rt = _runtime_description(code)

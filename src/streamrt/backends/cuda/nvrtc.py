@@ -56,10 +56,18 @@ def cache_dir() -> Path:
     return base / "nvrtc"
 
 
+def _nvrtc() -> Any:
+    """cuda-bindings' NVRTC module, imported on first use: this module (and the kernels' CUDA
+    C checks) must import without the optional cuda-bindings."""
+    from cuda.bindings import nvrtc
+
+    return nvrtc
+
+
 def nvrtc_available() -> str | None:
     """None when NVRTC can compile here, else a short reason why not; never raises."""
     try:
-        from cuda.bindings import nvrtc
+        nvrtc = _nvrtc()
     except Exception as e:  # ImportError, or a broken install failing in its own way
         return f"cuda-bindings is not installed (pip install 'streamrt[cuda]'): {e}"
     try:
@@ -74,8 +82,7 @@ def nvrtc_available() -> str | None:
 @functools.lru_cache(maxsize=1)
 def _nvrtc_version() -> tuple[int, int]:
     """(major, minor) of the loaded NVRTC: part of the cache key, since a new NVRTC may emit new code."""
-    from cuda.bindings import nvrtc
-
+    nvrtc = _nvrtc()
     major, minor = check(nvrtc.nvrtcVersion())
     return int(major), int(minor)
 
@@ -83,8 +90,7 @@ def _nvrtc_version() -> tuple[int, int]:
 @functools.lru_cache(maxsize=1)
 def supported_archs() -> tuple[int, ...]:
     """The SM versions this NVRTC builds CUBINs for, e.g. (75, 80, 86, 89, 90, 100, 120)."""
-    from cuda.bindings import nvrtc
-
+    nvrtc = _nvrtc()
     return tuple(sorted(int(a) for a in check(nvrtc.nvrtcGetSupportedArchs())))
 
 
@@ -158,8 +164,7 @@ def _program_log(nvrtc: Any, prog: Any) -> str:
 def _compile(source: str, name: str, arch: str, options: tuple[str, ...]) -> bytes:
     """Run NVRTC once (a CUBIN for ``sm_*``, PTX for ``compute_*``); the program is destroyed
     whatever happens."""
-    from cuda.bindings import nvrtc
-
+    nvrtc = _nvrtc()
     opts = [f"--gpu-architecture={arch}".encode(), b"--std=c++17", *(o.encode() for o in options)]
     prog = check(nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], []))
     try:
