@@ -25,8 +25,8 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed-test
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -p no:cacheprovider
-	@# the cuda backend's code and the cuda tests again, on the fake CUDA runtime (tests/cuda_fake)
-	@why=$$($(BIN)/python -c "from tests.cuda_fake import unavailable; print(unavailable() or '')"); \
+	@# the cuda backend's code and the cuda tests again, on the fake CUDA runtime (tests/cuda/fake)
+	@why=$$($(BIN)/python -c "from tests.cuda.fake import unavailable; print(unavailable() or '')"); \
 	if [ -z "$$why" ]; then STREAMRT_CUDA_FAKE=1 $(BIN)/python -m pytest -q -p no:cacheprovider -m cuda; \
 	else echo "make: the cuda tests on the fake CUDA runtime are skipped: $$why"; fi
 
@@ -58,7 +58,7 @@ test-bindings:
 # scripts/gpu_check.sh rehearsed on the fake CUDA runtime (smoke-sized benchmarks; results in
 # gpu-check-out/fake): the script's whole flow, before a GPU run spends its minutes on it
 gpu-check-fake: $(VENV)/.installed-test
-	PYTHON=$(CURDIR)/$(BIN)/python PYTHONPATH=$(CURDIR)/tests/cuda_fake/site STREAMRT_CUDA_FAKE=1 \
+	PYTHON=$(CURDIR)/$(BIN)/python PYTHONPATH=$(CURDIR)/tests/cuda/fake/site STREAMRT_CUDA_FAKE=1 \
 	STREAMRT_BENCH_SMOKE=1 GPU_CHECK_QUICK=1 bash scripts/gpu_check.sh $(CURDIR)/gpu-check-out/fake
 
 bench: $(VENV)/.installed

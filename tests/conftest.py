@@ -9,8 +9,8 @@ import sys
 import threading
 import time
 
-if os.environ.get("STREAMRT_CUDA_FAKE") == "1":  # before any device: cuda runs on tests/cuda_fake
-    from tests.cuda_fake import install as _install_fake_cuda
+if os.environ.get("STREAMRT_CUDA_FAKE") == "1":  # before any device: cuda runs on tests/cuda/fake
+    from tests.cuda.fake import install as _install_fake_cuda
 
     _install_fake_cuda()
 
@@ -61,7 +61,7 @@ def set_delays(us: int) -> tuple[int, int]:
     returns the previous values (for :func:`restore_delays`)."""
     prev_fake = 0
     if os.environ.get("STREAMRT_CUDA_FAKE") == "1":
-        from tests.cuda_fake import state
+        from tests.cuda.fake import state
 
         prev_fake = state.set_delay_us(us)
     return cpu.set_delay_us(us), prev_fake
@@ -70,7 +70,7 @@ def set_delays(us: int) -> tuple[int, int]:
 def restore_delays(prev: tuple[int, int]) -> None:
     cpu.set_delay_us(prev[0])
     if os.environ.get("STREAMRT_CUDA_FAKE") == "1":
-        from tests.cuda_fake import state
+        from tests.cuda.fake import state
 
         state.set_delay_us(prev[1])
 
@@ -347,7 +347,7 @@ def _no_fake_cuda_fault():
     if os.environ.get("STREAMRT_CUDA_FAKE") != "1":
         yield
         return
-    from tests.cuda_fake import state
+    from tests.cuda.fake import state
 
     before = len(state.faults)
     yield

@@ -1,4 +1,4 @@
-"""The fake CUDA runtime itself (``tests/cuda_fake``), where a wrong fake would make the cuda tests
+"""The fake CUDA runtime itself (``tests/cuda/fake``), where a wrong fake would make the cuda tests
 lie: legacy-stream ordering, pageable copies, host functions calling CUDA, event timing errors,
 VMM sharing, pool reuse, graph node order and kernel parameter checks.
 
@@ -24,8 +24,7 @@ from cuda.bindings import driver as drv  # noqa: E402
 from cuda.bindings import runtime as rt  # noqa: E402
 
 from streamrt.backends.nvrtc import compile_cubin  # noqa: E402
-
-from .cuda_fake import state  # noqa: E402
+from tests.cuda.fake import state  # noqa: E402
 
 E = rt.cudaError_t
 R = drv.CUresult

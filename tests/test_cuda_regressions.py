@@ -1,4 +1,4 @@
-"""cuda backend bugs found by running it on the fake CUDA runtime (``tests/cuda_fake``); each test
+"""cuda backend bugs found by running it on the fake CUDA runtime (``tests/cuda/fake``); each test
 fails without its fix. They need a usable cuda device (a GPU, or ``STREAMRT_CUDA_FAKE=1``)."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A GPU session is rare and short: a script bug (a raw cuda-bindings peer calling a function wrong,
 a crash in a report) must show here first. Each script runs in a subprocess with
-``tests/cuda_fake`` installed, in ``--quick --json`` mode with ``STREAMRT_BENCH_SMOKE=1`` (a few
+``tests/cuda/fake`` installed, in ``--quick --json`` mode with ``STREAMRT_BENCH_SMOKE=1`` (a few
 items, one repetition: the emulated kernels are slow). Checked: the exit status, that every row
 has streamrt's figure, the peer's and their ratio (CuPy and PyTorch peers are absent here: their
 rows and notes say so), and that no row reports an error. Times and ratios are never asserted.
@@ -33,7 +33,7 @@ LIBRARY_PEER = {"gpu_ops": "cupy"}
 
 LAUNCHER = """
 import runpy, sys
-from tests.cuda_fake import install
+from tests.cuda.fake import install
 install()
 sys.argv = [sys.argv[1], *sys.argv[2:]]
 runpy.run_path(sys.argv[0], run_name="__main__")
@@ -41,8 +41,8 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 
 def _run(name: str) -> tuple[dict, subprocess.CompletedProcess]:
-    from tests.cuda_emu import emu
-    from tests.cuda_fake import installed, unavailable
+    from tests.cuda.emu import emu
+    from tests.cuda.fake import installed, unavailable
 
     # here (conftest) the fake is installed already: only the kernel emulator may be missing
     why = emu.unavailable() if installed() else unavailable()

@@ -1,7 +1,7 @@
 """The operators' CUDA C kernels themselves, run on the CPU by an emulator (opt-in, no GPU needed).
 
 test_ops_cuda checks the cuda planners against numpy *models* of the kernels; its GPU tests, the
-only ones running the CUDA C, skip without a GPU. Here ``tests/cuda_emu`` compiles each kernel's
+only ones running the CUDA C, skip without a GPU. Here ``tests/cuda/emu`` compiles each kernel's
 real source with g++ and runs its launches on the CPU (see ``emu.py`` for what that does and does
 not model), and test_ops_cuda's GPU test bodies run unchanged on cpu:0: its cases, its
 :class:`GpuSession` and its checks against numpy, with the cuda planners and every launch routed
@@ -30,9 +30,9 @@ from streamrt.ops.cuda import KERNELS
 from streamrt.ops.cuda.norm import LAYER_NORM, SOFTMAX
 from streamrt.ops.cuda.reduce import RSUM
 from streamrt.ops.cuda.scan import SCAN
+from tests.cuda.emu import emu
 
 from . import test_ops_cuda as T
-from .cuda_emu import emu
 
 
 def _skip_reason() -> str | None:

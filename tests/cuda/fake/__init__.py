@@ -24,7 +24,7 @@ What it models (each module's docstring says how):
   called on the worker thread, where any CUDA call fails with ``cudaErrorNotPermitted``
   (recorded in ``state.refused``); ``cudaFree``/``cudaFreeHost`` synchronizing;
 - kernels: real NVRTC compilation (``compile_module`` is wrapped to remember each image's source),
-  run on the CPU by ``tests/cuda_emu`` (g++ and a shim of the CUDA built-ins), parameters copied
+  run on the CPU by ``tests/cuda/emu`` (g++ and a shim of the CUDA built-ins), parameters copied
   at launch and checked against the kernel's C parameter list;
 - stream-ordered pools (reuse rules, release threshold, trim, watermarks, limits), CUDA graphs
   (kernel, memcpy, memset, host and empty nodes; exec independent of its graph; a launch is one
@@ -59,7 +59,7 @@ What it cannot find, so what a real GPU run must still check:
   and its blocking calls may hold the GIL; here every blocking wait releases the GIL, so a
   deadlock that needs a GIL-holding blocking call never shows;
 - concurrency inside the GPU: a kernel's blocks run one after another and its threads in one
-  interleaving (``tests/cuda_emu``); a graph's nodes run one at a time (independent branches
+  interleaving (``tests/cuda/emu``); a graph's nodes run one at a time (independent branches
   never overlap; the order among ready nodes is the reverse of insertion, so a missing edge
   shows); pools hand out whole blocks (no suballocation, so no placement bugs show);
 - performance, occupancy, launch limits beyond the documented maxima, 2-D/3-D blocks and dynamic
@@ -127,7 +127,7 @@ def unavailable() -> str | None:
     err = rt.cudaGetDeviceCount()[0]
     if err != rt.cudaError_t.cudaErrorInsufficientDriver:
         return f"a CUDA driver is here (cudaGetDeviceCount: {err!r}): the cuda tests run on it instead"
-    from ..cuda_emu import emu
+    from ..emu import emu
 
     return emu.unavailable()
 

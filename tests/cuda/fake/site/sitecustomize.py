@@ -6,7 +6,7 @@ import os
 import sys
 
 if os.environ.get("STREAMRT_CUDA_FAKE") == "1":
-    sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")))
-    from tests.cuda_fake import install
+    sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", "..")))
+    from tests.cuda.fake import install
 
     install()

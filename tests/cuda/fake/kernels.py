@@ -1,4 +1,4 @@
-"""Kernels: CUBINs and PTX known by their CUDA C source, run on the CPU by ``tests/cuda_emu``.
+"""Kernels: CUBINs and PTX known by their CUDA C source, run on the CPU by ``tests/cuda/emu``.
 
 ``install()`` wraps ``streamrt.backends.nvrtc.compile_module`` so that it still compiles with the
 real NVRTC and records ``image -> (source, name)``; ``cuModuleLoadData`` of such an image gives a
@@ -54,7 +54,7 @@ class Module:
 
 class Function:
     def __init__(self, module: Module, name: str) -> None:
-        from tests.cuda_emu import emu
+        from tests.cuda.emu import emu
 
         self.handle = state.new_handle()
         self.module = module
@@ -166,7 +166,7 @@ def check_dims(grid: tuple[int, int, int], block: tuple[int, int, int], shmem: i
 def run(f: Function, params: Params, grid: tuple[int, int, int],
         block: tuple[int, int, int]) -> None:
     """Run one launch now (on a stream worker thread)."""
-    from tests.cuda_emu import emu
+    from tests.cuda.emu import emu
 
     gx, gy, gz = grid
     if f.capped:
