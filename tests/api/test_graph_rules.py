@@ -1,4 +1,5 @@
 """API.md §5 (explicit graphs, exec, update) and DESIGN.md §3 graph memory, §5 exec update; seed 002."""
+
 from __future__ import annotations
 
 import threading
@@ -10,7 +11,9 @@ import streamrt as srt
 
 from .conftest import Gate, add_one, fill, scale, sync
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.api, pytest.mark.timeout(60)]
+
+
 N = 1024
 
 
@@ -387,6 +390,8 @@ def _mem_nodes(nbytes):
 # Updates an exec refuses: id: (the exec's graph, the update's graph (both from the three
 # buffers), the result, whether the error must name a node of either graph)
 R = srt.GraphExecUpdateResult
+
+
 UPDATE_REFUSED = {
     "topology_changed": (lambda b: _chain(b[0]), lambda b: _chain(b[0], extra=True),
                          R.TOPOLOGY_CHANGED, False),
@@ -466,4 +471,20 @@ def test_graph_replay_equals_eager(dev):
     enqueue(s)
     run(s.end_capture(), s=s)
     assert np.array_equal(rd(p), eager)
+    srt.free(p)
+
+
+def test_graph_exec_update_error_node_and_kernel_params(dev):
+    g = srt.Graph()
+    p = srt.malloc(64)
+    k = g.add_kernel_node(fill, p, 16, 1.0, grid=2, block=8)
+    assert k.params is not None
+    ge = g.instantiate()
+    h = srt.Graph()
+    h.add_empty_node()
+    with pytest.raises(srt.GraphExecUpdateError) as ei:
+        ge.update(h)
+    assert ei.value.node is not None
+    assert isinstance(ei.value, srt.StreamRTError)
+    ge.destroy()
     srt.free(p)

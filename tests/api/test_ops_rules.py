@@ -1,4 +1,5 @@
 """API.md §4 and DESIGN.md §4, seed 001: two-phase operators, executors, cache, ops.run."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -9,7 +10,7 @@ from streamrt import ops
 
 from .conftest import Gate, call_with_timeout, other_thread, sync
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.api, pytest.mark.timeout(60)]
 
 
 @pytest.fixture
@@ -402,3 +403,13 @@ def test_ops_captured_executor_kept_alive(s):
     ge.launch(s)
     assert call_with_timeout(o.numpy, s).tolist() == [8] * 4
     ge.destroy()
+
+
+def test_executor_destroyed_cannot_run(dev):
+    s = srt.Stream()
+    x = srt.Tensor.from_numpy(np.ones(4, np.float32), stream=s)
+    ws, ex = ops.add.get_workspace_size(x, x, x)
+    ex.destroy()
+    with pytest.raises(srt.ExecutorError):
+        ops.add(None if ws == 0 else s.malloc(ws), ws, ex, s)
+    sync(s)

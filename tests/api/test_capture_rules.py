@@ -8,7 +8,7 @@ import streamrt as srt
 
 from .conftest import add_one, other_thread, sync, two_streams
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.api, pytest.mark.timeout(60)]
 N = 256
 CM = srt.CaptureMode
 

@@ -1,4 +1,5 @@
 """API.md §3 and DESIGN.md §3 (normative): pools, reuse order, threshold, trim, stats."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -11,8 +12,12 @@ import streamrt as srt
 
 from .conftest import Gate, alloc_then_free, call_with_timeout, sync, two_streams
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.api, pytest.mark.timeout(60)]
+
+
 MiB = 1 << 20
+
+
 BIG = 1 << 30
 
 
@@ -419,3 +424,37 @@ def test_pool_cross_stream_reuse_data_safe(dev, delay):
         sync(B)
         assert (srt.read(res, (n,), np.float32) == 1).all()
     srt.free(res)
+
+
+def _six(pool):
+    return alloc_then_free(pool, *[2 * MiB] * 3)[0]
+
+
+def test_pool_threshold_releases_while_exceeding():
+    p = srt.MemPool(release_threshold=3 * MiB)
+    s = _six(p)
+    sync(s)
+    # DESIGN's "released while reserved exceeds the threshold" read literally gives 2 MiB;
+    # CUDA and the README keep reserved at or above the threshold: 4 MiB (ambiguity, reported)
+    assert p.reserved_mem_current in (2 * MiB, 4 * MiB)
+    assert p.reserved_mem_current >= 2 * MiB
+
+
+def test_pool_trim_keeps_at_least_k():
+    p = srt.MemPool(release_threshold=1 << 30)
+    s = _six(p)
+    sync(s)
+    p.trim_to(3 * MiB)
+    # release while reserved - chunk >= k: 6 -> 4, then 4 - 2 < 3 stops
+    assert p.reserved_mem_current == 4 * MiB
+
+
+def test_pool_threshold_only_at_sync_not_at_free():
+    p = srt.MemPool()
+    s = srt.Stream()
+    a = s.malloc(2 * MiB, p)
+    s.free(a)
+    b = s.malloc(2 * MiB, p)
+    assert b == a and p.stats()["grow_count"] == 1
+    s.free(b)
+    sync(s)

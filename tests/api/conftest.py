@@ -1,7 +1,14 @@
 """Black-box helpers: gates (host functions that hold a stream), timeouts, kernels."""
+
+
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -216,3 +223,18 @@ def sync_after_race(obj):
     with pytest.raises(srt.SanitizerError) as ei:
         sync(obj)
     assert "race" in str(ei.value.kind).lower()
+
+
+PY = sys.executable
+
+
+def _sub(code, **env):
+    e = dict(os.environ, **env)
+    r = subprocess.run([PY, "-c", code], capture_output=True, text=True, env=e, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def _events(path):
+    data = json.loads(Path(path).read_text())
+    return data["traceEvents"] if isinstance(data, dict) else data
