@@ -32,7 +32,7 @@ test: $(VENV)/.installed-test
 
 # the operators' CUDA C built with g++ and run on the CPU (no GPU needed; a few minutes)
 test-emu: $(VENV)/.installed-test
-	STREAMRT_CUDA_EMU=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_ops_cuda_emulated.py
+	STREAMRT_CUDA_EMU=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/cuda/test_ops_cuda_emulated.py
 
 # every test with the cuda backend on the fake CUDA runtime (no GPU needed; about 2 minutes)
 test-fake: $(VENV)/.installed-test

@@ -5,9 +5,12 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import subprocess
 import sys
+import textwrap
 import threading
 import time
+from contextlib import contextmanager
 
 if os.environ.get("STREAMRT_CUDA_FAKE") == "1":  # before any device: cuda runs on tests/cuda/fake
     from tests.cuda.fake import install as _install_fake_cuda
@@ -436,3 +439,38 @@ def reentry_lock(monkeypatch, guarded, reclaim=None) -> ReentryLock:
     monkeypatch.setattr(guarded, "_lock", lock)
     monkeypatch.setattr(reclaim or guarded.reclaim, "lock", lock)
     return lock
+
+
+def in_thread(fn):
+    """Run ``fn`` on a new thread; return its result or raise its exception here."""
+    out: dict = {}
+
+    def body():
+        try:
+            out["value"] = fn()
+        except BaseException as exc:
+            out["error"] = exc
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join(timeout=30)
+    assert not t.is_alive(), "helper thread hung"
+    if "error" in out:
+        raise out["error"]
+    return out.get("value")
+
+
+@contextmanager
+def delayed(us: int):
+    """Delay injection of ``us`` microseconds on (see :func:`set_delays`) for the ``with`` block."""
+    prev = set_delays(us)  # the cpu backend's and the fake CUDA runtime's
+    try:
+        yield
+    finally:
+        restore_delays(prev)
+
+
+def _run(code: str, **env: str) -> subprocess.CompletedProcess:
+    """``code`` (dedented) run by this Python in a subprocess, with ``env`` added to the environment."""
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, timeout=20, env=dict(os.environ, **env))

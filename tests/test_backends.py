@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 
 import streamrt as srt
-
-from .conftest import cuda_reason
+from tests.conftest import cuda_reason
 
 ADD_ONE = r"""extern "C" __global__ void add_one(float* x, int n) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;

@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 
 import streamrt as srt
-
-from .conftest import add_one_kernel, fill_kernel
-from .conftest import read_f32 as _read
+from tests.conftest import add_one_kernel, fill_kernel
+from tests.conftest import read_f32 as _read
 
 N = 16
 

@@ -12,9 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as hst
 
 import streamrt as srt
-
-from .conftest import _grid_stride, add_one_kernel, copy_kernel, cpu_only, fill_kernel
-from .conftest import read_f32 as _read
+from tests.conftest import _grid_stride, add_one_kernel, copy_kernel, cpu_only, fill_kernel, in_thread
+from tests.conftest import read_f32 as _read
 
 N = 16
 M = srt.CaptureMode
@@ -31,23 +30,6 @@ def noop():
     pass
 
 
-def in_thread(fn):
-    """Run ``fn`` on a new thread; return its result or raise its exception here."""
-    out: dict = {}
-
-    def body():
-        try:
-            out["value"] = fn()
-        except BaseException as exc:
-            out["error"] = exc
-
-    t = threading.Thread(target=body)
-    t.start()
-    t.join(timeout=30)
-    assert not t.is_alive(), "helper thread hung"
-    if "error" in out:
-        raise out["error"]
-    return out.get("value")
 
 
 def assert_left_capture(*streams):

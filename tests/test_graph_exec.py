@@ -13,8 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import streamrt as srt
-
-from .conftest import (
+from tests.conftest import (
     HOST_CONCURRENCY,
     PY_KERNELS,
     _grid_stride,
@@ -25,7 +24,7 @@ from .conftest import (
     restore_delays,
     set_delays,
 )
-from .conftest import read_f32 as _read
+from tests.conftest import read_f32 as _read
 
 N = 16
 R = srt.GraphExecUpdateResult

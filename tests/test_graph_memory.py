@@ -12,15 +12,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import streamrt as srt
-
-from .conftest import (
+from tests.conftest import (
     _grid_stride,
     add_one_kernel,
     copy_kernel,
     fill_kernel,
     reentry_lock,
 )
-from .conftest import read_f32 as _read
+from tests.conftest import read_f32 as _read
 
 N = 16
 UNIT = 2 << 20  # 2 MiB: a multiple of every backend's graph granule (cuda: the VMM granularity)

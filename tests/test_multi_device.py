@@ -153,7 +153,7 @@ def test_memcpy_sync_of_another_backends_memory_with_a_busy_current_device():
     # the current device (cpu:0, its legacy stream used) is of another backend than the memory
     # copied (cuda:0): its legacy stream was waited on by cuda's, a cross-backend stream wait
     # (AssertionError "streams of one backend only")
-    from .conftest import backend_device
+    from tests.conftest import backend_device
 
     cuda = backend_device("cuda")
     cpu = srt.Device("cpu:0")

@@ -279,7 +279,7 @@ def test_cache_repr_and_len(s):
 def test_cache_thread_store_retired_while_the_cache_is_locked(s, monkeypatch):
     # a thread's store is retired by a finalizer, wherever the collector runs it: it must never
     # wait for the cache's lock (held here by this thread, as by a collection inside stats())
-    from .conftest import reentry_lock
+    from tests.conftest import reentry_lock
 
     c = ops.ExecutorCache()
     ready, leave = threading.Event(), threading.Event()

@@ -10,8 +10,7 @@ import pytest
 import streamrt as srt
 from streamrt import ops
 from streamrt.backends.cpu import SPACE
-
-from .conftest import fail_second_launch
+from tests.conftest import fail_second_launch
 
 F32 = np.float32
 NULLPTR, INVALID, INNER = 161001, 161002, 561000

@@ -13,8 +13,7 @@ import pytest
 
 import streamrt as srt
 from streamrt import ops
-
-from .conftest import BAD_ACCESS, fail_second_launch, no_sanitizer
+from tests.conftest import BAD_ACCESS, fail_second_launch, no_sanitizer
 
 F32 = np.float32
 

@@ -10,8 +10,7 @@ import pytest
 
 import streamrt as srt
 from streamrt import MemPoolAttr
-
-from .conftest import cpu_only, no_sanitizer
+from tests.conftest import cpu_only, no_sanitizer
 
 BLOCK = 2 << 20
 

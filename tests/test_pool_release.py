@@ -465,7 +465,7 @@ def test_pool_device_default_and_current_pool(dev):
 def test_pool_dropped_pool_keeps_memory_until_its_frees_are_proven(dev, gate):
     import gc
 
-    from .conftest import fill_kernel
+    from tests.conftest import fill_kernel
 
     s = stream(dev)
     g = gate(s)
@@ -512,8 +512,7 @@ def test_pool_collected_inside_a_locked_section_gives_its_arena_back_later(dev, 
     import gc
 
     from streamrt.backends.cpu import SPACE
-
-    from .conftest import reentry_lock
+    from tests.conftest import reentry_lock
 
     s = stream(dev)
     pool = srt.MemPool(dev)

@@ -11,8 +11,7 @@ from hypothesis import strategies as st
 
 import streamrt as srt
 from streamrt import ops
-
-from .conftest import backend_device, fill_kernel
+from tests.conftest import backend_device, fill_kernel
 
 HERE = "test_sanitizer.py:"
 

@@ -30,8 +30,8 @@ from hypothesis import strategies as st
 
 import streamrt as srt
 from streamrt.sanitizer import _MAX_ACCESSES
+from tests.conftest import Gate
 
-from .conftest import Gate
 from .test_sanitizer import access, streams
 
 

@@ -9,8 +9,15 @@ import pytest
 
 import streamrt as srt
 from streamrt.stream import set_launch_blocking
-
-from .conftest import BAD_ACCESS, PY_KERNELS, add_one_kernel, copy_kernel, cpu_only, fill_kernel, no_sanitizer
+from tests.conftest import (
+    BAD_ACCESS,
+    PY_KERNELS,
+    add_one_kernel,
+    copy_kernel,
+    cpu_only,
+    fill_kernel,
+    no_sanitizer,
+)
 
 
 @pytest.fixture

@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 
 import streamrt as srt
-
-from .conftest import add_one_kernel, fill_kernel, no_sanitizer
+from tests.conftest import add_one_kernel, fill_kernel, no_sanitizer
 
 
 def load(path):

@@ -24,7 +24,7 @@ pytestmark = [
                        reason="runs the GPU benchmarks on the fake CUDA runtime: set STREAMRT_CUDA_FAKE=1"),
 ]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ("gpu_launch", "gpu_graph", "gpu_pool", "gpu_ops")
 # the scripts exit 0 whatever their verdict (``pass`` in the JSON); none documents another status
 OK_STATUS = (0,)

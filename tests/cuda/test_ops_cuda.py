@@ -37,8 +37,7 @@ from streamrt.ops.cuda import reduce as cu_reduce
 from streamrt.ops.cuda import scan as cu_scan
 from streamrt.ops.cuda.common import SMALL, contiguous_strides
 from streamrt.tensor import TensorDesc
-
-from .conftest import cuda_reason
+from tests.conftest import cuda_reason
 
 F16, F32, F64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
 DTYPES = (F16, F32, F64)

@@ -7,35 +7,18 @@ every ordering the program implies (computed by an independent model below).
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import streamrt as srt
-
-from .conftest import (
+from tests.conftest import (
     BACKENDS,
-    add_one_kernel,
     backend_device,
-    copy_kernel,
-    fill_kernel,
-    restore_delays,
-    set_delays,
+    delayed,
 )
 
 KINDS = ("non_blocking", "blocking", "legacy")
-
-
-@contextmanager
-def delayed(us: int):
-    prev = set_delays(us)  # the cpu backend's and the fake CUDA runtime's
-    try:
-        yield
-    finally:
-        restore_delays(prev)
 
 
 OPS = ("host", "host", "record", "wait")
@@ -135,31 +118,3 @@ def test_ordering_model_is_not_vacuous():
     kinds = ["legacy", "blocking"]
     ops = [(0, "host", 0), (1, "host", 0)]
     assert expected_predecessors(kinds, ops) == {0: set(), 1: {0}}
-
-
-@pytest.fixture
-def dev(any_dev):
-    """Each backend's device 0."""
-    return any_dev
-
-
-def test_ordering_producer_consumer_chain_with_delays(dev):
-    # three streams pass a buffer along; with random delays, a missing wait corrupts the result
-    n = 256
-    streams = [srt.Stream(dev, non_blocking=True) for _ in range(3)]
-    bufs = [srt.malloc(n * 4) for _ in range(3)]
-    with delayed(300):
-        streams[0].launch(fill_kernel, bufs[0], n, 1.0)
-        for step in range(12):
-            src, dst = step % 3, (step + 1) % 3
-            e = streams[src].record()
-            streams[dst].wait(e)
-            streams[dst].launch(copy_kernel, bufs[dst], bufs[src], n)
-            streams[dst].launch(add_one_kernel, bufs[dst], n)
-        last = streams[12 % 3]
-        out = np.empty(n, np.float32)
-        last.memcpy(out, bufs[12 % 3], n * 4)
-    assert out.tolist() == [13.0] * n
-    dev.synchronize()
-    for b in bufs:
-        srt.free(b)

@@ -14,7 +14,7 @@ import pytest
 rt = pytest.importorskip("cuda.bindings.runtime", reason="cuda-bindings is not installed")
 drv = pytest.importorskip("cuda.bindings.driver", reason="cuda-bindings is not installed")
 
-_BACKENDS = Path(__file__).resolve().parent.parent / "src" / "streamrt" / "backends"
+_BACKENDS = Path(__file__).resolve().parents[2] / "src" / "streamrt" / "backends"
 SOURCES = [_BACKENDS / "cuda.py", _BACKENDS / "cuda_graph.py"]
 
 

@@ -2,7 +2,7 @@
 lie: legacy-stream ordering, pageable copies, host functions calling CUDA, event timing errors,
 VMM sharing, pool reuse, graph node order and kernel parameter checks.
 
-Opt-in with the fake: ``STREAMRT_CUDA_FAKE=1 python -m pytest tests/test_cuda_fake.py``.
+Opt-in with the fake: ``STREAMRT_CUDA_FAKE=1 python -m pytest tests/cuda/test_fake_runtime.py``.
 """
 
 from __future__ import annotations
@@ -377,7 +377,7 @@ def test_fake_sticky_error_skips_later_cuda_tests_naming_its_test(tmp_path):
     # the conftest check that a real GPU run relies on: one poisoned context, one clear reason
     (tmp_path / "test_inner.py").write_text(INNER)
     (tmp_path / "conftest.py").write_text("from tests.conftest import _cuda_context_still_usable  # noqa\n")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, STREAMRT_CUDA_FAKE="1", PYTHONPATH=root)
     import subprocess
     import sys

@@ -1,7 +1,7 @@
 """The fake's stream capture and driver stream/memory/context calls (``tests/cuda/fake``), which the
 raw cuda-bindings peers of ``benchmarks/gpu_*.py`` use.
 
-Opt-in with the fake: ``STREAMRT_CUDA_FAKE=1 python -m pytest tests/test_cuda_fake_capture.py``.
+Opt-in with the fake: ``STREAMRT_CUDA_FAKE=1 python -m pytest tests/cuda/test_fake_capture.py``.
 """
 
 from __future__ import annotations

@@ -1,26 +1,15 @@
-"""Long-running programs and process exit: what a stream leaves behind once it is gone, and
-how a program ends with work, traces or failures still pending (cpu backend)."""
+"""The cpu backend's stream workers over a long run and at process exit: a stream gone for good is
+collected and its worker thread ends, destroyed streams do not pile up, no deadlock in its queue lock."""
 
 from __future__ import annotations
 
 import gc
-import json
-import os
-import subprocess
-import sys
-import textwrap
 import weakref
 
 import numpy as np
 
 import streamrt as srt
-
-from .conftest import no_sanitizer
-
-
-def _run(code: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                          text=True, timeout=20, env=dict(os.environ, **env))
+from tests.conftest import _run, no_sanitizer
 
 
 @srt.kernel
@@ -82,34 +71,3 @@ def test_stream_collected_on_a_thread_inside_its_queue_lock_does_not_deadlock():
     """)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "ended"
-
-
-def test_trace_never_exited_is_written_at_exit(tmp_path):
-    # before: the file was created empty and never written
-    path = tmp_path / "t.json"
-    r = _run(f"""
-        import streamrt as srt
-        srt.trace({str(path)!r}).__enter__()
-        s = srt.Stream()
-        p = s.malloc(1000); s.memset(p, 0, 1000); s.free(p); s.synchronize()
-    """)
-    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
-    assert any(e.get("ph") == "X" for e in json.loads(path.read_text())["traceEvents"])
-
-
-def test_env_trace_exit_does_not_wait_for_blocked_work(tmp_path):
-    # before: the exit hook drained every stream, and a host function waiting on an event that
-    # is never set hung the process (CUDA's exit does not wait for streams); work that ends
-    # soon is still traced
-    path = tmp_path / "t.json"
-    r = _run("""
-        import threading, streamrt as srt
-        s = srt.Stream(non_blocking=True)
-        s.launch_host_func(threading.Event().wait)
-        s.memset(srt.malloc(64), 0, 64)
-        srt.Stream(non_blocking=True).launch_host_func(print, "end")
-    """, STREAMRT_TRACE=str(path))
-    assert r.returncode == 0 and r.stdout.strip() == "end", r.stderr
-    assert "Exception ignored" not in r.stderr and "Traceback" not in r.stderr
-    names = [e["name"] for e in json.loads(path.read_text())["traceEvents"] if e.get("ph") == "X"]
-    assert any("print" in n for n in names)  # queued at exit, run then, and traced

@@ -34,8 +34,7 @@ from hypothesis import strategies as hst
 import streamrt as srt
 from streamrt.backends import cpu
 from streamrt.graph import capture
-
-from .test_graph_capture import in_thread
+from tests.conftest import in_thread
 
 M = srt.CaptureMode
 T = srt.NodeType

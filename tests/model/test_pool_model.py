@@ -40,8 +40,7 @@ from hypothesis.stateful import (
 
 import streamrt as srt
 from streamrt.backends import cpu
-
-from .conftest import no_sanitizer
+from tests.conftest import no_sanitizer
 
 ALIGN = 512
 SIZES = [1, 4096, 300_000, (1 << 20) + 1, 2 << 20, 2 << 20, 3 << 20]

@@ -15,8 +15,7 @@ from streamrt.backends.nvrtc import compile_cubin, nvrtc_available, parse_signat
 from streamrt.demos import guarded, run
 from streamrt.errors import ExecutorError, InvalidValueError, NotSupportedError
 from streamrt.kernel import Kernel
-
-from .conftest import cuda_reason
+from tests.conftest import cuda_reason
 
 
 def _demo_kernels() -> dict[str, Kernel]:

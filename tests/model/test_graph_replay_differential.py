@@ -24,8 +24,7 @@ from hypothesis import strategies as st
 
 import streamrt as srt
 from streamrt.graph import capture
-
-from .conftest import BACKENDS, _grid_stride, backend_device, restore_delays, set_delays
+from tests.conftest import BACKENDS, _grid_stride, backend_device, restore_delays, set_delays
 
 N = 32  # int32 elements per buffer
 NB = N * 4

@@ -32,8 +32,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 import streamrt as srt
 from streamrt.graph import memory as gmem
-
-from .conftest import restore_delays, set_delays
+from tests.conftest import restore_delays, set_delays
 
 N = 16  # int32 elements per buffer
 NB = N * 4

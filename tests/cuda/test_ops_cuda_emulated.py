@@ -16,7 +16,7 @@ warp shuffles separate (``forward`` moves the warps in lockstep, hiding it). Set
 
 Opt-in, as it takes minutes (g++ builds are cached in ``$STREAMRT_CACHE_DIR/emu``)::
 
-    STREAMRT_CUDA_EMU=1 python -m pytest tests/test_ops_cuda_emulated.py
+    STREAMRT_CUDA_EMU=1 python -m pytest tests/cuda/test_ops_cuda_emulated.py
 """
 
 from __future__ import annotations
