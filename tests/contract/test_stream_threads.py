@@ -21,7 +21,7 @@ import streamrt as srt
 from streamrt import instrument
 from streamrt import stream as stream_module
 from streamrt.graph import capture
-from tests.test_pool_reuse import BLOCK, executed, pool_with, served, stream, used_then_freed
+from tests.contract.test_pool_reuse import BLOCK, executed, pool_with, served, stream, used_then_freed
 
 
 @srt.kernel

@@ -13,7 +13,7 @@ import streamrt as srt
 from streamrt import ops
 from tests.conftest import backend_device, fill_kernel
 
-HERE = "test_sanitizer.py:"
+HERE = "test_sanitizer_memory.py:"
 
 
 @pytest.fixture
@@ -275,7 +275,7 @@ def test_sanitizer_use_after_free_named_so_after_many_reuses_of_the_address(earl
     from pathlib import Path
 
     out = subprocess.run([sys.executable, "-c", _REUSED_ADDRESS, str(earlier)], capture_output=True,
-                         text=True, timeout=120, check=True, cwd=Path(__file__).parents[1])
+                         text=True, timeout=120, check=True, cwd=Path(__file__).parents[2])
     assert out.stdout.split() == ["use-after-free"]
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.py"))
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.py"))
 
 
 def test_examples_exist():
