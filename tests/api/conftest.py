@@ -1,6 +1,5 @@
 """Black-box helpers: gates (host functions that hold a stream), timeouts, kernels."""
 
-
 from __future__ import annotations
 
 import json

@@ -9,11 +9,7 @@ import pytest
 
 import streamrt as srt
 
-from .conftest import (
-    _sub,
-    call_with_timeout,
-    sync,
-)
+from .conftest import _sub, call_with_timeout, sync
 
 pytestmark = [pytest.mark.api, pytest.mark.timeout(60)]
 

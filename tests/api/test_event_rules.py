@@ -6,13 +6,7 @@ import pytest
 
 import streamrt as srt
 
-from .conftest import (
-    Gate,
-    assert_ordered,
-    call_with_timeout,
-    fill,
-    sync,
-)
+from .conftest import Gate, assert_ordered, call_with_timeout, fill, sync
 
 pytestmark = [pytest.mark.api, pytest.mark.timeout(60)]
 

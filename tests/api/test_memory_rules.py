@@ -9,10 +9,7 @@ import pytest
 
 import streamrt as srt
 
-from .conftest import (
-    held_fill,
-    sync,
-)
+from .conftest import held_fill, sync
 
 pytestmark = [pytest.mark.api, pytest.mark.timeout(60)]
 

@@ -225,3 +225,46 @@ def test_bad_input_misaligned_workspace_is_refused(s):
     s.free(base)
     x.free(s)
     out.free(s)
+
+
+# -- bad input raises an error of the API's hierarchy, never a raw Python or numpy one --------
+def _host_objects():
+    return np.array([None, None])
+
+
+BAD_INPUTS = {
+    "malloc_host(2**64)": (srt.OutOfMemoryError, lambda s, p: srt.malloc_host(2 ** 64)),
+    "memcpy from an object array": (srt.InvalidTypeError,
+                                    lambda s, p: s.memcpy(p, _host_objects(), 16)),
+    "memcpy into an object array": (srt.InvalidTypeError,
+                                    lambda s, p: s.memcpy(_host_objects(), p, 16)),
+    "write an object array": (srt.InvalidTypeError,
+                              lambda s, p: srt.write(p, np.array([object()]))),
+    "read a negative shape": (srt.InvalidValueError, lambda s, p: srt.read(p, (-1,), np.float32)),
+    "read a float shape": (srt.InvalidTypeError, lambda s, p: srt.read(p, (2.5,), np.float32)),
+    "read a bad dtype": (srt.InvalidTypeError, lambda s, p: srt.read(p, (2,), "nope")),
+    "read into objects": (srt.InvalidTypeError, lambda s, p: srt.read(p, (2,), object)),
+    "0-byte memcpy, destroyed stream": (srt.InvalidHandleError,
+                                        lambda s, p: _destroyed().memcpy(p, p, 0)),
+    "0-byte memset, destroyed stream": (srt.InvalidHandleError,
+                                        lambda s, p: _destroyed().memset(p, 0, 0)),
+}
+
+
+def _destroyed():
+    d = srt.Stream(non_blocking=True)
+    d.destroy()
+    return d
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_errors_bad_input_is_an_api_error_and_changes_nothing(case):
+    cls, call = BAD_INPUTS[case]
+    s = srt.Stream(non_blocking=True)
+    p = srt.malloc(64)
+    srt.write(p, np.arange(16, dtype=np.float32))
+    with pytest.raises(cls):
+        call(s, p)
+    s.synchronize()
+    assert srt.read(p, (16,), np.float32).tolist() == list(range(16))  # nothing written
+    srt.free(p)

@@ -162,3 +162,19 @@ def test_event_destroy(dev):
             call()
     with pytest.raises(srt.InvalidHandleError):
         srt.Stream(dev).record(e)
+
+
+def test_backend_timing_events(bdev, gate):
+    s = srt.Stream(bdev, non_blocking=True)
+    start = srt.Event(bdev, timing=True)
+    end = srt.Event(bdev, timing=True)
+    s.record(start)
+    g = gate(s)
+    s.record(end)
+    with pytest.raises(srt.NotReadyError):
+        start.elapsed_time(end)
+    g.open()
+    end.synchronize()
+    assert start.elapsed_time(end) >= 0.0
+    with pytest.raises(srt.InvalidHandleError):
+        srt.Event(bdev).elapsed_time(end)  # not a timing event

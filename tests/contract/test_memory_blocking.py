@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import streamrt as srt
+from tests.contract.backend_kernels import _dev_f32
 
 
 @pytest.fixture
@@ -115,3 +116,16 @@ def test_blocking_out_of_bounds_writes_nothing(dev):
         srt.read(p, (513,), np.uint8)
     assert srt.read(p, (512,), np.uint8).tolist() == [7] * 512
     srt.free(p)
+
+
+def test_backend_memory_roundtrip_and_memset(bdev):
+    p = _dev_f32(bdev, np.arange(64))
+    assert np.array_equal(srt.read(p, (64,), np.float32), np.arange(64, dtype=np.float32))
+    srt.memset(p, 0, 128)
+    out = srt.read(p, (64,), np.float32)
+    assert not out[:32].any() and np.array_equal(out[32:], np.arange(32, 64, dtype=np.float32))
+    free, total = bdev.memory_info()
+    assert 0 <= free <= total
+    srt.free(p)
+    with pytest.raises(srt.InvalidAddressError):
+        srt.free(p)

@@ -1,40 +1,13 @@
-"""Pool memory going back to the device: release threshold, trim_to, watermarks, OOM, destroy,
-and the device's default/current pool."""
+"""Pool memory going back to the device: release threshold (at synchronize points only), trim_to,
+destroy, dropped and collected pools, granules mapped again."""
 
 from __future__ import annotations
-
-import threading
 
 import numpy as np
 import pytest
 
 import streamrt as srt
-
-BLOCK = 2 << 20  # a whole granule
-BIG = 1 << 30
-
-
-def stream(dev) -> srt.Stream:
-    return srt.Stream(dev, non_blocking=True)
-
-
-def chunks(pool: srt.MemPool, s: srt.Stream, n: int) -> list[int]:
-    """``n`` whole-chunk allocations, each written by ``s``."""
-    ptrs = [s.malloc(BLOCK, pool) for _ in range(n)]
-    for p in ptrs:
-        s.memset(p, 0, BLOCK)
-    return ptrs
-
-
-def executed(s: srt.Stream) -> None:
-    """Return once ``s`` has executed everything enqueued so far, without a host synchronize."""
-    ran = threading.Event()
-    s.launch_host_func(ran.set)
-    assert ran.wait(timeout=30)
-
-
-def without(d: dict, *keys: str) -> dict:
-    return {k: v for k, v in d.items() if k not in keys}
+from tests.contract.pools import BIG, BLOCK, chunks, executed, stream
 
 
 # -- release threshold: only at synchronize points ------------------------------------------------
@@ -99,7 +72,6 @@ def test_pool_release_keeps_chunks_with_live_allocations(dev):
     assert pool.reserved_mem_current == 0
 
 
-
 def test_pool_release_never_unmaps_a_granule_a_live_block_reaches_into(dev):
     # a 3 MiB block takes the low end of two granules; the free rest, [3 MiB, 4 MiB), lies in
     # the upper granule, which the live block still uses: a release must not unmap it
@@ -140,6 +112,7 @@ def test_pool_threshold_not_applied_at_malloc_or_free(dev, blocking):
     s.free(b)
     s.synchronize()
     assert pool.reserved_mem_current == 0
+
 
 # -- trim_to ---------------------------------------------------------------------------------
 def test_pool_trim_to_keeps_at_least_its_argument_and_wins_over_threshold(dev):
@@ -183,214 +156,6 @@ def test_pool_trim_to_skips_pending_and_live_memory(dev, gate):
     assert pool.reserved_mem_current == 0
 
 
-# -- watermarks ------------------------------------------------------------------------------
-def test_pool_watermarks_reset_only_to_current_value(dev):
-    pool = srt.MemPool(dev)
-    s = stream(dev)
-    a, b, c = chunks(pool, s, 3)
-    s.free(a)
-    s.free(b)
-    s.synchronize()
-    st = pool.stats()
-    assert (st["reserved_mem_current"], st["used_mem_current"]) == (BLOCK, BLOCK)
-    assert (st["reserved_mem_high"], st["used_mem_high"]) == (3 * BLOCK, 3 * BLOCK)
-    pool.used_mem_high = 0
-    assert pool.used_mem_high == BLOCK  # reset to the current value, not to 0
-    assert pool.reserved_mem_high == 3 * BLOCK
-    pool.set_attr(srt.MemPoolAttr.RESERVED_MEM_HIGH, 0)
-    assert pool.get_attr(srt.MemPoolAttr.RESERVED_MEM_HIGH) == BLOCK
-    before = pool.stats()
-    for attr in (srt.MemPoolAttr.RESERVED_MEM_HIGH, srt.MemPoolAttr.USED_MEM_HIGH):
-        with pytest.raises(srt.InvalidValueError):
-            pool.set_attr(attr, 5)
-        with pytest.raises(srt.InvalidValueError):
-            pool.set_attr(attr, -1)
-    with pytest.raises(srt.InvalidValueError):
-        pool.reserved_mem_high = 3 * BLOCK
-    with pytest.raises(srt.InvalidValueError):
-        pool.used_mem_high = 1
-    assert pool.stats() == before
-    s.free(c)
-    d = s.malloc(BLOCK, pool)
-    e = s.malloc(BLOCK, pool)
-    assert pool.used_mem_high == 2 * BLOCK  # grows again from the reset value
-    s.free(d)
-    s.free(e)
-
-
-
-def test_pool_used_high_grows_on_exact_size_reuse(dev):
-    # the same-stream exact-size reuse (the pool's fast path) must move the watermark too
-    pool = srt.MemPool(dev)
-    s = stream(dev)
-    p = s.malloc(4096, pool)
-    s.free(p)
-    pool.used_mem_high = 0  # reset to the current value: 0
-    assert pool.used_mem_high == 0
-    before = pool.stats()
-    q = s.malloc(4096, pool)
-    assert q == p and pool.stats()["reuse_same_stream"] == before["reuse_same_stream"] + 1
-    assert pool.used_mem_high == pool.used_mem_current == 4096
-    s.free(q)
-    assert pool.used_mem_high == 4096
-
-# -- OOM and max_size --------------------------------------------------------------------------
-def test_pool_oom_message_and_state(dev):
-    limit = 5 << 20
-    pool = srt.MemPool(dev, max_size=limit)
-    s = stream(dev)
-    a, b = chunks(pool, s, 2)
-    s.free(b)  # 4 MiB reserved, 2 MiB used, b's free 2 MiB at the top of the arena
-    before = pool.stats()
-    with pytest.raises(srt.OutOfMemoryError) as info:
-        s.malloc(3_500_000, pool)  # b's block grown to the limit is still 3 MiB: too small
-    err = info.value
-    assert isinstance(err, MemoryError) and isinstance(err, srt.StreamRTError)
-    msg = str(err)
-    assert "3500000" in msg  # the requested size
-    assert str(4 << 20) in msg  # pool reserved
-    assert str(2 << 20) in msg  # pool used
-    assert str(limit) in msg  # the limit
-    after = pool.stats()
-    assert after["oom_count"] == before["oom_count"] + 1
-    assert without(after, "oom_count") == without(before, "oom_count")
-    assert s.malloc(BLOCK, pool) == b  # still fully usable
-    s.free(a)
-    s.free(b)
-
-
-def test_pool_max_size_respected(dev):
-    limit = 3 << 20
-    pool = srt.MemPool(dev, max_size=limit)
-    s = stream(dev)
-    a = s.malloc(BLOCK, pool)  # fills the first 2 MiB granule
-    small = s.malloc(512, srt.MemPool(dev, max_size=limit))  # another pool: one granule fits
-    with pytest.raises(srt.OutOfMemoryError):
-        s.malloc(512, pool)  # memory is mapped by whole granules: a second one passes 3 MiB
-    with pytest.raises(srt.OutOfMemoryError):
-        s.malloc(limit + 1, pool)
-    assert pool.reserved_mem_current == BLOCK
-    assert pool.reserved_mem_high <= limit
-    assert pool.get_attr(srt.MemPoolAttr.RESERVED_MEM_HIGH) <= limit
-    s.free(a)
-    b = s.malloc(512, pool)  # a's granule, freed on this stream: usable again
-    assert a <= b < a + BLOCK
-    s.free(b)
-    s.free(small)
-
-
-
-def test_pool_largest_free_block_counts_only_memory_it_holds(dev):
-    # free addresses whose granules went back to the device were counted as a free block:
-    # reserved 0, largest_free_block 4 MiB
-    pool = srt.MemPool(dev)  # threshold 0: released at each synchronize
-    s = stream(dev)
-    x = s.malloc(2 * BLOCK, pool)
-    s.free(x)
-    s.synchronize()
-    st = pool.stats()
-    assert st["reserved_mem_current"] == 0 and st["largest_free_block"] == 0
-    y = s.malloc(BLOCK // 2, pool)  # maps one granule of the old block again
-    st = pool.stats()
-    assert st["reserved_mem_current"] == BLOCK
-    assert st["largest_free_block"] == BLOCK // 2 == st["reserved_mem_current"] - st["used_mem_current"]
-    s.free(y)
-
-
-@pytest.mark.parametrize("limit", [64 << 10, 1 << 20, (1 << 20) + 4096, 3 << 19])
-def test_pool_max_size_below_a_granule_serves_up_to_its_size(dev, limit):
-    # a pool smaller than the 2 MiB mapping granule could not map anything: every allocation,
-    # 20 bytes included, was OutOfMemoryError; it maps in granules of about a sixteenth of it,
-    # so allocations of three quarters of its limit fit (each wastes less than a granule)
-    pool = srt.MemPool(dev, max_size=limit)
-    s = stream(dev)
-    tiny = s.malloc(20, pool)
-    part = limit // 4 - 512
-    ptrs = [s.malloc(part, pool) for _ in range(3)]
-    assert pool.reserved_mem_current <= limit and pool.used_mem_current == 512 + 3 * (
-        (part + 511) // 512 * 512)
-    with pytest.raises(srt.OutOfMemoryError):
-        s.malloc(limit // 2, pool)  # past the limit
-    for i, p in enumerate(ptrs):
-        s.memset(p, i + 1, part)
-    s.synchronize()
-    assert [int(srt.read(p, (part,), np.uint8).min()) for p in ptrs] == [1, 2, 3]
-    for p in (tiny, *ptrs):
-        s.free(p)
-    s.synchronize()
-    assert pool.reserved_mem_current == 0  # threshold 0: released at the synchronize
-    assert pool.reserved_mem_high <= limit
-
-
-def test_pool_max_size_skips_a_block_it_could_not_map_again(dev, gate):
-    # max_size bounds mapped (reserved) bytes, not used ones: a ready block whose granule went
-    # back to the device is usable only if mapping it again fits; if not, the next step serves
-    pool = srt.MemPool(dev, max_size=3 * BLOCK)  # threshold 0
-    s, t = stream(dev), stream(dev)
-    a, b = chunks(pool, s, 2)
-    s.free(a)
-    s.synchronize()  # a's granule is released; its addresses stay a ready free block
-    assert pool.reserved_mem_current == BLOCK
-    g = gate(s)
-    big = s.malloc(2 * BLOCK, pool)  # does not fit a's block: grows to the limit
-    s.memset(big, 1, 2 * BLOCK)
-    s.free(big)  # pending behind the gate
-    st = pool.stats()
-    assert (st["reserved_mem_current"], st["used_mem_current"]) == (3 * BLOCK, BLOCK)
-    before = pool.stats()
-    q = t.malloc(BLOCK, pool)  # a's block would need 2 more MiB mapped: past max_size
-    assert q == big
-    assert [k for k in ("reuse_after_sync", "grow_count", "reuse_internal_dependency")
-            if pool.stats()[k] != before[k]] == ["reuse_internal_dependency"]
-    assert pool.reserved_mem_current == 3 * BLOCK
-    g.open()
-    t.memset(q, 2, BLOCK)  # ordered after big's free by the internal dependency
-    t.free(q)
-    s.free(b)
-    dev.synchronize()
-    assert pool.reserved_mem_current == 0
-
-def test_pool_device_oom_without_pool_limit(dev):
-    pool = srt.MemPool(dev)
-    s = stream(dev)
-    before = pool.stats()
-    free, total = dev.memory_info()
-    with pytest.raises(srt.OutOfMemoryError) as info:
-        s.malloc(total + (1 << 40), pool)
-    assert "no pool limit" in str(info.value)
-    assert without(pool.stats(), "oom_count") == without(before, "oom_count")
-    assert dev.memory_info()[0] == free
-
-
-def test_pool_device_oom_after_a_merge_keeps_the_merged_free_pending(dev, gate, monkeypatch):
-    # Before growing, a ready block and a neighbour pending on a are merged for a's request; when
-    # the device cannot back the ready part, the rollback must leave the merged block pending on
-    # a (not ready: another stream would take a's memory while a's work on it is pending).
-    pool = srt.MemPool(dev, reuse_follow_event_dependencies=False, reuse_allow_opportunistic=False,
-                       reuse_allow_internal_dependencies=False)
-    a, b, c = stream(dev), stream(dev), stream(dev)
-    x = b.malloc(BLOCK, pool)
-    y = a.malloc(BLOCK, pool)
-    assert y == x + BLOCK  # neighbours, each on a granule of its own
-    gate(a)
-    a.memset(y, 1, BLOCK)
-    a.free(y)  # pending on a, behind the gate
-    b.free(x)
-    b.synchronize()  # x ready (not merged with y, pending on a), and its granule released
-    assert pool.stats()["reserved_mem_current"] == BLOCK
-    monkeypatch.setattr(dev._impl, "capacity", dev._impl._used)  # the device is full
-    before = pool.stats()
-    with pytest.raises(srt.OutOfMemoryError):
-        a.malloc(2 * BLOCK, pool)  # merges x and y, then cannot map x's granule
-    assert without(pool.stats(), "oom_count") == without(before, "oom_count")
-    monkeypatch.undo()
-    q = c.malloc(512, pool)  # c has no order with a: y is not reusable by c
-    assert not x <= q < y + BLOCK
-    after = pool.stats()
-    assert (after["grow_count"], after["reuse_after_sync"]) == (before["grow_count"] + 1,
-                                                               before["reuse_after_sync"])
-
-
 # -- destroy -------------------------------------------------------------------------------------
 def test_pool_destroy_deferred_until_last_allocation_freed(dev, gate):
     pool = srt.MemPool(dev, release_threshold=BIG)
@@ -425,41 +190,6 @@ def test_pool_device_synchronize_proves_frees_of_destroyed_stream(dev):
     s.destroy()  # the free still completes...
     dev.synchronize()  # ...and the device synchronize proves it
     assert pool.reserved_mem_current == 0
-
-
-# -- device pools ------------------------------------------------------------------------------
-def test_pool_device_default_and_current_pool(dev):
-    default = dev.default_mem_pool
-    assert dev.default_mem_pool is default
-    assert dev.mem_pool is default
-    assert srt.Device("cpu:1").default_mem_pool is not default
-    assert default.device is dev
-    pool = srt.MemPool(dev)
-    s = stream(dev)
-    dev.set_mem_pool(pool)
-    try:
-        assert dev.mem_pool is pool
-        assert dev.default_mem_pool is default
-        before = default.stats()
-        p = s.malloc(100)  # no pool: the device's current pool
-        assert pool.stats()["alloc_count"] == 1 and default.stats() == before
-        s.free(p)
-        with pytest.raises(srt.InvalidTypeError):
-            dev.set_mem_pool("pool")
-        with pytest.raises(srt.InvalidValueError):
-            dev.set_mem_pool(srt.Device("cpu:1").default_mem_pool)
-        assert dev.mem_pool is pool
-        s.synchronize()
-        pool.destroy()
-        assert dev.mem_pool is default  # destroying the current pool falls back to the default
-        with pytest.raises(srt.InvalidHandleError):
-            dev.set_mem_pool(pool)
-        q = s.malloc(100)
-        assert default.stats()["alloc_count"] == before["alloc_count"] + 1
-        s.free(q)
-    finally:
-        dev.set_mem_pool(default)
-
 
 
 def test_pool_dropped_pool_keeps_memory_until_its_frees_are_proven(dev, gate):
@@ -527,3 +257,45 @@ def test_pool_collected_inside_a_locked_section_gives_its_arena_back_later(dev, 
     assert lock.reentered == []
     srt.free(srt.malloc(64, dev))  # the next update of the address space runs it
     assert arena not in dev._impl._arenas
+
+
+def test_backend_pool_trim_to_keeps_its_argument(bdev):
+    # cudaMemPoolTrimTo: "the pool will be guaranteed to have at least minBytesToKeep bytes
+    # reserved after the operation"
+    pool = srt.MemPool(bdev, release_threshold=1 << 30)  # synchronize releases nothing
+    s = srt.Stream(bdev, non_blocking=True)
+    for p in [s.malloc(2 << 20, pool) for _ in range(3)]:
+        s.free(p)
+    s.synchronize()
+    assert pool.reserved_mem_current >= 6 << 20
+    pool.trim_to(3 << 20)
+    assert pool.reserved_mem_current >= 3 << 20
+    pool.trim_to(0)
+    assert pool.reserved_mem_current == 0
+    pool.destroy()
+
+
+def test_backend_free_of_pool_memory_is_a_synchronize_of_the_pool(bdev):
+    # srt.free returns once the memory is freed: a synchronize point, where a pool releases
+    # what it holds above its threshold (0 here)
+    pool = srt.MemPool(bdev)
+    s = srt.Stream(bdev, non_blocking=True)
+    p = s.malloc(2 << 20, pool)
+    s.memset(p, 0, 2 << 20)
+    s.synchronize()
+    assert pool.reserved_mem_current >= 2 << 20
+    srt.free(p)
+    assert pool.reserved_mem_current == 0 and pool.used_mem_current == 0
+    pool.destroy()
+
+
+def test_backend_synchronize_of_a_stream_that_only_allocated_and_freed(bdev):
+    # pool allocations and frees are work of their stream: its synchronize is a synchronize
+    # point even when it did nothing else (on cuda it returned at once, so the driver never
+    # released the memory down to the threshold, 0 here)
+    pool = srt.MemPool(bdev)
+    s = srt.Stream(bdev, non_blocking=True)
+    s.free(s.malloc(2 << 20, pool))
+    s.synchronize()
+    assert pool.reserved_mem_current == 0
+    pool.destroy()

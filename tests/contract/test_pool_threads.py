@@ -2,7 +2,7 @@
 pool: "is it current?" and the change are one step, as ``cudaDeviceSetMemPool`` and
 ``cudaMemPoolDestroy`` are from any thread.
 
-Interleavings are forced with hooks (see tests/contract/test_stream_threads.py): the other thread's call
+Interleavings are forced with hooks (see tests/contract/interleave.py): the other thread's call
 runs at the hook until it has finished or blocked on the device's pool lock, never by time.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import streamrt as srt
-from tests.contract.test_stream_threads import Background, Contended
+from tests.contract.interleave import Background, Contended
 
 
 def pool_read_hook(monkeypatch, dev: srt.Device, action: Callable[[], None]) -> list[bool]:

@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 import streamrt as srt
 from streamrt.sanitizer import _MAX_ACCESSES
 from tests.conftest import Gate
-from tests.contract.test_sanitizer_memory import access, streams
+from tests.contract.sanitizer_helpers import access, streams
 
 
 @srt.kernel

@@ -12,11 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import streamrt as srt
-from tests.conftest import (
-    BACKENDS,
-    backend_device,
-    delayed,
-)
+from tests.conftest import BACKENDS, backend_device, delayed
 
 KINDS = ("non_blocking", "blocking", "legacy")
 

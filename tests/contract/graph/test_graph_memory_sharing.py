@@ -1,10 +1,8 @@
-"""Graph memory (DESIGN.md §3): MEM_ALLOC/MEM_FREE nodes, fixed addresses, physical sharing at
-instantiate (footprint), relaunch rules, frees outside the graph, and exec lifetime."""
+"""Graph memory sharing (DESIGN.md §3): MEM_ALLOC/MEM_FREE nodes whose lifetimes cannot overlap share
+physical memory at instantiate (footprint), small allocations share granules (slabs), and a
+property test that packing never overlaps lifetimes that may overlap."""
 
 from __future__ import annotations
-
-import gc
-import weakref
 
 import numpy as np
 import pytest
@@ -12,52 +10,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import streamrt as srt
-from tests.conftest import (
-    _grid_stride,
-    add_one_kernel,
-    copy_kernel,
-    fill_kernel,
-    reentry_lock,
-)
+from tests.conftest import copy_kernel, fill_kernel
 from tests.conftest import read_f32 as _read
+from tests.contract.graph.graph_memory import _pairs_chain, add_kernel
 
 N = 16
+
+
 UNIT = 2 << 20  # 2 MiB: a multiple of every backend's graph granule (cuda: the VMM granularity)
-
-
-@pytest.fixture
-def dev(any_dev):
-    """Each backend's device 0: graph memory is a contract of every backend."""
-    return any_dev
-
-
-@srt.kernel(cuda=_grid_stride("add_kernel", "float* dst, const float* src, int n", "dst[i] += src[i]"),
-            signature="ptr, ptr, i32")
-def add_kernel(ctx, dst, src, n):
-    ctx.array(dst, (n,), np.float32)[:] += ctx.array(src, (n,), np.float32, readonly=True)
-
-
-def _pairs_chain(count, nbytes, *, free=True):
-    """alloc -> fill -> free, ``count`` times in one chain; returns (graph, alloc nodes)."""
-    g = srt.Graph()
-    prev = ()
-    allocs = []
-    for i in range(count):
-        a = g.add_mem_alloc_node(nbytes, deps=prev)
-        k = g.add_kernel_node(fill_kernel, a.ptr, nbytes // 4, float(i), deps=a)
-        prev = g.add_mem_free_node(a.ptr, deps=k) if free else k
-        allocs.append(a)
-    return g, allocs
-
-
-def _fill_use_free(use, out, value):
-    """alloc -> fill with ``value`` -> ``use(out, alloc, N)`` -> free, as one graph."""
-    g = srt.Graph()
-    a = g.add_mem_alloc_node(N * 4)
-    k = g.add_kernel_node(fill_kernel, a.ptr, N, value, deps=a)
-    c = g.add_kernel_node(use, out, a.ptr, N, deps=k)
-    g.add_mem_free_node(a.ptr, deps=c)
-    return g
 
 
 def test_graph_memory_chain_of_pairs_shares_one_allocation(s):
@@ -135,6 +95,7 @@ def test_graph_memory_unordered_branches_do_not_share(s, dev):
     for p in outs:
         srt.free(p)
 
+
 def test_graph_memory_packing_skips_every_busy_range_not_only_the_last(s):
     # x (3 units) is freed before z and y, which live together at offsets 0 and 1 (inside x's
     # bytes). r runs in a branch of its own, beside all three: it must go past x's end, not
@@ -156,6 +117,7 @@ def test_graph_memory_packing_skips_every_busy_range_not_only_the_last(s):
     s.synchronize()
     ge.destroy()
 
+
 def test_graph_memory_captured_pairs_share(s, out):
     s.begin_capture()
     for i in range(3):
@@ -171,408 +133,6 @@ def test_graph_memory_captured_pairs_share(s, out):
     s.synchronize()
     assert (_read(out) == 18.0).all()
     ge.destroy()
-
-
-def test_graph_memory_relaunch_with_unfreed_allocation_refused(s, out):
-    g, (a,) = _pairs_chain(1, N * 4, free=False)
-    ge = g.instantiate()
-    ge.launch(s)
-    with pytest.raises(srt.InvalidValueError, match="never freed"):
-        ge.launch(s)
-    s.synchronize()
-    ge.destroy()
-
-
-def test_graph_memory_auto_free_on_launch_allows_relaunch(s, out):
-    g, (a,) = _pairs_chain(1, N * 4, free=False)
-    g.add_kernel_node(add_kernel, out, a.ptr, N, deps=g.nodes()[-1])
-    ge = g.instantiate(auto_free_on_launch=True)
-    for _ in range(3):
-        ge.launch(s)
-    s.synchronize()
-    assert (_read(out) == 0.0).all()  # fill value 0.0 in _pairs_chain(1)
-    ge.destroy()
-
-
-def test_graph_memory_auto_free_on_launch_frees_the_previous_allocation(s, dev):
-    # the relaunch frees what the previous launch left live: one allocation's bytes stay in
-    # use however many launches ran, and none once it is freed outside the graph
-    base = dev.graph_mem_info()["used"]
-    g, (a,) = _pairs_chain(1, UNIT, free=False)
-    ge = g.instantiate(auto_free_on_launch=True)
-    for _ in range(3):
-        ge.launch(s)
-        assert dev.graph_mem_info()["used"] - base == UNIT
-    s.free(a.ptr)
-    s.synchronize()
-    assert dev.graph_mem_info()["used"] == base
-    ge.destroy()
-
-def test_graph_memory_auto_free_waits_for_a_launch_that_cannot_be_refused(s, dev):
-    # a relaunch refused while making its plan (a memset node of memory freed since) freed the
-    # previous launch's allocation anyway: the program's pointer to it died with no launch
-    if s.device.backend != "cpu":
-        pytest.skip("a launch writing freed memory is undefined in CUDA (an illegal address); "
-                    "the cpu backend refuses it")
-    base = dev.graph_mem_info()["used"]
-    p = srt.malloc(64)
-    g = srt.Graph()
-    a = g.add_mem_alloc_node(UNIT)
-    g.add_memset_node(p, 1, 64, deps=a)
-    ge = g.instantiate(auto_free_on_launch=True)
-    ge.launch(s)
-    s.synchronize()
-    srt.free(p)
-    with pytest.raises(srt.InvalidAddressError):
-        ge.launch(s)
-    assert dev.graph_mem_info()["used"] - base == UNIT  # still live: nothing launched
-    s.memset(a.ptr, 2, UNIT)  # still the program's
-    s.free(a.ptr)
-    s.synchronize()
-    assert dev.graph_mem_info()["used"] == base
-    ge.destroy()
-
-
-FREES = ["s.free", "srt.free"]  # cudaFreeAsync, or cudaFree (synchronous), outside the graph
-
-
-def _free_outside(how: str, s: srt.Stream, ptr: int) -> None:
-    s.free(ptr) if how == "s.free" else srt.free(ptr)
-
-
-@pytest.mark.parametrize("how", FREES)
-def test_graph_memory_free_outside_the_graph_allows_relaunch(s, how):
-    g, (a,) = _pairs_chain(1, N * 4, free=False)
-    ge = g.instantiate()
-    ptrs = []
-    for _ in range(3):
-        ge.launch(s)
-        s.synchronize()
-        ptrs.append(a.ptr)
-        assert (_read(a.ptr) == 0.0).all()  # usable outside the graph until freed
-        s.launch(add_one_kernel, a.ptr, N)
-        s.synchronize()
-        assert (_read(a.ptr) == 1.0).all()
-        _free_outside(how, s, a.ptr)  # graph memory freed outside the graph
-    assert len(set(ptrs)) == 1  # the address is stable across launches
-    with pytest.raises(srt.InvalidAddressError):
-        _free_outside(how, s, a.ptr)  # double free
-    ge.destroy()
-
-
-def test_graph_memory_freed_by_another_graph(s, out):
-    g, (a,) = _pairs_chain(1, N * 4, free=False)
-    producer = g.instantiate()
-    h = srt.Graph()
-    k = h.add_kernel_node(copy_kernel, out, a.ptr, N)
-    h.add_mem_free_node(a.ptr, deps=k)
-    consumer = h.instantiate()
-    for _ in range(3):
-        producer.launch(s)
-        consumer.launch(s)
-    with pytest.raises(srt.InvalidValueError, match="not live"):
-        consumer.launch(s)  # nothing to free now
-    s.synchronize()
-    producer.destroy()
-    consumer.destroy()
-
-
-def test_graph_memory_addresses_stable_and_data_persists(s, out):
-    # alloc without free: the data a launch leaves stays at the same address until freed
-    g = srt.Graph()
-    a = g.add_mem_alloc_node(N * 4)
-    g.add_kernel_node(add_one_kernel, a.ptr, N, deps=a)
-    ge = g.instantiate(auto_free_on_launch=True)
-    ptr = a.ptr
-    srt.memset(ptr, 0, N * 4)  # mapped by the exec: usable before the first launch
-    for i in range(3):
-        ge.launch(s)
-        s.synchronize()
-        assert a.ptr == ptr and (_read(ptr) == i + 1).all()
-    ge.destroy()
-
-
-def test_graph_memory_free_not_ordered_after_alloc_refused():
-    g = srt.Graph()
-    a = g.add_mem_alloc_node(64)
-    g.add_mem_free_node(a.ptr)  # no edge from the alloc
-    with pytest.raises(srt.InvalidValueError, match="not ordered after"):
-        g.instantiate()
-
-
-def test_graph_memory_double_free_in_graph_refused():
-    # at the second free node, as cudaGraphAddMemFreeNode does (not first at instantiate)
-    g = srt.Graph()
-    a = g.add_mem_alloc_node(64)
-    f = g.add_mem_free_node(a.ptr, deps=a)
-    with pytest.raises(srt.InvalidValueError, match="already freed"):
-        g.add_mem_free_node(a.ptr, deps=f)
-    assert len(g.nodes()) == 2
-    g.instantiate().destroy()
-
-
-def test_graph_memory_one_live_exec_per_allocation(s):
-    g, _ = _pairs_chain(2, N * 4)
-    ge = g.instantiate()
-    with pytest.raises(srt.NotSupportedError):
-        g.instantiate()
-    ge.destroy()
-    ge2 = g.instantiate()  # allowed once the first is gone
-    ge2.launch(s)
-    s.synchronize()
-    ge2.destroy()
-
-
-@pytest.mark.parametrize("how", FREES)
-def test_graph_memory_unmapped_without_live_exec(s, how):
-    g, (a,) = _pairs_chain(1, N * 4, free=False)
-    with pytest.raises(srt.InvalidAddressError):
-        srt.memset(a.ptr, 0, 4)  # not instantiated: no backing yet
-    ge = g.instantiate()
-    ge.launch(s)
-    s.synchronize()
-    ge.destroy()
-    # CUDA: "graph destruction does not automatically free any live graph-allocated memory"
-    srt.memset(a.ptr, 7, 4)
-    assert srt.Device().graph_mem_info()["used"] >= N * 4
-    with pytest.raises(srt.InvalidValueError):
-        g.instantiate()  # its memory is still held for the live allocation
-    _free_outside(how, s, a.ptr)  # the last live allocation: the destroyed exec's memory goes
-    s.synchronize()
-    with pytest.raises(srt.InvalidAddressError):
-        srt.memset(a.ptr, 0, 4)
-    g.instantiate().destroy()  # the addresses are free to map again
-
-
-def test_graph_memory_of_a_collected_exec_goes_back(s):
-    # an exec dropped without destroy() releases its memory (it used to stay mapped, and
-    # counted as reserved, for the life of the process)
-    dev = s.device
-    before = dev.graph_mem_info()["reserved"]
-    g, _ = _pairs_chain(2, N * 4)
-    ge = g.instantiate()
-    ge.launch(s)
-    s.synchronize()
-    assert dev.graph_mem_info()["reserved"] > before
-    del ge
-    gc.collect()
-    assert dev.graph_mem_info()["reserved"] == before
-    g.instantiate().destroy()  # its addresses are free to map again
-
-
-def test_graph_memory_live_allocation_outlives_its_collected_exec_until_freed(s):
-    # collected without destroy(): as destroyed, its live allocation stays valid until freed
-    dev = s.device
-    before = dev.graph_mem_info()["reserved"]
-    g, (a,) = _pairs_chain(1, N * 4, free=False)
-    ge = g.instantiate()
-    ge.launch(s)
-    s.synchronize()
-    ref = weakref.ref(ge)
-    del ge
-    gc.collect()
-    assert ref() is None
-    srt.memset(a.ptr, 1, 4)  # still mapped
-    assert dev.graph_mem_info()["reserved"] > before
-    s.free(a.ptr)
-    s.synchronize()
-    assert dev.graph_mem_info()["reserved"] == before
-    with pytest.raises(srt.InvalidAddressError):
-        srt.memset(a.ptr, 0, 4)
-
-
-def test_graph_memory_reinstantiate_while_a_collected_exec_still_runs(s, out, gate):
-    # dropped with its launch queued: its memory is not mapped again under that launch
-    g = _fill_use_free(add_kernel, out, 3.0)
-    ge = g.instantiate()
-    hold = gate(s)
-    ge.launch(s)
-    del ge
-    gc.collect()
-    with pytest.raises((srt.InvalidValueError, srt.NotSupportedError)):
-        g.instantiate()
-    hold.open()
-    s.synchronize()
-    gc.collect()
-    ge2 = g.instantiate()
-    ge2.launch(s)
-    s.synchronize()
-    assert (_read(out) == 6.0).all()
-    ge2.destroy()
-
-
-@pytest.mark.parametrize("by", ["stream", "graph"])
-def test_graph_memory_of_a_destroyed_exec_outlives_it_until_freed_in_stream_order(s, out, gate, by):
-    # a destroyed exec's live allocation is read by later work and freed on a held stream, by
-    # s.free or by a MEM_FREE node of another graph: the memory stays mapped until the stream
-    # passes the free (for a graph, until its launch has run: its copy reads the allocation
-    # before the free node), not only until the work enqueued before it has
-    g = srt.Graph()
-    a = g.add_mem_alloc_node(N * 4)
-    g.add_kernel_node(fill_kernel, a.ptr, N, 5.0, deps=a)
-    ge = g.instantiate()
-    ge.launch(s)
-    s.synchronize()
-    ge.destroy()
-    if by == "graph":
-        s.begin_capture(srt.CaptureMode.RELAXED)  # the gate's pinned flag (cuda) is made here
-    hold = gate(s)  # captured: a node of the graph, so the launch itself waits for it
-    s.launch(copy_kernel, out, a.ptr, N)
-    s.free(a.ptr)
-    if by == "graph":
-        consumer = s.end_capture().instantiate()
-        consumer.launch(s)
-    hold.open()
-    s.synchronize()  # no LaunchError: the copy ran on mapped memory
-    assert (_read(out) == 5.0).all()
-    if by == "graph":
-        consumer.destroy()
-    with pytest.raises(srt.InvalidAddressError):
-        srt.memset(a.ptr, 0, 4)
-
-
-def test_graph_memory_destroy_with_launch_in_flight(s, out, gate):
-    # cudaGraphExecDestroy of an exec still running: the launch completes on its own memory
-    g = _fill_use_free(copy_kernel, out, 3.0)
-    ge = g.instantiate()
-    hold = gate(s)
-    ge.launch(s)
-    ge.destroy()
-    hold.open()
-    s.synchronize()  # no LaunchError: the memory outlived the destroy
-    assert (_read(out) == 3.0).all()
-    with pytest.raises(srt.InvalidHandleError):
-        ge.launch(s)
-
-
-def test_graph_memory_reinstantiate_while_a_destroyed_exec_still_runs(s, dev, out, gate):
-    # the destroyed exec's memory goes back when its launch ends; until then the same
-    # addresses cannot be mapped again (its kernels still use them): a clear refusal on every
-    # backend, and once the launch is over a new exec maps them
-    g = _fill_use_free(add_kernel, out, 3.0)
-    ge = g.instantiate()
-    hold = gate(s)
-    ge.launch(s)
-    ge.destroy()
-    with pytest.raises(srt.InvalidValueError, match="synchronize first"):
-        g.instantiate()
-    hold.open()
-    s.synchronize()
-    ge2 = g.instantiate()  # the launch is over: its memory is let go at once
-    ge2.launch(s)
-    s.synchronize()
-    assert (_read(out) == 6.0).all()
-    ge2.destroy()
-
-def test_graph_memory_captured_free_on_other_stream(s, dev, out):
-    s2 = srt.Stream(dev, non_blocking=True)
-    s.begin_capture()
-    p = s.malloc(N * 4)
-    s.launch(fill_kernel, p, N, 2.0)
-    s2.wait(s.record())
-    s2.launch(copy_kernel, out, p, N)
-    s2.free(p)
-    s.wait(s2.record())
-    g = s.end_capture()
-    types = [n.type for n in g.nodes()]
-    assert types.count(srt.NodeType.MEM_ALLOC) == 1 and types.count(srt.NodeType.MEM_FREE) == 1
-    ge = g.instantiate()
-    for _ in range(3):
-        ge.launch(s)
-    s.synchronize()
-    assert (_read(out) == 2.0).all()
-    ge.destroy()
-
-
-def test_graph_memory_captured_alloc_escapes_then_freed_outside(s, out):
-    s.begin_capture()
-    p = s.malloc(N * 4)
-    s.launch(fill_kernel, p, N, 8.0)
-    g = s.end_capture()
-    ge = g.instantiate()
-    for _ in range(3):
-        ge.launch(s)
-        s.launch(copy_kernel, out, p, N)
-        s.free(p)
-    s.synchronize()
-    assert (_read(out) == 8.0).all()
-    ge.destroy()
-
-
-def test_graph_memory_captured_copy_and_memset_of_graph_memory(s, out):
-    s.begin_capture()
-    try:
-        p = s.malloc(N * 4)
-        s.memset(p, 0, N * 4)
-        s.launch(add_one_kernel, p, N)
-        s.memcpy(out, p, N * 4)
-        s.free(p)
-    finally:
-        g = s.end_capture()
-    ge = g.instantiate()
-    for _ in range(3):
-        ge.launch(s)
-    s.synchronize()
-    assert (_read(out) == 1.0).all()
-    ge.destroy()
-
-
-def test_graph_memory_explicit_copy_and_memset_of_graph_memory(s, out):
-    g = srt.Graph()
-    a = g.add_mem_alloc_node(N * 4)
-    m = g.add_memset_node(a.ptr, 0, N * 4, deps=a)
-    k = g.add_kernel_node(add_one_kernel, a.ptr, N, deps=m)
-    c = g.add_memcpy_node(out, a.ptr, N * 4, deps=k)
-    g.add_mem_free_node(a.ptr, deps=c)
-    ge = g.instantiate()
-    for _ in range(3):
-        ge.launch(s)
-    s.synchronize()
-    assert (_read(out) == 1.0).all()
-    ge.destroy()
-
-
-def test_graph_memory_device_info(dev):
-    base = dev.graph_mem_info()
-    g = srt.Graph()
-    a = g.add_mem_alloc_node(UNIT)
-    ge = g.instantiate()
-    info = dev.graph_mem_info()
-    assert info["reserved"] - base["reserved"] == ge.memory_footprint >= UNIT
-    s = srt.Stream(dev, non_blocking=True)
-    ge.launch(s)
-    assert dev.graph_mem_info()["used"] - base["used"] == UNIT  # live until freed
-    s.free(a.ptr)
-    s.synchronize()
-    assert dev.graph_mem_info()["used"] == base["used"]
-    ge.destroy()
-    s.synchronize()
-    dev.synchronize()
-    assert dev.graph_mem_info()["reserved"] == base["reserved"]
-
-
-# -- finalizers: a graph allocation collected inside a locked section ------------------------------
-def test_graph_memory_allocation_collected_inside_a_locked_section_is_released_later(dev,
-                                                                                       monkeypatch):
-    # the garbage collector may run the allocation's finalizer on a thread that holds the lock its
-    # release takes (found by a hypothesis run that hung): the release waits for the lock instead
-    import gc
-
-    from streamrt.backends.cpu import SPACE
-
-    guarded = SPACE if dev.backend == "cpu" else dev._impl._reserved  # what the release updates
-    lock = reentry_lock(monkeypatch, guarded)
-    g = srt.Graph()
-    ptr = g.add_mem_alloc_node(4096).ptr
-    reserved = SPACE.get if dev.backend == "cpu" else guarded.__contains__
-    with lock:  # as when a collection starts inside a section that holds it
-        del g
-        gc.collect()  # the allocation's finalizer runs here
-        assert reserved(ptr)  # its release waits for the lock
-    assert lock.reentered == []
-    g2 = srt.Graph()
-    g2.add_mem_alloc_node(4096)  # the next update of the same table runs the waiting release
-    assert not reserved(ptr)
 
 
 # -- slabs: small allocations of one graph share granules ------------------------------------------
@@ -685,6 +245,7 @@ def test_graph_memory_slab_shares_with_an_allocation_between_its_members(s, out,
     s.synchronize()
     assert (_read(out) == 7.0).all()
     ge.destroy()
+
 
 def test_graph_memory_graphs_do_not_share_slabs(s, out, granule):
     # each graph has slabs of its own, so both can have a live exec at once

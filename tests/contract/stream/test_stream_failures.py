@@ -7,12 +7,14 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import numpy as np
 import pytest
 
 import streamrt as srt
+from tests.conftest import PY_KERNELS, cpu_only
 
 
 @srt.kernel
@@ -200,3 +202,147 @@ def test_synchronize_interrupted_surfaces_and_stays_usable(wait):
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:3] == ["interrupted True", "state True True", "usable"]
+
+
+def test_stream_failures_are_reported_once_and_runtime_stays_usable(s):
+    cpu_only(s.device, PY_KERNELS)
+    @srt.kernel
+    def boom(ctx):
+        raise RuntimeError("kaboom")
+
+    ran = []
+    s.launch(boom)
+    s.launch_host_func(ran.append, 1)  # later work still runs
+    with pytest.raises(srt.LaunchError, match="kaboom") as info:
+        s.synchronize()
+    assert isinstance(info.value.__cause__, RuntimeError)
+    assert "boom" in str(info.value)
+    assert ran == [1]
+    s.synchronize()  # reported once
+    s.launch_host_func(ran.append, 2)
+    s.synchronize()
+    assert ran == [1, 2]
+
+
+def test_stream_host_func_failure_reported_by_event_and_device(dev):
+    s = srt.Stream(dev, non_blocking=True)
+
+    def bad():
+        raise KeyError("host")
+
+    s.launch_host_func(bad)
+    e = s.record()
+    with pytest.raises(srt.LaunchError, match="bad"):
+        e.synchronize()
+    s.launch_host_func(bad)
+    with pytest.raises(srt.LaunchError):
+        dev.synchronize()
+
+
+@pytest.mark.parametrize("wait", ["its stream", "its device", "an event behind it",
+                                  "a stream waiting behind it", "the legacy stream"])
+def test_stream_host_func_waiting_behind_itself_is_refused(dev, wait):
+    # a host function synchronizing its own stream waited for itself: the process hung for good
+    s = srt.Stream(dev, non_blocking=wait != "the legacy stream")  # blocking: legacy-ordered
+    later = srt.Event(dev)
+    other = srt.Stream(dev, non_blocking=True)
+    ran: list[int] = []
+    call = {"its stream": s.synchronize, "its device": dev.synchronize,
+            "an event behind it": later.synchronize, "a stream waiting behind it":
+            other.synchronize, "the legacy stream": dev.default_stream.synchronize}[wait]
+    go = threading.Event()
+    s.launch_host_func(go.wait, 30)  # the waiting host function runs once all is enqueued
+    s.launch_host_func(lambda: (s.record(later), call()) if wait == "an event behind it"
+                       else call())
+    if wait == "a stream waiting behind it":
+        other.wait(s.record())  # other waits for the host function
+    elif wait == "the legacy stream":
+        dev.default_stream.launch_host_func(ran.append, 0)  # behind blocking s: legacy order
+    s.launch_host_func(ran.append, 1)
+    go.set()
+    with pytest.raises(srt.LaunchError) as info:
+        s.synchronize()
+    assert isinstance(info.value.__cause__, srt.NotPermittedError)
+    assert info.value.__cause__.code == 800 and 1 in ran
+    s.launch_host_func(ran.append, 2)  # the stream goes on
+    s.synchronize()
+    dev.synchronize()
+    assert sorted(ran) == ([0, 1, 2] if wait == "the legacy stream" else [1, 2])
+
+
+def test_stream_graph_host_node_waiting_is_refused(dev):
+    # a graph's host node synchronizing (on cpu it may run on a replay worker thread) hung too
+    s = srt.Stream(dev, non_blocking=True)
+    g = srt.Graph()
+    a = g.add_empty_node()
+    g.add_host_node(s.synchronize, deps=[a])
+    g.add_host_node(lambda: None, deps=[a])  # a second branch: a parallel replay on cpu
+    ge = g.instantiate()
+    ge.launch(s)
+    with pytest.raises(srt.LaunchError) as info:
+        s.synchronize()
+    assert isinstance(info.value.__cause__, srt.NotPermittedError)
+    ge.destroy()
+
+
+def test_stream_host_func_waiting_for_finished_work_is_allowed(dev):
+    # on cuda, a host function synchronizing an event whose work had finished raised
+    # NotPermittedError when no one had queried its stream since (a stale completion count)
+    a, b = srt.Stream(dev, non_blocking=True), srt.Stream(dev, non_blocking=True)
+    p = b.malloc(16)
+    b.memset(p, 0, 16)
+    ev = b.record()
+    a.wait(ev)  # b's work is complete when the host function runs; nothing asked b since
+    ran: list[int] = []
+    a.launch_host_func(lambda: (ev.synchronize(), ran.append(1)))
+    a.synchronize()
+    assert ran == [1]
+    b.free(p)
+    b.synchronize()
+
+
+def test_stream_failure_seen_through_wait(dev):
+    cpu_only(dev, PY_KERNELS)
+    a, b = srt.Stream(dev, non_blocking=True), srt.Stream(dev, non_blocking=True)
+
+    @srt.kernel
+    def boom(ctx):
+        raise RuntimeError("upstream")
+
+    a.launch(boom)
+    b.wait(a.record())
+    with pytest.raises(srt.LaunchError, match="upstream"):
+        b.synchronize()  # b's synchronize covers a's failed kernel
+
+
+def test_stream_failure_is_reported_only_by_a_synchronize_covering_it(dev):
+    s = srt.Stream(dev, non_blocking=True)
+    s.launch_host_func(list)
+    before = s.record()
+
+    def bad():
+        raise KeyError("later")
+
+    s.launch_host_func(bad)
+    ran = threading.Event()
+    s.launch_host_func(ran.set)
+    assert ran.wait(timeout=60)  # in stream order: the failure has happened
+    # the event marks work before the failure, and the failure is s's, not another stream's
+    before.synchronize()
+    other = srt.Stream(dev, non_blocking=True)
+    other.launch_host_func(list)
+    other.synchronize()
+    with pytest.raises(srt.LaunchError, match="later"):
+        s.synchronize()
+
+
+def test_backend_host_function_error_reported_at_synchronize(bdev):
+    s = srt.Stream(bdev, non_blocking=True)
+
+    def boom():
+        raise RuntimeError("boom")
+
+    s.launch_host_func(boom)
+    with pytest.raises(srt.LaunchError) as info:
+        s.synchronize()
+    assert isinstance(info.value.__cause__, RuntimeError)

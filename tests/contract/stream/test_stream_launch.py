@@ -1,37 +1,15 @@
-"""Streams: enqueue calls, ordering, host synchronization, destroy, current stream, failures."""
+"""Stream launches on every backend: kernels, their context and array views, launch shapes and limits,
+host functions, launch blocking."""
 
 from __future__ import annotations
-
-import threading
 
 import numpy as np
 import pytest
 
 import streamrt as srt
 from streamrt.stream import set_launch_blocking
-from tests.conftest import (
-    BAD_ACCESS,
-    PY_KERNELS,
-    add_one_kernel,
-    copy_kernel,
-    cpu_only,
-    fill_kernel,
-    no_sanitizer,
-)
-
-
-@pytest.fixture
-def dev(any_dev):
-    """Each backend's device 0: streams are a contract of every backend."""
-    return any_dev
-
-
-@pytest.fixture
-def s(dev):
-    st = srt.Stream(dev, non_blocking=True)
-    yield st
-    if not st._destroyed:
-        st.synchronize()
+from tests.conftest import BAD_ACCESS, PY_KERNELS, cpu_only, fill_kernel, no_sanitizer
+from tests.contract.backend_kernels import _dev_f32, add_one, coords, every_type, python_only, scale
 
 
 def test_stream_launch_returns_before_work_runs(s, gate):
@@ -43,18 +21,6 @@ def test_stream_launch_returns_before_work_runs(s, gate):
     s.synchronize()
     assert s.query()
     assert srt.read(p, (16,), np.float32).tolist() == [3.0] * 16
-    s.free(p)
-
-
-def test_stream_runs_in_order(s, delay):
-    n = 64
-    p = s.malloc(n * 4)
-    s.launch(fill_kernel, p, n, 0.0)
-    for _ in range(20):
-        s.launch(add_one_kernel, p, n)
-    out = np.empty(n, np.float32)
-    s.memcpy(out, p, n * 4)
-    assert out.tolist() == [20.0] * n
     s.free(p)
 
 
@@ -187,217 +153,6 @@ def test_stream_kernel_array_bad_pointer_types(s):
     assert errors == [srt.InvalidTypeError] * 3 + [srt.InvalidAddressError]
 
 
-def test_stream_failures_are_reported_once_and_runtime_stays_usable(s):
-    cpu_only(s.device, PY_KERNELS)
-    @srt.kernel
-    def boom(ctx):
-        raise RuntimeError("kaboom")
-
-    ran = []
-    s.launch(boom)
-    s.launch_host_func(ran.append, 1)  # later work still runs
-    with pytest.raises(srt.LaunchError, match="kaboom") as info:
-        s.synchronize()
-    assert isinstance(info.value.__cause__, RuntimeError)
-    assert "boom" in str(info.value)
-    assert ran == [1]
-    s.synchronize()  # reported once
-    s.launch_host_func(ran.append, 2)
-    s.synchronize()
-    assert ran == [1, 2]
-
-
-def test_stream_host_func_failure_reported_by_event_and_device(dev):
-    s = srt.Stream(dev, non_blocking=True)
-
-    def bad():
-        raise KeyError("host")
-
-    s.launch_host_func(bad)
-    e = s.record()
-    with pytest.raises(srt.LaunchError, match="bad"):
-        e.synchronize()
-    s.launch_host_func(bad)
-    with pytest.raises(srt.LaunchError):
-        dev.synchronize()
-
-
-@pytest.mark.parametrize("wait", ["its stream", "its device", "an event behind it",
-                                  "a stream waiting behind it", "the legacy stream"])
-def test_stream_host_func_waiting_behind_itself_is_refused(dev, wait):
-    # a host function synchronizing its own stream waited for itself: the process hung for good
-    s = srt.Stream(dev, non_blocking=wait != "the legacy stream")  # blocking: legacy-ordered
-    later = srt.Event(dev)
-    other = srt.Stream(dev, non_blocking=True)
-    ran: list[int] = []
-    call = {"its stream": s.synchronize, "its device": dev.synchronize,
-            "an event behind it": later.synchronize, "a stream waiting behind it":
-            other.synchronize, "the legacy stream": dev.default_stream.synchronize}[wait]
-    go = threading.Event()
-    s.launch_host_func(go.wait, 30)  # the waiting host function runs once all is enqueued
-    s.launch_host_func(lambda: (s.record(later), call()) if wait == "an event behind it"
-                       else call())
-    if wait == "a stream waiting behind it":
-        other.wait(s.record())  # other waits for the host function
-    elif wait == "the legacy stream":
-        dev.default_stream.launch_host_func(ran.append, 0)  # behind blocking s: legacy order
-    s.launch_host_func(ran.append, 1)
-    go.set()
-    with pytest.raises(srt.LaunchError) as info:
-        s.synchronize()
-    assert isinstance(info.value.__cause__, srt.NotPermittedError)
-    assert info.value.__cause__.code == 800 and 1 in ran
-    s.launch_host_func(ran.append, 2)  # the stream goes on
-    s.synchronize()
-    dev.synchronize()
-    assert sorted(ran) == ([0, 1, 2] if wait == "the legacy stream" else [1, 2])
-
-
-def test_stream_graph_host_node_waiting_is_refused(dev):
-    # a graph's host node synchronizing (on cpu it may run on a replay worker thread) hung too
-    s = srt.Stream(dev, non_blocking=True)
-    g = srt.Graph()
-    a = g.add_empty_node()
-    g.add_host_node(s.synchronize, deps=[a])
-    g.add_host_node(lambda: None, deps=[a])  # a second branch: a parallel replay on cpu
-    ge = g.instantiate()
-    ge.launch(s)
-    with pytest.raises(srt.LaunchError) as info:
-        s.synchronize()
-    assert isinstance(info.value.__cause__, srt.NotPermittedError)
-    ge.destroy()
-
-
-def test_stream_host_func_waiting_for_finished_work_is_allowed(dev):
-    # on cuda, a host function synchronizing an event whose work had finished raised
-    # NotPermittedError when no one had queried its stream since (a stale completion count)
-    a, b = srt.Stream(dev, non_blocking=True), srt.Stream(dev, non_blocking=True)
-    p = b.malloc(16)
-    b.memset(p, 0, 16)
-    ev = b.record()
-    a.wait(ev)  # b's work is complete when the host function runs; nothing asked b since
-    ran: list[int] = []
-    a.launch_host_func(lambda: (ev.synchronize(), ran.append(1)))
-    a.synchronize()
-    assert ran == [1]
-    b.free(p)
-    b.synchronize()
-
-
-def test_stream_failure_seen_through_wait(dev):
-    cpu_only(dev, PY_KERNELS)
-    a, b = srt.Stream(dev, non_blocking=True), srt.Stream(dev, non_blocking=True)
-
-    @srt.kernel
-    def boom(ctx):
-        raise RuntimeError("upstream")
-
-    a.launch(boom)
-    b.wait(a.record())
-    with pytest.raises(srt.LaunchError, match="upstream"):
-        b.synchronize()  # b's synchronize covers a's failed kernel
-
-
-def test_stream_memcpy_every_direction(dev):
-    s = srt.Stream(dev, non_blocking=True)
-    if srt.device_count(dev.backend) < 2:
-        pytest.skip(f"needs two {dev.backend} devices")
-    d0 = srt.Device(f"{dev.backend}:0")
-    d1 = srt.Device(f"{dev.backend}:1")
-    src = np.arange(64, dtype=np.uint8)
-    a = srt.malloc(64, device=d0)
-    b = srt.malloc(64, device=d1)
-    h = srt.malloc_host(64)
-    s.memcpy(a, src, 64)  # host -> device
-    s.memcpy(b, a, 64)  # peer copy
-    s.memcpy(h, b, 64)  # device -> pinned host
-    out = bytearray(64)
-    s.memcpy(out, h, 64)  # pinned -> pageable (synchronous)
-    assert bytes(out) == src.tobytes()
-    mv = memoryview(bytearray(32))
-    s.memcpy(mv, a + 32, 32)  # interior pointer, memoryview destination
-    assert bytes(mv) == bytes(range(32, 64))
-    s.memcpy(a, b"\x09" * 8, 8)  # bytes source
-    s.synchronize()  # s is non-blocking: srt.read (legacy stream) is not ordered after it
-    assert srt.read(a, (8,), np.uint8).tolist() == [9] * 8
-    for p in (a, b):
-        srt.free(p)
-    srt.free_host(h)
-
-
-def test_stream_memcpy_pageable_source_taken_at_call_time(s, gate):
-    p = s.malloc(16)
-    g = gate(s)
-    host = np.full(4, 1.0, np.float32)
-    s.memcpy(p, host, 16)
-    host[:] = 2.0  # after the call: must not affect the queued copy (CUDA stages pageable H2D)
-    g.open()
-    s.synchronize()
-    assert srt.read(p, (4,), np.float32).tolist() == [1.0] * 4
-    s.free(p)
-
-
-def test_stream_memcpy_pinned_is_asynchronous(s, gate):
-    p = s.malloc(16)
-    h = srt.malloc_host(16)
-    srt.write(h, np.full(4, 1.0, np.float32))
-    g = gate(s)
-    s.memcpy(p, h, 16)
-    srt.write(h, np.full(4, 2.0, np.float32))  # pinned: the copy reads it when it runs
-    g.open()
-    s.synchronize()
-    assert srt.read(p, (4,), np.float32).tolist() == [2.0] * 4
-    s.free(p)
-    srt.free_host(h)
-
-
-@pytest.mark.parametrize("bad", ["oob_dst", "oob_src", "unknown", "negative", "short_host",
-                                 "readonly_host", "float_ptr", "noncontig", "freed"])
-def test_stream_memcpy_bad_input_writes_nothing(s, bad):
-    p = s.malloc(512)
-    s.memset(p, 0xAB, 512)
-    s.synchronize()
-    q = srt.malloc(512)
-    srt.free(q)
-    host = np.zeros(1024, np.uint8)
-    cases = {
-        "oob_dst": (srt.InvalidAddressError, lambda: s.memcpy(p + 256, host, 512)),
-        "oob_src": (srt.InvalidAddressError, lambda: s.memcpy(host, p + 1, 512)),
-        "unknown": (srt.InvalidAddressError, lambda: s.memcpy(12345, host, 4)),
-        "negative": (srt.InvalidValueError, lambda: s.memcpy(p, host, -1)),
-        "short_host": (srt.InvalidValueError, lambda: s.memcpy(p, host[:10], 512)),
-        "readonly_host": (srt.InvalidValueError, lambda: s.memcpy(b"x" * 512, p, 512)),
-        "float_ptr": (srt.InvalidTypeError, lambda: s.memcpy(p, 3.5, 4)),
-        "noncontig": (srt.InvalidValueError, lambda: s.memcpy(p, host[::2], 4)),
-        "freed": (srt.InvalidAddressError, lambda: s.memcpy(q, host, 4)),
-    }
-    err, call = cases[bad]
-    pos = s._pos
-    with pytest.raises(err):
-        call()
-    assert s._pos == pos  # nothing enqueued
-    s.synchronize()
-    assert srt.read(p, (512,), np.uint8).tolist() == [0xAB] * 512
-    s.free(p)
-
-
-def test_stream_memset(s):
-    p = s.malloc(1024)
-    s.memset(p, 255, 1024)
-    s.memset(p + 512, 1, 16)
-    s.synchronize()  # s is non-blocking: the legacy stream (srt.read) is not ordered after it
-    out = srt.read(p, (1024,), np.uint8)
-    assert out[:512].tolist() == [255] * 512 and out[512:528].tolist() == [1] * 16
-    for value, err in ((256, srt.InvalidValueError), (-1, srt.InvalidValueError),
-                       (1.0, srt.InvalidTypeError)):
-        with pytest.raises(err):
-            s.memset(p, value, 4)
-    with pytest.raises(srt.InvalidAddressError):
-        s.memset(p + 1000, 0, 100)
-    assert srt.read(p + 1000, (24,), np.uint8).tolist() == [255] * 24
-    s.free(p)
-
-
 def test_stream_host_func_args_and_type(s):
     got = []
     s.launch_host_func(got.extend, (1, 2))
@@ -405,70 +160,6 @@ def test_stream_host_func_args_and_type(s):
     assert got == [1, 2]
     with pytest.raises(srt.InvalidTypeError):
         s.launch_host_func(42)
-
-
-def test_stream_destroy_completes_pending_work(dev, gate):
-    s = srt.Stream(dev, non_blocking=True)
-    done = threading.Event()
-    g = gate(s)
-    s.launch_host_func(done.set)
-    s.destroy()
-    with pytest.raises(srt.InvalidHandleError):
-        s.launch_host_func(done.set)
-    with pytest.raises(srt.InvalidHandleError):
-        s.destroy()
-    with pytest.raises(srt.InvalidHandleError):
-        s.synchronize()
-    g.open()
-    dev.synchronize()  # the device still waits for the destroyed stream's work
-    assert done.is_set()
-
-
-def test_stream_legacy_default_stream_cannot_be_destroyed(dev):
-    with pytest.raises(srt.InvalidHandleError):
-        dev.default_stream.destroy()
-
-
-def test_stream_current_stream_context(dev):
-    s1 = srt.Stream(dev)
-    assert srt.current_stream() is srt.current_device().default_stream
-    with s1:
-        assert srt.current_stream() is s1
-        p = srt.malloc(16)
-        srt.memset(p, 3, 16)  # the synchronous helpers use the current stream
-        assert s1._pos > 0
-    assert srt.current_stream() is srt.current_device().default_stream
-    srt.free(p)
-
-
-def test_stream_context_is_per_device_and_makes_its_device_current():
-    # as torch.cuda.stream: entering a stream of another device switched neither the current
-    # device (srt.malloc went to the old one) nor, inside `with other_device:`, the stream
-    d0, d1 = srt.Device("cpu:0"), srt.Device("cpu:1")
-    with d0:
-        s1 = srt.Stream(d1, non_blocking=True)
-        with s1:
-            assert srt.current_device() is d1 and srt.current_stream() is s1
-            p = srt.malloc(16)
-            assert srt.memory.device_of(p) is d1
-            with d0:  # another device: its own current stream
-                assert srt.current_stream() is d0.default_stream
-                s0 = srt.Stream(d0, non_blocking=True)
-                with s0, d1:  # and back: s1 is still d1's current stream
-                    assert srt.current_stream() is s1
-                assert srt.current_stream() is d0.default_stream
-            assert srt.current_stream() is s1
-        assert srt.current_device() is d0 and srt.current_stream() is d0.default_stream
-        srt.free(p)
-
-
-def test_stream_constructor_validation(dev):
-    with pytest.raises(srt.InvalidTypeError):
-        srt.Stream(dev, priority="high")
-    with pytest.raises(srt.InvalidTypeError):
-        srt.Stream(dev, non_blocking=1)
-    assert srt.Stream(dev, priority=-100).priority == -5  # clamped, as CUDA does
-    assert srt.Stream(dev, priority=7).priority == 0
 
 
 def test_stream_launch_blocking(s, dev):
@@ -500,129 +191,60 @@ def test_stream_launch_blocking_env():
     assert out.stdout.strip() == "[1]"
 
 
-def test_stream_legacy_default_orders_blocking_streams(dev, gate, delay):
-    legacy = dev.default_stream
-    b = srt.Stream(dev)  # blocking
-    nb = srt.Stream(dev, non_blocking=True)
-    n = 16
-    p = srt.malloc(n * 4)
-    q = srt.malloc(n * 4)  # before the gate: on a GPU cudaMalloc may wait for the device
-    g = gate(legacy)
-    legacy.launch(fill_kernel, p, n, 5.0)
-    b.launch(add_one_kernel, p, n)  # implicitly after the legacy stream's work
-    out = np.empty(n, np.float32)
-    nb.launch(fill_kernel, q, n, 9.0)  # non-blocking: not held by the legacy stream
-    nb.synchronize()
-    assert not b.query()
-    g.open()
-    b.synchronize()
-    b.memcpy(out, p, n * 4)
-    assert out.tolist() == [6.0] * n
-    # and the other way round: legacy waits for blocking streams
-    g2 = gate(b)
-    b.launch(fill_kernel, p, n, 1.0)
-    legacy.launch(add_one_kernel, p, n)
-    assert not legacy.query()
-    g2.open()
-    legacy.synchronize()
-    assert srt.read(p, (n,), np.float32).tolist() == [2.0] * n
-    srt.free(p)
-    srt.free(q)
-
-
-def test_stream_wait_makes_the_consumer_wait(dev, gate):
-    prod, cons = srt.Stream(dev, non_blocking=True), srt.Stream(dev, non_blocking=True)
-    n = 32
-    a, b = srt.malloc(n * 4), srt.malloc(n * 4)
-    g = gate(prod)
-    prod.launch(fill_kernel, a, n, 7.0)
-    cons.wait(prod.record())
-    cons.launch(copy_kernel, b, a, n)
-    assert not cons.query()  # held by the gate on the producer
-    g.open()
-    cons.synchronize()
-    assert srt.read(b, (n,), np.float32).tolist() == [7.0] * n
-    srt.free(a)
-    srt.free(b)
-
-
-def test_stream_wait_already_ordered_enqueues_nothing(dev):
-    a, b = srt.Stream(dev, non_blocking=True), srt.Stream(dev, non_blocking=True)
-    a.launch_host_func(list)
-    e = a.record()
-    b.wait(e)
-    pos = b._pos
-    b.wait(e)  # the clock already covers it
-    b.wait(srt.Event(dev))  # never recorded: a no-op
-    b.wait(b.record())  # own event: nothing to do
-    assert b._pos == pos
-    with pytest.raises(srt.InvalidTypeError):
-        b.wait("event")
-
-
-def test_stream_query_is_false_while_its_last_operation_is_pending(s, gate):
-    # the gate is the stream's only operation: an off-by-one in query() would call it done
-    g = gate(s)
-    assert not s.query()
-    g.open()
+def test_backend_kernels_same_results(bdev):
+    s = srt.Stream(bdev, non_blocking=True)
+    n = 1000
+    p = _dev_f32(bdev, np.arange(n))
+    s.launch(add_one, p, n, grid=(n + 255) // 256, block=256)
+    s.launch(scale, p, n, 0.5, grid=(n + 255) // 256, block=256)
     s.synchronize()
-    assert s.query()
-
-
-def test_stream_non_blocking_is_not_ordered_with_the_legacy_stream(dev, gate):
-    # cudaStreamNonBlocking: no implicit synchronization with the legacy stream, either way.
-    # One side is held by a gate while the other's host function must still run; the bounded
-    # wait only limits how long a wrong (ordered) runtime takes to fail, it orders nothing.
-    legacy, nb = dev.default_stream, srt.Stream(dev, non_blocking=True)
-    for held, other, what in ((legacy, nb, "the non-blocking stream waited for the legacy stream"),
-                              (nb, legacy, "the legacy stream waited for a non-blocking stream")):
-        g = gate(held)
-        ran = threading.Event()
-        other.launch_host_func(ran.set)
-        assert ran.wait(timeout=20), what
-        g.open()
-        held.synchronize()
-
-
-def test_stream_record_on_blocking_or_legacy_stream_covers_the_other_side(dev, gate):
-    # a record is an action: on a blocking stream it comes after earlier legacy work, on the
-    # legacy stream after earlier blocking work, so waiting on the event orders a third,
-    # non-blocking stream after that work too (CUDA legacy default stream semantics)
-    legacy, b = dev.default_stream, srt.Stream(dev)
-    nb = srt.Stream(dev, non_blocking=True)
-    n = 16
-    p, q = srt.malloc(n * 4), srt.malloc(n * 4)
-    for src, dst, value in ((legacy, b, 3.0), (b, legacy, 4.0)):
-        g = gate(src)
-        src.launch(fill_kernel, p, n, value)
-        e = dst.record()  # dst has no work of its own after the gate: only the implicit wait
-        assert not e.query()  # the event stands for src's gated work
-        nb.wait(e)
-        nb.launch(copy_kernel, q, p, n)
-        g.open()
-        e.synchronize()
-        nb.synchronize()
-        assert srt.read(q, (n,), np.float32).tolist() == [value] * n
+    assert np.array_equal(srt.read(p, (n,), np.float32), (np.arange(n, dtype=np.float32) + 1) * 0.5)
     srt.free(p)
-    srt.free(q)
 
 
-def test_stream_failure_is_reported_only_by_a_synchronize_covering_it(dev):
-    s = srt.Stream(dev, non_blocking=True)
-    s.launch_host_func(list)
-    before = s.record()
+def test_backend_kernel_arguments_of_every_width_and_sign(bdev):
+    # each argument type packed as the kernel's C parameter reads it: the extremes of each width
+    # (a wrong width or signedness shifts the later arguments or flips the sign)
+    values = (-128, 255, -32768, 65535, -(2**31), 2**32 - 1, -(2**53), 2**53, 0.5, -1.25)
+    out = srt.malloc(80, bdev)
+    s = srt.Stream(bdev, non_blocking=True)
+    s.launch(every_type, *values, out)
+    s.synchronize()
+    assert srt.read(out, (10,), np.float64).tolist() == list(values)
+    srt.free(out)
 
-    def bad():
-        raise KeyError("later")
 
-    s.launch_host_func(bad)
-    ran = threading.Event()
-    s.launch_host_func(ran.set)
-    assert ran.wait(timeout=60)  # in stream order: the failure has happened
-    # the event marks work before the failure, and the failure is s's, not another stream's
-    before.synchronize()
-    other = srt.Stream(dev, non_blocking=True)
-    other.launch_host_func(list)
-    other.synchronize()
-    with pytest.raises(srt.LaunchError, match="later"):
-        s.synchronize()
+def test_backend_kernels_three_dimensional_grid_and_blocks(bdev):
+    grid, block = (2, 3, 2), (4, 3, 2)  # 24 threads: one partial warp
+    n = 12 * 24
+    out, lane = srt.malloc(4 * n, bdev), srt.malloc(4 * n, bdev)
+    s = srt.Stream(bdev, non_blocking=True)
+    s.launch(coords, out, lane, grid=grid, block=block)
+    s.synchronize()
+    kz, ky, kx, tz, ty, tx = np.indices((2, 3, 2, 2, 3, 4))
+    want = tx + 10 * ty + 100 * tz + 1000 * kx + 10000 * ky + 100000 * kz
+    assert np.array_equal(srt.read(out, (n,), np.int32), want.ravel())
+    assert np.array_equal(srt.read(lane, (n,), np.int32), np.tile(np.arange(24) ^ 1, 12))
+    for p in (out, lane):
+        srt.free(p)
+
+
+def test_backend_refused_launch_leaves_the_stream_as_it_was(bdev):
+    # cuda checks arguments at launch: a refused one enqueues nothing and counts nothing, so
+    # the stream still reads idle, and its later work and events are tracked as before
+    s = srt.Stream(bdev, non_blocking=True)
+    p = _dev_f32(bdev, np.zeros(256))
+    if bdev.backend == "cuda":
+        for bad in ((p, 1.5), (p, 2**31), (p,), (-1, 256)):
+            with pytest.raises((srt.InvalidTypeError, srt.InvalidValueError)):
+                s.launch(add_one, *bad, grid=1, block=256)
+        with pytest.raises(srt.NotSupportedError, match="no CUDA body"):
+            s.launch(python_only, 0)
+    assert s.query()
+    s.synchronize()
+    s.launch(add_one, p, 256, grid=1, block=256)
+    e = s.record()
+    e.synchronize()
+    assert e.query() and s.query()
+    assert np.array_equal(srt.read(p, (256,), np.float32), np.ones(256, np.float32))
+    srt.free(p)
