@@ -104,6 +104,28 @@ def _wrap_driver(name: str, real: Callable[..., Any], fake: Callable[..., Any], 
     return call
 
 
+# driver calls streamrt makes to the real cuda-bindings, unfaked (the description of an error):
+# without a driver they search for libcuda under the loader's lock too, so they count as a real
+# driver call in progress for the nested-call rule of _wrap_driver (a garbage-collector finalizer
+# making a faked driver call from inside that search, e.g. a graph's memory released while
+# error_for describes a CUresult, would otherwise deadlock on the loader's lock)
+PASSTHROUGH = ("cuGetErrorString", "cuGetErrorName")
+
+
+def _guard_real(real: Callable[..., Any]) -> Callable:
+    @functools.wraps(real)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if getattr(_nested, "on", False):
+            return real(*args, **kwargs)
+        _nested.on = True
+        try:
+            return real(*args, **kwargs)
+        finally:
+            _nested.on = False
+
+    return call
+
+
 def _thread_name() -> str:
     import threading
 
@@ -120,6 +142,11 @@ def patch() -> None:
         ORIGINALS[key] = real
         wrapped = _wrap_runtime(name, real, fake) if nout < 0 else _wrap_driver(name, real, fake, nout)
         setattr(mod, name, wrapped)
+    for name in PASSTHROUGH:
+        key = (drv.__name__, name)
+        if key not in ORIGINALS:
+            ORIGINALS[key] = getattr(drv, name)
+            setattr(drv, name, _guard_real(ORIGINALS[key]))
 
 
 def unpatch() -> None:
