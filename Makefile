@@ -27,14 +27,14 @@ test: $(VENV)/.installed-test
 	@# the public API as a typed user program sees it (py.typed): mypy --strict on one
 	$(BIN)/mypy --strict --follow-imports=silent --no-incremental examples/typed_program.py
 	$(BIN)/python -m pytest -q -p no:cacheprovider
-	@# the cuda backend's code and the cuda tests again, on the fake CUDA runtime (tests/cuda_fake)
-	@why=$$($(BIN)/python -c "from tests.cuda_fake import unavailable; print(unavailable() or '')"); \
+	@# the cuda backend's code and the cuda tests again, on the fake CUDA runtime (tests/cuda/fake)
+	@why=$$($(BIN)/python -c "from tests.cuda.fake import unavailable; print(unavailable() or '')"); \
 	if [ -z "$$why" ]; then STREAMRT_CUDA_FAKE=1 $(BIN)/python -m pytest -q -p no:cacheprovider -m cuda; \
 	else echo "make: the cuda tests on the fake CUDA runtime are skipped: $$why"; fi
 
 # the operators' CUDA C built with g++ and run on the CPU (no GPU needed; a few minutes)
 test-emu: $(VENV)/.installed-test
-	STREAMRT_CUDA_EMU=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_ops_cuda_emulated.py
+	STREAMRT_CUDA_EMU=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/cuda/test_ops_cuda_emulated.py
 
 # every test with the cuda backend on the fake CUDA runtime (no GPU needed; about 2 minutes)
 test-fake: $(VENV)/.installed-test
@@ -60,7 +60,7 @@ test-bindings:
 # scripts/gpu_check.sh rehearsed on the fake CUDA runtime (smoke-sized benchmarks; results in
 # gpu-check-out/fake): the script's whole flow, before a GPU run spends its minutes on it
 gpu-check-fake: $(VENV)/.installed-test
-	PYTHON=$(CURDIR)/$(BIN)/python PYTHONPATH=$(CURDIR)/tests/cuda_fake/site STREAMRT_CUDA_FAKE=1 \
+	PYTHON=$(CURDIR)/$(BIN)/python PYTHONPATH=$(CURDIR)/tests/cuda/fake/site STREAMRT_CUDA_FAKE=1 \
 	STREAMRT_BENCH_SMOKE=1 GPU_CHECK_QUICK=1 bash scripts/gpu_check.sh $(CURDIR)/gpu-check-out/fake
 
 bench: $(VENV)/.installed

@@ -9,7 +9,7 @@ from typing import Any
 
 SMOKE_ENV = "STREAMRT_BENCH_SMOKE"
 SMOKE_HELP = (f"{SMOKE_ENV}=1: a smoke run (every count cut to a few, one repetition, on top of "
-              "--quick) that only checks the script runs end to end, e.g. on tests/cuda_fake; its "
+              "--quick) that only checks the script runs end to end, e.g. on tests/cuda/fake; its "
               "figures mean nothing")
 
 

@@ -18,7 +18,7 @@ not instantiating it again).
 
 Needs a cuda device: without one, ``run`` returns ``{"rows": [], "skipped": reason}``.
 ``STREAMRT_BENCH_SMOKE=1``: a smoke run (a 10-node chain, one replay, one repetition) that only
-checks that the script works, e.g. on ``tests/cuda_fake``; its figures mean nothing.
+checks that the script works, e.g. on ``tests/cuda/fake``; its figures mean nothing.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ several repetitions after a warm-up. Peers:
 
 Needs a cuda device: without one, ``run`` returns ``{"rows": [], "skipped": reason}``.
 ``STREAMRT_BENCH_SMOKE=1``: a smoke run (a few launches, one repetition) that only checks that the
-script works, e.g. on ``tests/cuda_fake``; its figures mean nothing.
+script works, e.g. on ``tests/cuda/fake``; its figures mean nothing.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ is checked against numpy. The issue gives no target: every row is reported (targ
 
 Needs a cuda device: without one, ``run`` returns ``{"rows": [], "skipped": reason}``.
 ``STREAMRT_BENCH_SMOKE=1``: a smoke run (two calls, one repetition) that only checks that the
-script works, e.g. on ``tests/cuda_fake``; its figures mean nothing.
+script works, e.g. on ``tests/cuda/fake``; its figures mean nothing.
 """
 
 from __future__ import annotations

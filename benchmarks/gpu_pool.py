@@ -14,7 +14,7 @@ the memory back to the device when the release threshold is 0, CUDA's default). 
 The issue asks for the figures and ratios only, so every row is reported (target "info").
 Needs a cuda device: without one, ``run`` returns ``{"rows": [], "skipped": reason}``.
 ``STREAMRT_BENCH_SMOKE=1``: a smoke run (a few pairs, one repetition) that only checks that the
-script works, e.g. on ``tests/cuda_fake``; its figures mean nothing.
+script works, e.g. on ``tests/cuda/fake``; its figures mean nothing.
 """
 
 from __future__ import annotations

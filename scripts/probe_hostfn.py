@@ -13,7 +13,7 @@ import time
 
 if os.environ.get("STREAMRT_CUDA_FAKE") == "1":
     sys.path.insert(0, os.getcwd())
-    from tests.cuda_fake import install
+    from tests.cuda.fake import install
     install()
 from cuda.bindings import runtime as rt
 

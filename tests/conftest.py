@@ -5,12 +5,15 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import subprocess
 import sys
+import textwrap
 import threading
 import time
+from contextlib import contextmanager
 
-if os.environ.get("STREAMRT_CUDA_FAKE") == "1":  # before any device: cuda runs on tests/cuda_fake
-    from tests.cuda_fake import install as _install_fake_cuda
+if os.environ.get("STREAMRT_CUDA_FAKE") == "1":  # before any device: cuda runs on tests/cuda/fake
+    from tests.cuda.fake import install as _install_fake_cuda
 
     _install_fake_cuda()
 
@@ -61,7 +64,7 @@ def set_delays(us: int) -> tuple[int, int]:
     returns the previous values (for :func:`restore_delays`)."""
     prev_fake = 0
     if os.environ.get("STREAMRT_CUDA_FAKE") == "1":
-        from tests.cuda_fake import state
+        from tests.cuda.fake import state
 
         prev_fake = state.set_delay_us(us)
     return cpu.set_delay_us(us), prev_fake
@@ -70,7 +73,7 @@ def set_delays(us: int) -> tuple[int, int]:
 def restore_delays(prev: tuple[int, int]) -> None:
     cpu.set_delay_us(prev[0])
     if os.environ.get("STREAMRT_CUDA_FAKE") == "1":
-        from tests.cuda_fake import state
+        from tests.cuda.fake import state
 
         state.set_delay_us(prev[1])
 
@@ -347,7 +350,7 @@ def _no_fake_cuda_fault():
     if os.environ.get("STREAMRT_CUDA_FAKE") != "1":
         yield
         return
-    from tests.cuda_fake import state
+    from tests.cuda.fake import state
 
     before = len(state.faults)
     yield
@@ -436,3 +439,38 @@ def reentry_lock(monkeypatch, guarded, reclaim=None) -> ReentryLock:
     monkeypatch.setattr(guarded, "_lock", lock)
     monkeypatch.setattr(reclaim or guarded.reclaim, "lock", lock)
     return lock
+
+
+def in_thread(fn):
+    """Run ``fn`` on a new thread; return its result or raise its exception here."""
+    out: dict = {}
+
+    def body():
+        try:
+            out["value"] = fn()
+        except BaseException as exc:
+            out["error"] = exc
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join(timeout=30)
+    assert not t.is_alive(), "helper thread hung"
+    if "error" in out:
+        raise out["error"]
+    return out.get("value")
+
+
+@contextmanager
+def delayed(us: int):
+    """Delay injection of ``us`` microseconds on (see :func:`set_delays`) for the ``with`` block."""
+    prev = set_delays(us)  # the cpu backend's and the fake CUDA runtime's
+    try:
+        yield
+    finally:
+        restore_delays(prev)
+
+
+def _run(code: str, **env: str) -> subprocess.CompletedProcess:
+    """``code`` (dedented) run by this Python in a subprocess, with ``env`` added to the environment."""
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, timeout=20, env=dict(os.environ, **env))

@@ -1,0 +1,1 @@
+"""Contract tests of the graph objects on every backend (see conftest.py)."""

@@ -1,0 +1,1 @@
+"""Contract tests of the stream objects on every backend (see conftest.py)."""

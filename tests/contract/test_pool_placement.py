@@ -1,0 +1,211 @@
+"""Where a pool puts a block (DESIGN.md §3): rounding and alignment, best fit, split remainders,
+coalescing, and pending frees kept through splits and merges."""
+
+from __future__ import annotations
+
+from tests.contract.pools import BLOCK, pool_with, served, stream, used_then_freed
+
+
+# -- best fit, split, coalesce, rounding --------------------------------------------------------
+def test_pool_rounds_to_512_and_aligns(dev):
+    pool = pool_with(dev)
+    s = stream(dev)
+    sizes = [1, 511, 512, 513, 1000, 1025]
+    rounded = [512, 512, 512, 1024, 1024, 1536]
+    ptrs = [s.malloc(n, pool) for n in sizes]
+    assert all(p % 512 == 0 for p in ptrs)
+    assert pool.used_mem_current == sum(rounded)
+    # small requests are carved from the top of one fresh granule down: each block ends
+    # where the previous one starts
+    assert [a - b for a, b in zip(ptrs, ptrs[1:])] == rounded[1:]
+    assert pool.reserved_mem_current == 2 << 20  # all small: one shared 2 MiB granule
+    for p in ptrs:
+        s.free(p)
+    assert pool.used_mem_current == 0
+
+    large = pool_with(dev)  # a fresh pool: no small-chunk remainder to carve from
+    big = s.malloc((1 << 20) + 1, large)  # > 1 MiB: its own chunk, rounded to a 2 MiB granule
+    assert big % 512 == 0
+    assert large.reserved_mem_current == 2 << 20
+    assert large.used_mem_current == (1 << 20) + 512
+    huge = s.malloc((3 << 20) + 1, large)  # the remainder is too small: a 4 MiB chunk
+    assert huge % 512 == 0
+    assert large.reserved_mem_current == 6 << 20
+    assert large.used_mem_current == (1 << 20) + 512 + (3 << 20) + 512
+    s.free(big)
+    s.free(huge)
+
+
+def test_pool_best_fit_chooses_closest_size(dev):
+    pool = pool_with(dev)
+    s = stream(dev)
+    a = s.malloc(4096, pool)
+    s.malloc(512, pool)  # live separators: no two free blocks coalesce
+    b = s.malloc(1024, pool)
+    s.malloc(512, pool)
+    c = s.malloc(2048, pool)
+    s.malloc(512, pool)
+    for p in (a, b, c):
+        s.memset(p, 0, 512)
+        s.free(p)
+    # step 1 (pending on s): the closest size wins, not the latest freed or the largest;
+    # a small request takes the high end of its block
+    assert s.malloc(1000, pool) == b
+    assert s.malloc(1536, pool) == c + 512
+    assert s.malloc(3000, pool) == a + 1024
+    for p in (a + 1024, b, c + 512):
+        s.free(p)  # each merges back with the rest of its block
+    s.synchronize()  # now all three are ready blocks (step 2): best fit again
+    other = stream(dev)
+    assert other.malloc(2000, pool) == c
+    assert other.malloc(4000, pool) == a
+    assert other.malloc(1, pool) == b + 512
+
+
+def test_pool_best_fit_ties_go_to_the_oldest_free(dev):
+    pool = pool_with(dev)
+    s = stream(dev)
+    a = s.malloc(4096, pool)
+    s.malloc(512, pool)  # live separators: the two free blocks stay apart
+    b = s.malloc(4096, pool)
+    s.malloc(512, pool)
+    s.free(b)  # freed first: the oldest of two equal sizes
+    s.free(a)
+    assert s.malloc(4096, pool) == b
+    assert s.malloc(4096, pool) == a
+
+
+def test_pool_best_fit_across_streams(dev):
+    pool = pool_with(dev)
+    a, b, c = stream(dev), stream(dev), stream(dev)
+    p = used_then_freed(pool, b, 4 * BLOCK)
+    q = used_then_freed(pool, c, BLOCK)
+    a.wait(b.record())
+    a.wait(c.record())
+    before = pool.stats()
+    assert a.malloc(BLOCK, pool) == q  # both allowed by events: the closer size wins
+    assert served(pool, before) == ["reuse_event_dependency"]
+    assert a.malloc(3 * BLOCK, pool) == p
+
+
+def test_pool_split_remainder_keeps_pending_free(dev, gate):
+    # A remainder split off a pending block is still pending on the same free: it must not
+    # become reusable by an unrelated stream while the old owner's work is pending.
+    pool = pool_with(dev)
+    a, b, c = stream(dev), stream(dev), stream(dev)
+    gate(b)
+    p = used_then_freed(pool, b)
+    a.wait(b.record())
+    assert a.malloc(512, pool) == p + BLOCK - 512  # event dependency; the rest splits off
+    before = pool.stats()
+    q = c.malloc(BLOCK - 512, pool)  # fits the remainder, but c has no order with b
+    assert not p <= q < p + BLOCK
+    assert served(pool, before) == ["grow_count"]
+    a.wait(b.record())  # with an order, the remainder is fair game
+    before = pool.stats()
+    r = a.malloc(BLOCK // 2, pool)
+    assert p < r < p + BLOCK
+    assert served(pool, before) == ["reuse_event_dependency"]
+
+
+def test_pool_split_remainder_of_a_large_request_keeps_pending_free(dev, gate):
+    # As above, for a request over 1 MiB, which takes the low end of its block (another split).
+    pool = pool_with(dev)
+    a, b, c = stream(dev), stream(dev), stream(dev)
+    gate(b)
+    p = used_then_freed(pool, b, 2 * BLOCK)
+    a.wait(b.record())
+    assert a.malloc(BLOCK, pool) == p  # event dependency; the upper half splits off
+    before = pool.stats()
+    q = c.malloc(BLOCK, pool)  # fits the remainder, but c has no order with b
+    assert not p - BLOCK < q < p + 2 * BLOCK
+    assert served(pool, before) == ["grow_count"]
+
+
+def test_pool_coalesced_pending_free_keeps_the_later_position(dev, gate):
+    # Two neighbours freed on b coalesce into one block pending at the later free: an event of
+    # b between the two frees orders a after the first only, so a cannot reuse the whole.
+    pool = pool_with(dev)
+    a, b = stream(dev), stream(dev)
+    gate(b)
+    x = b.malloc(BLOCK, pool)
+    y = b.malloc(BLOCK, pool)
+    assert y == x + BLOCK  # neighbours
+    b.memset(x, 1, BLOCK)
+    b.free(x)
+    a.wait(b.record())  # after x's free, before y's
+    b.memset(y, 2, BLOCK)
+    b.free(y)  # merges with x: the whole is freed at y's position
+    before = pool.stats()
+    q = a.malloc(2 * BLOCK, pool)
+    assert not x - 2 * BLOCK < q < y + BLOCK
+    assert served(pool, before) == ["grow_count"]
+
+
+def test_pool_split_and_coalesce(dev):
+    pool = pool_with(dev)
+    s = stream(dev)
+    x = s.malloc(512, pool)
+    y = s.malloc(512, pool)
+    z = s.malloc(512, pool)
+    assert (x - y, y - z) == (512, 512)  # small blocks, from the top of the granule down
+    st = pool.stats()
+    assert st["chunks"] == 1 and st["largest_free_block"] == BLOCK - 3 * 512  # split remainder
+    s.memset(x, 0, 512)
+    s.free(x)
+    s.memset(z, 0, 512)
+    s.free(z)  # pending on s, and it absorbs the ready remainder below it
+    st = pool.stats()
+    assert st["largest_free_block"] == BLOCK - 2 * 512
+    s.memset(y, 0, 512)
+    s.free(y)  # the three and the remainder: one block, pending on s
+    assert pool.stats()["largest_free_block"] == BLOCK
+    assert s.malloc(3 * 512, pool) == z  # the high end of the merged block: z, y, x again
+    s.free(z)
+    s.synchronize()  # proven: the whole granule is one ready block (kept: high threshold)
+    st = pool.stats()
+    assert st["largest_free_block"] == BLOCK and st["chunks"] == 1
+    base = z - (BLOCK - 3 * 512)
+    assert stream(dev).malloc(BLOCK, pool) == base  # the whole granule, in one piece
+
+
+def test_pool_statistics_do_not_change_where_a_block_goes(dev):
+    # A fast free next to ready blocks defers merging with them; reading the statistics counts
+    # the merge without making it, so a later exact-size request gets the same block either way.
+    def run(observe: bool) -> tuple[int, ...]:
+        pool = pool_with(dev)
+        s = stream(dev)
+        x = s.malloc(1024, pool)  # the top of the granule
+        y = s.malloc(512, pool)  # below x; the rest of the granule below y is a ready block
+        s.free(x)
+        s.synchronize()  # x ready
+        s.memset(y, 0, 512)
+        s.free(y)  # between two ready blocks
+        if observe:
+            assert pool.stats()["largest_free_block"] == BLOCK  # y with both, once merged
+        z = s.malloc(512, pool)
+        w = s.malloc(1024, pool)
+        s.synchronize()
+        return y - x, z - x, w - x
+
+    assert run(observe=False) == run(observe=True) == (-512, -512, 0)
+
+
+def test_pool_free_coalesces_through_an_absorbed_ready_block(dev):
+    # A free absorbs a ready neighbour, then what lies beyond it freed on the same stream: one
+    # block, which another stream ordered after both frees reuses in one piece.
+    pool = pool_with(dev, reuse_allow_opportunistic=False, reuse_allow_internal_dependencies=False)
+    a, f = stream(dev), stream(dev)
+    x = a.malloc(512, pool)  # the top of a first granule; the rest of it is a ready block
+    f.wait(a.record())  # (f may use what a allocated)
+    f.memset(x, 0, 512)
+    f.free(x)  # the first granule: one block, pending on f
+    y = a.malloc(512, pool)  # a may not reuse it: the top of a second granule
+    f.wait(a.record())
+    f.memset(y, 0, 512)
+    f.free(y)  # absorbs the ready rest of the second granule, then the first granule
+    assert pool.stats()["largest_free_block"] == 2 * BLOCK
+    a.wait(f.record())
+    before = pool.stats()
+    assert a.malloc(BLOCK + BLOCK // 2, pool) == x + 512 - BLOCK  # the low end: the first granule
+    assert served(pool, before) == ["reuse_event_dependency"]

@@ -1,0 +1,1 @@
+"""cuda-backend tests, the fake CUDA runtime (``fake/``) and the kernel emulator (``emu/``)."""

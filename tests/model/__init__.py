@@ -1,0 +1,1 @@
+"""Model-based, state-machine, differential and property tests (hypothesis)."""
