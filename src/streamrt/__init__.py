@@ -52,8 +52,7 @@ from .graph import (
     graph_capture,
 )
 from .kernel import Dim3, Kernel, KernelContext, kernel
-from .memory import MemPool
-from .pool_attr import MemPoolAttr
+from .pool import MemPool, MemPoolAttr
 from .stream import Event, Stream, current_stream
 from .tensor import Tensor, TensorDesc
 from .trace import trace  # noqa: E402

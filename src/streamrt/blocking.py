@@ -12,7 +12,7 @@ from .device import Device, current_device, devices
 from .errors import InvalidAddressError, InvalidTypeError, InvalidValueError, OutOfMemoryError
 from .graph.capture import check_unsafe
 from .hostsync import synchronize_device
-from .memory import device_of
+from .pool import device_of
 from .stream import current_stream
 from .validate import check_ptr, check_size, host_array, is_int
 
@@ -34,7 +34,7 @@ def free(ptr: int) -> None:
     if ptr == 0:
         return  # cudaFree(NULL) is a no-op
     from .graph import memory as graph_memory
-    from .memory import find_pool
+    from .pool import find_pool
 
     # whose memory it is: a pool's, a graph's (it outlives its launch until freed, cudaFree
     # included) or a device's srt.malloc; then one path: synchronize, tell, release

@@ -230,7 +230,7 @@ class Sanitizer:
         while it was off is unknown, so the history goes, and the live allocations count as made
         before everything to come (pool memory allocated earlier was "never covered" before)."""
         from .backends.cpu import SPACE
-        from .memory import _owners, _pools
+        from .pool.arena_pool import _owners, _pools
 
         with self._lock:
             self._gens.clear()
@@ -428,7 +428,7 @@ class Sanitizer:
     @staticmethod
     def _in_pool_chunk(ptr: int) -> bool:
         from .backends.cpu import SPACE
-        from .memory import _pools
+        from .pool.arena_pool import _pools
 
         alloc = SPACE.find(ptr)
         return alloc is not None and any(alloc.base in p._chunks for p in members(_pools))

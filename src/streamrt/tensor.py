@@ -213,7 +213,7 @@ class Tensor:
             raise InvalidValueError(f"ptr {hex(ptr)} is not aligned to the {desc.itemsize} bytes of "
                                     f"{desc.dtype} (cudaErrorMisalignedAddress on a GPU)")
         if device is None:  # the memory's device (srt.malloc's, interior pointers too), else current
-            from .memory import device_of
+            from .pool import device_of
 
             dev = device_of(int(ptr)) or Device(None)
         else:

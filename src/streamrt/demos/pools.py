@@ -10,7 +10,7 @@ import numpy as np
 from ..blocking import free_host, malloc_host, read
 from ..device import Device
 from ..kernel import kernel
-from ..memory import MemPool
+from ..pool import MemPool
 from ..stream import Stream
 from . import check, guarded, not_available, table
 from ._gate import HostGate

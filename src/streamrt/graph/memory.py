@@ -32,7 +32,6 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from ..arena import ALIGN
 from ..errors import (
     InvalidAddressError,
     InvalidValueError,
@@ -41,6 +40,7 @@ from ..errors import (
     StreamRTError,
 )
 from ..hooks import sync_listeners
+from ..pool.arena import ALIGN
 
 if TYPE_CHECKING:
     from ..device import Device

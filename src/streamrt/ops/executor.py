@@ -73,7 +73,7 @@ def check_room(what: str, ptr: int, need: int, device: Any, align: int = 1) -> i
     """``ptr`` must be in live memory of ``device`` with ``need`` bytes from it (pointer
     arithmetic inside an allocation is fine) and a multiple of ``align``; returns the bytes
     there."""
-    from ..memory import device_of, usable_bytes  # stream.py must be imported before memory.py
+    from ..pool import device_of, usable_bytes  # stream.py must be imported before memory.py
 
     have = usable_bytes(ptr)
     if have is None:

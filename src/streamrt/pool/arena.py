@@ -1,6 +1,6 @@
 """A pool's arena: one reserved address range, physical memory mapped into it by granule.
 
-Mixed into :class:`~streamrt.memory.MemPool` (all state is the pool's, guarded by its lock):
+Mixed into :class:`~streamrt.pool.MemPool` (all state is the pool's, guarded by its lock):
 ``_arena`` (base address, 0 before the first allocation), ``_va`` (its size: the device's
 capacity), ``_top`` (where the blocks end), ``_mapped`` (offsets of mapped granules; reserved
 bytes are ``len(_mapped) * _granule``, see :func:`granule_for`) and ``_holes`` (some granule
@@ -15,12 +15,12 @@ import mmap
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from .errors import OutOfMemoryError, StreamRTError
+from ..errors import OutOfMemoryError, StreamRTError
 from .freelist import Block as _Block
 from .freelist import FreeList as _FreeList
 
 if TYPE_CHECKING:
-    from .stream import Stream
+    from ..stream import Stream
 
 ALIGN = 512
 GRANULE = 2 << 20  # physical memory is mapped into a pool's arena in granules of this size
@@ -87,7 +87,7 @@ class ArenaMixin:
         # cannot be while it has live allocations: ``_owners`` refers to it)
         self._finalizer = weakref.finalize(self, impl.reclaim, _release_arena, impl, base,
                                           self._mapped, self._granule)
-        from .backends.cpu import SPACE
+        from ..backends.cpu import SPACE
 
         arena = SPACE.get(base)
         if arena is not None:  # cpu backend: enqueue-time copies/memsets check block bounds

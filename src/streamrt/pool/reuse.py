@@ -1,4 +1,4 @@
-"""The reuse decision of DESIGN.md §3, steps 1-7, for :class:`~streamrt.memory.MemPool`.
+"""The reuse decision of DESIGN.md §3, steps 1-7, for :class:`~streamrt.pool.MemPool`.
 
 Mixed into the pool (its state, under its lock): each step looks for the best-fit block it
 may use, skipping blocks whose unmapped granules could not be mapped under ``max_size``.
@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..errors import OutOfMemoryError
 from .arena import ALIGN
-from .errors import OutOfMemoryError
 from .freelist import Block as _Block
 
 if TYPE_CHECKING:
-    from .stream import Stream
+    from ..stream import Stream
 
 
 class ReuseMixin:

@@ -11,14 +11,14 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
-from .device import Device
-from .errors import InvalidAddressError, InvalidValueError
-from .memory import MemPool, _owners
-from .pool_attr import MemPoolAttr, nonneg, options
-from .pool_attr import parse as parse_attr
+from ..device import Device
+from ..errors import InvalidAddressError, InvalidValueError
+from .arena_pool import MemPool, _owners
+from .attrs import MemPoolAttr, nonneg, options
+from .attrs import parse as parse_attr
 
 if TYPE_CHECKING:
-    from .stream import Stream
+    from ..stream import Stream
 
 _NOT_EXPOSED = (
     "reuse_same_stream", "reuse_after_sync", "reuse_event_dependency", "reuse_opportunistic",

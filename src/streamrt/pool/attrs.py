@@ -1,6 +1,6 @@
 """Memory pool attributes, numbered as ``cudaMemPoolAttr``: validation, and one property each.
 
-Both pool classes (:class:`~streamrt.memory.MemPool` and the backend-native one) read and write
+Both pool classes (:class:`~streamrt.pool.MemPool` and the backend-native one) read and write
 attributes through ``get_attr``/``set_attr``; the properties here are written once for both.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 from enum import IntEnum
 from typing import Any
 
-from .errors import InvalidTypeError, InvalidValueError
-from .validate import is_bool, is_int
+from ..errors import InvalidTypeError, InvalidValueError
+from ..validate import is_bool, is_int
 
 
 class MemPoolAttr(IntEnum):

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from sortedcontainers import SortedList
 
 if TYPE_CHECKING:
-    from .stream import Stream
+    from ..stream import Stream
 
 __all__ = ["Block", "FreeList"]
 

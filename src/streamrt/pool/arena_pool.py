@@ -48,21 +48,21 @@ from typing import TYPE_CHECKING, Any
 
 from sortedcontainers import SortedDict
 
-from . import instrument
-from .arena import ALIGN, SMALL_REQUEST, ArenaMixin, granule_for
-from .device import Device, members
-from .errors import (
+from .. import instrument
+from ..device import Device, members
+from ..errors import (
     InvalidAddressError,
     InvalidHandleError,
     InvalidValueError,
     OutOfMemoryError,
 )
+from ..hooks import sync_listeners
+from .arena import ALIGN, SMALL_REQUEST, ArenaMixin, granule_for
+from .attrs import FLAGS, MemPoolAttr, nonneg, options, with_attr_properties
+from .attrs import parse as parse_attr
+from .attrs import value as attr_value
 from .freelist import Block as _Block
 from .freelist import FreeList as _FreeList
-from .hooks import sync_listeners
-from .pool_attr import FLAGS, MemPoolAttr, nonneg, options, with_attr_properties
-from .pool_attr import parse as parse_attr
-from .pool_attr import value as attr_value
 from .reuse import ReuseMixin
 
 _addr = attrgetter("addr")
@@ -74,7 +74,7 @@ def _absorbs(b: _Block, nb: _Block) -> bool:
     return not nb.live and (nb.stream is None or nb.stream is b.stream)
 
 if TYPE_CHECKING:
-    from .stream import Stream
+    from ..stream import Stream
 
 __all__ = ["MemPool", "MemPoolAttr", "pool_of", "find_pool"]
 
@@ -152,7 +152,7 @@ class MemPool(ArenaMixin, ReuseMixin):
 
     def __new__(cls, device: Any = None, **kwargs: Any) -> MemPool:
         if cls is MemPool and Device(device)._impl.pools is not None:
-            from .native_pool import NativeMemPool  # the backend's own pools (cudaMemPool_t)
+            from .native import NativeMemPool  # the backend's own pools (cudaMemPool_t)
 
             return object.__new__(NativeMemPool)
         return object.__new__(cls)
@@ -160,7 +160,7 @@ class MemPool(ArenaMixin, ReuseMixin):
     @classmethod
     def _make_default(cls, device: Device) -> MemPool:
         if device._impl.pools is not None:
-            from .native_pool import NativeMemPool
+            from .native import NativeMemPool
 
             return NativeMemPool._make_default(device)
         pool = cls(device)
@@ -615,7 +615,7 @@ def usable_bytes(ptr: int) -> int | None:
     pool = _owners.get(ptr)
     if pool is not None:
         return pool._usable(ptr)
-    from .backends.cpu import SPACE
+    from ..backends.cpu import SPACE
 
     alloc = SPACE.find(ptr)
     if alloc is None:
@@ -634,8 +634,8 @@ def device_of(ptr: int) -> Device | None:
     pool = _owners.get(ptr)
     if pool is not None:
         return pool.device
-    from .backends.cpu import SPACE
-    from .device import devices
+    from ..backends.cpu import SPACE
+    from ..device import devices
 
     alloc = SPACE.find(ptr)
     if alloc is not None:
