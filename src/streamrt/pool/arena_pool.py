@@ -58,7 +58,7 @@ from ..errors import (
 )
 from ..hooks import sync_listeners
 from .arena import ALIGN, SMALL_REQUEST, ArenaMixin, granule_for
-from .attrs import FLAGS, MemPoolAttr, nonneg, options, with_attr_properties
+from .attrs import OPTIONS, MemPoolAttr, PoolOptions, nonneg, with_attr_properties
 from .attrs import parse as parse_attr
 from .attrs import value as attr_value
 from .freelist import Block as _Block
@@ -119,9 +119,8 @@ class MemPool(ArenaMixin, ReuseMixin):
         reuse_allow_internal_dependencies: bool = True,
     ) -> None:
         self.device = Device(device)
-        (self.max_size, self._threshold, self._follow_events, self._opportunistic,
-         self._internal) = options(max_size, release_threshold, reuse_follow_event_dependencies,
-                                    reuse_allow_opportunistic, reuse_allow_internal_dependencies)
+        self._opts = PoolOptions(max_size, release_threshold, reuse_follow_event_dependencies,
+                                 reuse_allow_opportunistic, reuse_allow_internal_dependencies)
         self._is_default = False
         self._destroyed = False
         self._lock = threading.Lock()
@@ -167,6 +166,11 @@ class MemPool(ArenaMixin, ReuseMixin):
         pool._is_default = True
         return pool
 
+    @property
+    def max_size(self) -> int:
+        """The most bytes the pool may reserve (0: the device's capacity)."""
+        return self._opts.max_size
+
     def __repr__(self) -> str:
         kind = "default " if self._is_default else ""
         return (
@@ -182,10 +186,9 @@ class MemPool(ArenaMixin, ReuseMixin):
     def get_attr(self, attr: MemPoolAttr | int) -> int:
         """``cudaMemPoolGetAttribute``: flags as 0/1, sizes in bytes."""
         attr = parse_attr(attr)
-        if attr in FLAGS:
-            return int(getattr(self, FLAGS[attr]))
+        if attr in OPTIONS:  # the reuse flags and the release threshold
+            return int(getattr(self._opts, OPTIONS[attr]))
         return {
-            MemPoolAttr.RELEASE_THRESHOLD: self._threshold,
             MemPoolAttr.RESERVED_MEM_CURRENT: self._reserved,
             MemPoolAttr.RESERVED_MEM_HIGH: self._reserved_high,
             MemPoolAttr.USED_MEM_CURRENT: self._used,
@@ -200,16 +203,13 @@ class MemPool(ArenaMixin, ReuseMixin):
 
     def _store_attr(self, attr: MemPoolAttr, value: int) -> None:
         """Apply a validated attribute write (a ``*_HIGH`` write resets the watermark)."""
-        if attr in FLAGS:
-            setattr(self, FLAGS[attr], bool(value))
-        elif attr is MemPoolAttr.RELEASE_THRESHOLD:
-            self._threshold = value
-        else:
-            with self._lock:
-                if attr is MemPoolAttr.RESERVED_MEM_HIGH:
-                    self._reserved_high = self._reserved
-                else:
-                    self._used_high = self._used
+        with self._lock:  # one write at a time: another thread's option change is not lost
+            if attr in OPTIONS:
+                self._opts = self._opts.with_attr(attr, value)
+            elif attr is MemPoolAttr.RESERVED_MEM_HIGH:
+                self._reserved_high = self._reserved
+            else:
+                self._used_high = self._used
 
     def stats(self) -> dict[str, int]:
         """The eight attributes, the per-step reuse counters, and ``largest_free_block``."""
@@ -547,7 +547,7 @@ class MemPool(ArenaMixin, ReuseMixin):
                     del self._pending[sid], self._pstream[sid]
             if not self._pending:
                 _busy.discard(self)
-            keep = 0 if self._destroyed else self._threshold
+            keep = 0 if self._destroyed else self._opts.release_threshold
             if self._reserved > keep:
                 self._release_granules(keep)
 
@@ -602,7 +602,7 @@ class MemPool(ArenaMixin, ReuseMixin):
 def _on_any_sync(device: Device) -> None:
     # A synchronize of one device can prove frees of streams of another (events carry clocks).
     for pool in members(_pools):  # another thread may create or drop a pool meanwhile
-        if pool._pending or pool._destroyed or pool._reserved > pool._threshold:
+        if pool._pending or pool._destroyed or pool._reserved > pool._opts.release_threshold:
             pool._on_sync()
 
 

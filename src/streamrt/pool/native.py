@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ..device import Device
 from ..errors import InvalidAddressError, InvalidValueError
 from .arena_pool import MemPool, _owners
-from .attrs import MemPoolAttr, nonneg, options
+from .attrs import OPTIONS, MemPoolAttr, PoolOptions, nonneg
 from .attrs import parse as parse_attr
 
 if TYPE_CHECKING:
@@ -42,9 +42,9 @@ class NativeMemPool(MemPool):
         _handle: Any = None,
     ) -> None:
         self.device = Device(device)
-        self.max_size, threshold, *flags = options(
-            max_size, release_threshold, reuse_follow_event_dependencies,
-            reuse_allow_opportunistic, reuse_allow_internal_dependencies)
+        # validated here; the driver holds the values from now on (set_attr writes them there)
+        self._opts = PoolOptions(max_size, release_threshold, reuse_follow_event_dependencies,
+                                 reuse_allow_opportunistic, reuse_allow_internal_dependencies)
         self._impl = self.device._impl
         self._handle = _handle if _handle is not None else self._impl.pool_create(self.max_size)
         self._is_default = _handle is not None
@@ -54,9 +54,8 @@ class NativeMemPool(MemPool):
         self._live: set[int] = set()
         self._counts = {"alloc_count": 0, "free_count": 0}
         if _handle is None:  # a wrapped default pool keeps the driver's settings
-            for attr, value in zip((1, 2, 3), flags, strict=True):
-                self._impl.pool_set(self._handle, attr, int(value))
-            self._impl.pool_set(self._handle, MemPoolAttr.RELEASE_THRESHOLD, threshold)
+            for attr, name in OPTIONS.items():  # the three flags, then the threshold
+                self._impl.pool_set(self._handle, int(attr), int(getattr(self._opts, name)))
         self.device._pools.add(self)
 
     @classmethod

@@ -35,13 +35,13 @@ class ReuseMixin:
             st["reuse_after_sync"] += 1
             return b
         others = [(sid, fl) for sid, fl in self._pending.items() if sid != a.id and fl.count]
-        if others and self._follow_events:
+        if others and self._opts.reuse_follow_event_dependencies:
             clock = a._clock
             b = self._best_of(others, size, lambda sid: clock.get(sid, 0))
             if b is not None:
                 st["reuse_event_dependency"] += 1
                 return b
-        if others and self._opportunistic:
+        if others and self._opts.reuse_allow_opportunistic:
             b = self._best_of(others, size, lambda sid: self._pstream[sid]._q.done)
             if b is not None:
                 st["reuse_opportunistic"] += 1
@@ -54,7 +54,7 @@ class ReuseMixin:
         if b is not None:
             st["grow_count"] += 1
             return b
-        if others and self._internal:
+        if others and self._opts.reuse_allow_internal_dependencies:
             b = self._best_of(others, size, None)
             if b is not None:
                 f = b.stream
