@@ -40,7 +40,6 @@ from typing import Any
 from sortedcontainers import SortedList
 
 from . import instrument
-from .device import members
 from .errors import InvalidValueError, SanitizerError
 from .instrument import GRAPH_MEMORY, OpInfo
 from .validate import check_bool, env_flag, is_int
@@ -230,7 +229,7 @@ class Sanitizer:
         while it was off is unknown, so the history goes, and the live allocations count as made
         before everything to come (pool memory allocated earlier was "never covered" before)."""
         from .backends.cpu import SPACE
-        from .pool.arena_pool import _owners, _pools
+        from .pool import registry
 
         with self._lock:
             self._gens.clear()
@@ -243,13 +242,10 @@ class Sanitizer:
             # those ops may still run: checked against the new history, their memory would have
             # been allocated after them (a false use-before-alloc)
             self._since = next(instrument._seq)
-        arenas = {base for pool in members(_pools) for base in pool._chunks}
+        arenas = registry.arenas()
         live = [(a.base, a.size) for a in SPACE.allocations()
                 if a.device >= 0 and a.base not in arenas]  # srt.malloc's memory
-        for ptr, pool in list(_owners.items()):  # pool blocks
-            size = pool._usable(ptr)
-            if size is not None:
-                live.append((ptr, size))
+        live += registry.live_blocks()  # pool blocks
         for ptr, nbytes in live:
             self._allocated(ptr, nbytes, _Event(None, f"allocation of {hex(ptr)} ({nbytes} B), "
                                                       "made before the sanitizer was enabled"),
@@ -428,10 +424,10 @@ class Sanitizer:
     @staticmethod
     def _in_pool_chunk(ptr: int) -> bool:
         from .backends.cpu import SPACE
-        from .pool.arena_pool import _pools
+        from .pool import registry
 
         alloc = SPACE.find(ptr)
-        return alloc is not None and any(alloc.base in p._chunks for p in members(_pools))
+        return alloc is not None and alloc.base in registry.arenas()
 
     def _find(self, kind: str, ptr: int, nbytes: int, op: Any, other: Any, msg: str,
               gen: _Gen | None = None) -> Finding:

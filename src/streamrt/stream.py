@@ -34,7 +34,7 @@ from .event import Event
 from .hostsync import after_sync, covered, reach, reset_device, retire, synchronize_device
 from .kernel import Kernel, KernelContext, dim3, exact_ints
 from .pool import MemPool, pool_of
-from .pool.arena_pool import _owners
+from .pool.registry import _owners
 from .validate import (
     check_bool,
     check_byte,

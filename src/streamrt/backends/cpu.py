@@ -44,7 +44,7 @@ from ..errors import (
 )
 from ..reclaim import Reclaim
 from ..validate import env_int, is_int
-from .base import Backend, DeviceImpl, Queue
+from .base import Backend, DeviceImpl, MemRange, Queue
 
 ALIGN = 512
 _GUARD = ALIGN  # gap between consecutive allocations
@@ -486,7 +486,7 @@ class CpuDevice(DeviceImpl):
             raise OutOfMemoryError(f"cpu:{self.index}: host refused {nbytes} bytes") from exc
 
     # -- pool arenas: address space reserved whole, physical memory committed by granule --------
-    def reserve(self, nbytes: int) -> int:
+    def reserve(self, nbytes: int, *, check: Callable[[int, int], None] | None = None) -> int:
         """Reserve ``nbytes`` of addresses backed by lazily committed memory (a pool arena)."""
         size = _round_up(max(nbytes, 1), mmap.PAGESIZE)
         flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE
@@ -495,6 +495,7 @@ class CpuDevice(DeviceImpl):
         except (OSError, OverflowError) as exc:
             raise OutOfMemoryError(f"cpu:{self.index}: cannot reserve {size} bytes of addresses") from exc
         alloc = SPACE.allocate(self.index, size, buf=np.frombuffer(mm, np.uint8))
+        alloc.sub = check
         self._arenas[alloc.base] = mm
         return alloc.base
 
@@ -573,6 +574,10 @@ class CpuDevice(DeviceImpl):
     def endpoint(self, ptr: int, nbytes: int) -> np.ndarray:
         return SPACE.span(ptr, nbytes)
 
+    def range_of(self, ptr: int) -> MemRange | None:  # minimal (pool branch): the lead's replaces it
+        r = _range_of(ptr)
+        return r if r is not None and r.device in (self.index, HOST_DEVICE) else None
+
 
 
 class CpuBackend(Backend):
@@ -601,3 +606,15 @@ class CpuBackend(Backend):
         if alloc is None or alloc.device != HOST_DEVICE:
             raise InvalidAddressError(f"free_host of {_hex(ptr)}: not a live pinned host allocation")
         SPACE.release(ptr)
+
+    def range_of(self, ptr: int) -> MemRange | None:  # minimal (pool branch): the lead's replaces it
+        return _range_of(ptr)
+
+
+def _range_of(ptr: int) -> MemRange | None:
+    a = SPACE.find(ptr)
+    if a is None:
+        return None
+    kind = ("host" if a.device == HOST_DEVICE else "graph" if a.virtual
+            else "arena" if a.sub is not None else "malloc")
+    return MemRange(a.base, a.size, a.device, kind, a.buf is not None)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .arena_pool import MemPool, device_of, find_pool, pool_of, usable_bytes
+from .arena_pool import MemPool
 from .attrs import MemPoolAttr
+from .registry import device_of, find_pool, pool_of, usable_bytes
 
 __all__ = ["MemPool", "MemPoolAttr", "device_of", "find_pool", "pool_of", "usable_bytes"]

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import mmap
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..errors import OutOfMemoryError, StreamRTError
+from ..errors import InvalidAddressError, OutOfMemoryError, StreamRTError
+from . import registry
 from .freelist import Block as _Block
 from .freelist import FreeList as _FreeList
 
@@ -82,22 +84,14 @@ class ArenaMixin:
         # free blocks a stream cannot use yet never stop the arena from growing
         gr = self._granule
         self._va = max(gr, (impl.capacity + gr - 1) // gr * gr)
-        self._arena = base = impl.reserve(self._va)
+        # enqueue-time copies and memsets into the arena are checked against its live blocks
+        ref = weakref.ref(self)  # neither the backend nor the registry keeps the pool alive
+        self._arena = base = impl.reserve(self._va, check=_checker(ref))
         # a pool dropped without destroy() gives its memory back when it is collected (it
         # cannot be while it has live allocations: ``_owners`` refers to it)
         self._finalizer = weakref.finalize(self, impl.reclaim, _release_arena, impl, base,
                                           self._mapped, self._granule)
-        from ..backends.cpu import SPACE
-
-        arena = SPACE.get(base)
-        if arena is not None:  # cpu backend: enqueue-time copies/memsets check block bounds
-            ref = weakref.ref(self)  # the address space must not keep the pool alive
-            arena.sub = lambda ptr, nbytes, base=base: ref()._check_range(base, ptr, nbytes)
-
-    @property
-    def _chunks(self) -> dict[int, int]:
-        """The pool's reserved range, ``{base: size}`` (empty before the first allocation)."""
-        return {self._arena: self._va} if self._arena else {}
+        registry._arenas[base] = ref
 
     def _release_granules(self, keep: int) -> None:
         """Unmap mapped granules lying wholly inside ready free blocks, from the top of the
@@ -169,6 +163,7 @@ class ArenaMixin:
             self._reserved -= self._granule
         self._mapped.clear()
         self._finalizer.detach()
+        registry._arenas.pop(self._arena, None)  # first: once unreserved, the base may be reused
         self.device._impl.unreserve(self._arena)
         self._blocks.clear()
         self._ready = _FreeList()
@@ -176,7 +171,18 @@ class ArenaMixin:
         self._holes = False
 
 
+def _checker(ref: weakref.ref) -> Callable[[int, int], None]:
+    """The arena's ``check(ptr, nbytes)`` for the backend: the range lies in one live block."""
+    def check(ptr: int, nbytes: int) -> None:
+        pool = ref()
+        if pool is None:
+            raise InvalidAddressError(f"{hex(ptr)} is in the arena of a pool that was collected")
+        pool._check_range(ptr, nbytes)
+    return check
+
+
 def _release_arena(impl: Any, base: int, mapped: set[int], granule: int) -> None:
+    registry._arenas.pop(base, None)
     try:
         for g in mapped:
             impl.decommit(base, g, granule)

@@ -42,27 +42,26 @@ State and invariants (per pool, all guarded by ``_lock``):
 from __future__ import annotations
 
 import threading
-import weakref
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from sortedcontainers import SortedDict
 
 from .. import instrument
-from ..device import Device, members
+from ..device import Device
 from ..errors import (
     InvalidAddressError,
     InvalidHandleError,
     InvalidValueError,
     OutOfMemoryError,
 )
-from ..hooks import sync_listeners
 from .arena import ALIGN, SMALL_REQUEST, ArenaMixin, granule_for
 from .attrs import OPTIONS, MemPoolAttr, PoolOptions, nonneg, with_attr_properties
 from .attrs import parse as parse_attr
 from .attrs import value as attr_value
 from .freelist import Block as _Block
 from .freelist import FreeList as _FreeList
+from .registry import _arenas, _busy, _owners, _pools
 from .reuse import ReuseMixin
 
 _addr = attrgetter("addr")
@@ -75,30 +74,6 @@ def _absorbs(b: _Block, nb: _Block) -> bool:
 
 if TYPE_CHECKING:
     from ..stream import Stream
-
-__all__ = ["MemPool", "MemPoolAttr", "pool_of", "find_pool"]
-
-# live pool pointer -> its pool (a pointer always returns to the pool that owns it)
-_owners: dict[int, MemPool] = {}
-_busy: set[MemPool] = set()  # pools with frees no synchronize has proven yet
-_pools: weakref.WeakSet[MemPool] = weakref.WeakSet()
-
-
-def find_pool(ptr: int) -> MemPool | None:
-    """The pool owning the live allocation that starts at ``ptr``, or None."""
-    return _owners.get(ptr)
-
-
-def pool_of(ptr: int) -> MemPool:
-    """The pool owning ``ptr``; raises :class:`InvalidAddressError` for anything else."""
-    pool = _owners.get(ptr)
-    if pool is None:
-        raise InvalidAddressError(
-            f"free of {hex(ptr)}: not a live stream-ordered allocation (double free, an interior "
-            "pointer, or memory from srt.malloc, which srt.free releases)"
-        )
-    return pool
-
 
 def _round(n: int) -> int:
     return (max(n, 1) + ALIGN - 1) // ALIGN * ALIGN
@@ -294,8 +269,8 @@ class MemPool(ArenaMixin, ReuseMixin):
             self._stats["alloc_count"] += 1
         return block.addr
 
-    def _check_range(self, chunk: int, ptr: int, nbytes: int) -> None:
-        """The arena's ``sub`` hook: ``[ptr, ptr + nbytes)`` must lie in one live block."""
+    def _check_range(self, ptr: int, nbytes: int) -> None:
+        """The arena's ``check``: ``[ptr, ptr + nbytes)`` must lie in one live block."""
         with self._lock:
             b = self._holding(ptr)
             if b is None or not b.live or ptr + nbytes > b.addr + b.size:
@@ -533,6 +508,8 @@ class MemPool(ArenaMixin, ReuseMixin):
 
     def _on_sync(self) -> None:
         """Promote the frees a host synchronize proved, then apply the release threshold."""
+        if not (self._pending or self._destroyed or self._reserved > self._opts.release_threshold):
+            return  # nothing to promote or release (read without the lock: a hint)
         with self._lock:
             if self._dirty:
                 self._settle()
@@ -586,6 +563,7 @@ class MemPool(ArenaMixin, ReuseMixin):
                     _owners.pop(addr, None)
             if self._arena:
                 self._finalizer.detach()  # the device reset released the arena
+                _arenas.pop(self._arena, None)
             self._blocks.clear()
             self._mapped.clear()
             self._arena = self._top = 0
@@ -597,50 +575,3 @@ class MemPool(ArenaMixin, ReuseMixin):
             _busy.discard(self)
             self._reserved = self._used = 0
             self._destroyed = True
-
-
-def _on_any_sync(device: Device) -> None:
-    # A synchronize of one device can prove frees of streams of another (events carry clocks).
-    for pool in members(_pools):  # another thread may create or drop a pool meanwhile
-        if pool._pending or pool._destroyed or pool._reserved > pool._opts.release_threshold:
-            pool._on_sync()
-
-
-sync_listeners.append(_on_any_sync)
-
-
-def usable_bytes(ptr: int) -> int | None:
-    """Bytes from ``ptr`` to the end of the live allocation holding it (a pool block or an
-    ``srt.malloc`` allocation: pointer arithmetic inside one is legal); None when in none."""
-    pool = _owners.get(ptr)
-    if pool is not None:
-        return pool._usable(ptr)
-    from ..backends.cpu import SPACE
-
-    alloc = SPACE.find(ptr)
-    if alloc is None:
-        dev = device_of(ptr)  # another backend's memory (cuda)
-        return None if dev is None else dev._impl.usable(ptr)
-    if alloc.device < 0:
-        return None
-    for p in members(_pools):  # a pool's arena is not itself an allocation the user owns
-        if alloc.base == p._arena:
-            return p._room(ptr)  # inside one of its blocks, if live
-    return alloc.end - ptr
-
-
-def device_of(ptr: int) -> Device | None:
-    """The device whose memory holds ``ptr`` (None: pinned host memory, or no allocation)."""
-    pool = _owners.get(ptr)
-    if pool is not None:
-        return pool.device
-    from ..backends.cpu import SPACE
-    from ..device import devices
-
-    alloc = SPACE.find(ptr)
-    if alloc is not None:
-        return Device(f"cpu:{alloc.device}") if alloc.device >= 0 else None
-    for dev in devices():
-        if dev.backend != "cpu" and dev._impl.contains(ptr, 1):
-            return dev
-    return None

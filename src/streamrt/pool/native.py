@@ -11,13 +11,16 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
+from ..backends.base import NativePools
 from ..device import Device
 from ..errors import InvalidAddressError, InvalidValueError
-from .arena_pool import MemPool, _owners
+from .arena_pool import MemPool
 from .attrs import OPTIONS, MemPoolAttr, PoolOptions, nonneg
 from .attrs import parse as parse_attr
+from .registry import _owners
 
 if TYPE_CHECKING:
+    from ..backends.base import DeviceImpl, Queue
     from ..stream import Stream
 
 _NOT_EXPOSED = (
@@ -45,22 +48,22 @@ class NativeMemPool(MemPool):
         # validated here; the driver holds the values from now on (set_attr writes them there)
         self._opts = PoolOptions(max_size, release_threshold, reuse_follow_event_dependencies,
                                  reuse_allow_opportunistic, reuse_allow_internal_dependencies)
-        self._impl = self.device._impl
-        self._handle = _handle if _handle is not None else self._impl.pool_create(self.max_size)
+        self._native = _native_pools(self.device._impl)
+        self._handle = _handle if _handle is not None else self._native.create(self.max_size)
         self._is_default = _handle is not None
         self._destroyed = False
         self._final: dict[MemPoolAttr, int] = {}  # the attributes when destroyed
         self._lock = threading.Lock()
-        self._live: set[int] = set()
+        self._live: dict[int, int] = {}  # live pointer -> bytes asked for
         self._counts = {"alloc_count": 0, "free_count": 0}
         if _handle is None:  # a wrapped default pool keeps the driver's settings
             for attr, name in OPTIONS.items():  # the three flags, then the threshold
-                self._impl.pool_set(self._handle, int(attr), int(getattr(self._opts, name)))
+                self._native.set(self._handle, int(attr), int(getattr(self._opts, name)))
         self.device._pools.add(self)
 
     @classmethod
     def _make_default(cls, device: Device) -> MemPool:
-        return cls(device, _handle=device._impl.pool_default())
+        return cls(device, _handle=_native_pools(device._impl).default())
 
     def __repr__(self) -> str:
         kind = "default " if self._is_default else ""
@@ -75,11 +78,11 @@ class NativeMemPool(MemPool):
             gone = not self._live and attr in (MemPoolAttr.RESERVED_MEM_CURRENT,
                                                MemPoolAttr.USED_MEM_CURRENT)
             return 0 if gone else self._final.get(attr, 0)
-        return self._impl.pool_get(self._handle, int(attr))
+        return self._native.get(self._handle, int(attr))
 
     def _store_attr(self, attr: MemPoolAttr, value: int) -> None:
         """The driver applies the write (and resets a watermark written 0)."""
-        self._impl.pool_set(self._handle, int(attr), value)
+        self._native.set(self._handle, int(attr), value)
 
     def stats(self) -> dict[str, Any]:
         """The eight attributes and the alloc/free counts; counters CUDA hides are None."""
@@ -101,11 +104,11 @@ class NativeMemPool(MemPool):
         got: list[int] = []
         # cudaMallocFromPoolAsync is work of the stream (it may make it wait for another stream's
         # free): an operation of its queue, so that a synchronize of the stream waits for it
-        stream._submit(lambda: got.append(self._impl.pool_malloc(self._handle, nbytes, stream._q)),
+        stream._submit(lambda: got.append(self._native.malloc(self._handle, nbytes, stream._q)),
                        (), "malloc", f"malloc {nbytes} B")
         ptr = got[0]
         with self._lock:
-            self._live.add(ptr)
+            self._live[ptr] = max(nbytes, 1)
             _owners[ptr] = self
             self._counts["alloc_count"] += 1
         return ptr
@@ -121,24 +124,23 @@ class NativeMemPool(MemPool):
         self._forget(ptr)
         # an operation of the queue (see _malloc): a synchronize of a stream that did nothing but
         # free must still be one, where the driver applies the release threshold
-        stream._submit(self._impl.pool_free, (ptr, stream._q), "free", f"free {hex(ptr)}")
+        stream._submit(self._native.free, (ptr, stream._q), "free", f"free {hex(ptr)}")
 
     def _free_now(self, ptr: int) -> None:
         """``srt.free`` of pool memory: the device is already synchronized; returns once freed."""
         self._forget(ptr)
-        self._impl.pool_free_now(ptr)
+        self._native.free_now(ptr)
 
     def _forget(self, ptr: int) -> None:
         with self._lock:
             if ptr not in self._live or _owners.get(ptr) is not self:
                 raise InvalidAddressError(f"free of {hex(ptr)}: not a live allocation of {self!r}")
-            self._live.discard(ptr)
-            del _owners[ptr]
+            del self._live[ptr], _owners[ptr]
             self._counts["free_count"] += 1
 
     def _usable(self, ptr: int) -> int | None:
         """Bytes of the live allocation starting at ``ptr`` (None: not one of this pool)."""
-        return self._impl.usable(ptr) if ptr in self._live else None
+        return self._live.get(ptr)
 
     def _on_sync(self) -> None:
         """The driver applies the release threshold at synchronize points itself."""
@@ -147,7 +149,7 @@ class NativeMemPool(MemPool):
         """``cudaMemPoolTrimTo``."""
         keep = nonneg(min_bytes_to_keep, "min_bytes_to_keep")
         self._check_alive()
-        self._impl.pool_trim(self._handle, keep)
+        self._native.trim(self._handle, keep)
 
     def destroy(self) -> None:
         """``cudaMemPoolDestroy``: the driver releases memory once its last allocation is freed."""
@@ -157,7 +159,7 @@ class NativeMemPool(MemPool):
         self._final = {a: self.get_attr(a) for a in MemPoolAttr}
         self._destroyed = True  # before the forget: set_mem_pool checks it under the same lock
         self.device._forget_pool(self)
-        self._impl.pool_destroy(self._handle)
+        self._native.destroy(self._handle)
 
     def _reset(self) -> None:
         """Device reset: forget every allocation (the backend frees the memory)."""
@@ -167,3 +169,45 @@ class NativeMemPool(MemPool):
             self._live.clear()
             self._final = {}  # its memory went with the reset
             self._destroyed = True
+
+
+def _native_pools(impl: DeviceImpl) -> NativePools:
+    """The backend's pools object (``impl.pools``)."""
+    pools = impl.pools
+    return pools if isinstance(pools, NativePools) else _PoolMethods(impl)  # TEMPORARY, see below
+
+
+class _PoolMethods(NativePools):
+    """TEMPORARY, until cuda.py's ``pools`` is a NativePools object (the cuda helper's change):
+    the interim ``pool_*`` methods of a backend whose ``pools`` is True, as that object. Delete
+    this class and the fallback in :func:`_native_pools` with it."""
+
+    def __init__(self, impl: Any) -> None:
+        self._impl = impl
+
+    def default(self) -> Any:
+        return self._impl.pool_default()
+
+    def create(self, max_size: int) -> Any:
+        return self._impl.pool_create(max_size)
+
+    def get(self, pool: Any, attr: int) -> int:
+        return self._impl.pool_get(pool, attr)
+
+    def set(self, pool: Any, attr: int, value: int) -> None:
+        self._impl.pool_set(pool, attr, value)
+
+    def malloc(self, pool: Any, nbytes: int, queue: Queue) -> int:
+        return self._impl.pool_malloc(pool, nbytes, queue)
+
+    def free(self, ptr: int, queue: Queue) -> None:
+        self._impl.pool_free(ptr, queue)
+
+    def free_now(self, ptr: int) -> None:
+        self._impl.pool_free_now(ptr)
+
+    def trim(self, pool: Any, keep: int) -> None:
+        self._impl.pool_trim(pool, keep)
+
+    def destroy(self, pool: Any) -> None:
+        self._impl.pool_destroy(pool)
