@@ -33,7 +33,7 @@ from .errors import (
 from .event import Event
 from .hostsync import after_sync, covered, reach, reset_device, retire, synchronize_device
 from .kernel import Kernel, KernelContext, dim3, exact_ints
-from .pool import MemPool, pool_of
+from .pool import ArenaPool, MemPool, pool_of
 from .pool.registry import _owners
 from .validate import (
     check_bool,
@@ -376,7 +376,7 @@ class Stream:
         """Stream-ordered allocation from ``pool`` (default: the device's current pool)."""
         if pool is None:
             pool = self.device._pool or self.device.default_mem_pool
-        elif type(pool) is not MemPool and not isinstance(pool, MemPool):
+        elif type(pool) is not ArenaPool and not isinstance(pool, MemPool):
             raise InvalidTypeError(f"pool must be a MemPool, not {type(pool).__name__}")
         if type(nbytes) is not int or nbytes < 0:
             nbytes = check_size(nbytes)

@@ -1,30 +1,37 @@
 """A pool's arena: one reserved address range, physical memory mapped into it by granule.
 
-Mixed into :class:`~streamrt.pool.MemPool` (all state is the pool's, guarded by its lock):
-``_arena`` (base address, 0 before the first allocation), ``_va`` (its size: the device's
-capacity), ``_top`` (where the blocks end), ``_mapped`` (offsets of mapped granules; reserved
-bytes are ``len(_mapped) * _granule``, see :func:`granule_for`) and ``_holes`` (some granule
-below the top is unmapped).
-Growth extends the top free block or appends one; release unmaps granules lying wholly inside
-ready free blocks; an allocation maps the granules it lands on, within ``max_size``.
+An :class:`Arena` belongs to one :class:`~streamrt.pool.arena_pool.ArenaPool` and is changed
+only under that pool's lock. State and invariants:
+- ``base``: the range's address (0 until the pool's first growth, and again once dropped);
+  ``va``: its size, the device's capacity rounded up to a granule, as CUDA's pools reserve
+  virtual addresses for the whole device (``max_size`` bounds mapped memory, not addresses, so
+  free blocks a stream cannot use yet never stop the arena from growing).
+- ``granule``: the unit of mapping, 2 MiB (a pool whose ``max_size`` is below that: about a
+  sixteenth of it, see :func:`granule_for`); ``mapped``: arena offsets of the granules backed by
+  physical memory (one set object for the arena's life: its finalizer holds it);
+  ``reserved == len(mapped) * granule`` (``reserved_high``: its high watermark) and
+  ``reserved <= limit`` when there is a limit (the pool's ``max_size``).
+- ``top``: the offset where the pool's blocks end (they tile ``[base, base + top)``), a multiple
+  of the granule; ``holes``: some granule below the top is not mapped.
+Growth moves the top (mapping the new granules, all or nothing); release unmaps granules lying
+wholly inside ready free blocks, from the top down; an allocation maps what it lands on.
 """
 
 from __future__ import annotations
 
 import mmap
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidAddressError, OutOfMemoryError, StreamRTError
 from . import registry
-from .freelist import Block as _Block
-from .freelist import FreeList as _FreeList
 
 if TYPE_CHECKING:
-    from ..stream import Stream
+    from .arena_pool import ArenaPool
+    from .freelist import Block
 
-ALIGN = 512
+ALIGN = 512  # every block size is a multiple of this, every address aligned to it
 GRANULE = 2 << 20  # physical memory is mapped into a pool's arena in granules of this size
 SMALL_REQUEST = 1 << 20  # requests up to this are small: placed at the high end of a block
 
@@ -38,140 +45,162 @@ def granule_for(max_size: int) -> int:
     return max(mmap.PAGESIZE, 1 << max(0, (max_size // 16).bit_length() - 1))
 
 
-class ArenaMixin:
-    """Granule mapping of a pool's address range (see the module docstring)."""
+def landing(off: int, end: int, size: int) -> tuple[int, int]:
+    """Arena offsets an allocation of ``size`` placed in the free span ``[off, end)`` lands on: a
+    small request takes the high end of its block, a larger one the low end."""
+    return (end - size, end) if size <= SMALL_REQUEST else (off, off + size)
 
-    def _grow(self, a: Stream, size: int) -> _Block | None:
-        """More of the arena: extend the top free block when ``a`` may use it (ready, or freed
-        on ``a``), else start a new block at the top; the granules are mapped on allocation."""
-        if not self._arena:
-            self._reserve_arena()
-        top = self._top
-        last = self._blocks.peekitem(-1)[1] if self._blocks else None
-        extend = (last is not None and not last.live and last.addr + last.size == self._arena + top
-                  and (last.stream is None or last.stream is a))
-        base = last.addr - self._arena if extend else top
-        gr = self._granule
-        new_top = min((base + size + gr - 1) // gr * gr, self._va)
-        if base + size > new_top:
-            return None  # the arena (the device's capacity) is full
-        if new_top <= top:
-            return None  # the top block is large enough already: what it lacks is mapping
-        # map the new granules and those the allocation will land on (where _malloc places
-        # it), all or nothing: a failed growth changes nothing
-        lo, hi = (new_top - size, new_top) if size <= SMALL_REQUEST else (base, base + size)
-        missing = set(self._missing(top, new_top)) | set(self._missing(lo, hi))
-        try:
-            self._map(sorted(missing))
-        except OutOfMemoryError:
-            return None
-        self._top = new_top
-        self._holes = new_top != len(self._mapped) * gr
-        if extend:
-            self._remove_free(last)
-            last.size = self._arena + new_top - last.addr
-            return last
-        b = _Block(self._arena + base, new_top - base, self._arena)
-        b.prev = last
-        if last is not None:
-            last.next = b
-        self._blocks[b.addr] = b
-        return b
 
-    def _reserve_arena(self) -> None:
-        impl = self.device._impl
-        # addresses for the whole device: max_size limits mapped memory, not addresses, so
-        # free blocks a stream cannot use yet never stop the arena from growing
-        gr = self._granule
-        self._va = max(gr, (impl.capacity + gr - 1) // gr * gr)
-        # enqueue-time copies and memsets into the arena are checked against its live blocks
-        ref = weakref.ref(self)  # neither the backend nor the registry keeps the pool alive
-        self._arena = base = impl.reserve(self._va, check=_checker(ref))
-        # a pool dropped without destroy() gives its memory back when it is collected (it
-        # cannot be while it has live allocations: ``_owners`` refers to it)
-        self._finalizer = weakref.finalize(self, impl.reclaim, _release_arena, impl, base,
-                                          self._mapped, self._granule)
+class Arena:
+    """One pool's reserved address range and its mapped granules (see the module docstring)."""
+
+    __slots__ = ("_impl", "limit", "granule", "base", "va", "top", "mapped", "holes",
+                 "reserved", "reserved_high", "_finalizer")
+
+    def __init__(self, impl: Any, limit: int) -> None:
+        self._impl = impl  # the device's DeviceImpl: reserve, commit, decommit, unreserve
+        self.limit = limit
+        self.granule = granule_for(limit)
+        self.base = self.va = self.top = 0
+        self.mapped: set[int] = set()
+        self.holes = False
+        self.reserved = self.reserved_high = 0
+        self._finalizer: weakref.finalize | None = None
+
+    def reserve(self, pool: ArenaPool) -> None:
+        """Reserve the range for ``pool``. Enqueue-time copies and memsets into it are checked
+        against its live blocks (``check``); a pool dropped without ``destroy()`` gives the range
+        back when it is collected (it cannot be while it has live allocations or unproven frees:
+        the registry refers to it then)."""
+        impl, gr = self._impl, self.granule
+        self.va = max(gr, (impl.capacity + gr - 1) // gr * gr)
+        ref = weakref.ref(pool)  # neither the backend nor the registry keeps the pool alive
+        self.base = base = impl.reserve(self.va, check=_checker(ref))
+        self._finalizer = weakref.finalize(pool, impl.reclaim, _release, impl, base, self.mapped,
+                                           gr)
         registry._arenas[base] = ref
 
-    def _release_granules(self, keep: int) -> None:
-        """Unmap mapped granules lying wholly inside ready free blocks, from the top of the
-        arena down, while ``reserved - granule >= keep``. The blocks stay free: an allocation
-        landing on an unmapped granule maps it again."""
-        if self._reserved <= keep or not self._arena:
+    def extend(self, start: int, size: int) -> bool:
+        """Move the top so that ``size`` bytes fit from offset ``start`` (the top free block's, or
+        the top), mapping the new granules and those the allocation will land on; all or nothing:
+        False (nothing changed) when the arena is full, the top is far enough already, or the
+        memory cannot be mapped."""
+        top, gr = self.top, self.granule
+        new_top = min((start + size + gr - 1) // gr * gr, self.va)
+        if start + size > new_top or new_top <= top:
+            return False  # the arena (the device's capacity) is full, or what lacks is mapping
+        lo, hi = landing(start, new_top, size)
+        try:
+            self.map(sorted(set(self.missing(top, new_top)) | set(self.missing(lo, hi))))
+        except OutOfMemoryError:
+            return False
+        self.top = new_top
+        self.holes = new_top != len(self.mapped) * gr
+        return True
+
+    def missing(self, lo: int, hi: int) -> list[int]:
+        """Offsets of the unmapped granules overlapping arena offsets ``[lo, hi)``."""
+        gr, mapped = self.granule, self.mapped
+        return [g for g in range(lo // gr * gr, hi, gr) if g not in mapped]
+
+    def fully_mapped(self, b: Block) -> bool:
+        """Whether every granule under block ``b`` is mapped."""
+        base, gr = self.base, self.granule
+        first = (b.addr - base) // gr * gr
+        return all(g in self.mapped for g in range(first, b.addr + b.size - base, gr))
+
+    def mappable(self, b: Block, size: int) -> bool:
+        """Whether an allocation of ``size`` placed in ``b`` can map what it lands on under the
+        limit (a block over unmapped granules is usable only if it can)."""
+        off = b.addr - self.base
+        return self.fits(*landing(off, off + b.size, size))
+
+    def fits(self, lo: int, hi: int) -> bool:
+        """Whether the unmapped granules under offsets ``[lo, hi)`` can be mapped under the limit."""
+        more = len(self.missing(lo, hi)) * self.granule
+        return not more or not self.limit or self.reserved + more <= self.limit
+
+    def map_range(self, addr: int, nbytes: int) -> None:
+        """Map the granules under ``[addr, addr + nbytes)`` that are not."""
+        off = addr - self.base
+        self.map(self.missing(off, off + nbytes))
+
+    def map(self, missing: list[int]) -> None:
+        """Map granules (``OutOfMemoryError`` past the limit or the device's capacity)."""
+        if not missing:
             return
-        base, mapped, gr = self._arena, self._mapped, self._granule
-        for b in sorted(self._ready.blocks(), key=lambda x: -x.addr):
+        more = len(missing) * self.granule
+        if self.limit and self.reserved + more > self.limit:
+            raise OutOfMemoryError("max_size")
+        self._impl.commit(more)
+        self.mapped.update(missing)
+        self.holes = self.top != len(self.mapped) * self.granule
+        self.reserved += more
+        if self.reserved > self.reserved_high:
+            self.reserved_high = self.reserved
+
+    def release(self, keep: int, ready: Iterable[Block]) -> int:
+        """Unmap mapped granules lying wholly inside the ``ready`` free blocks, from the top of
+        the arena down, while ``reserved - granule >= keep``; returns how many. The blocks stay
+        free: an allocation landing on an unmapped granule maps it again."""
+        if self.reserved <= keep or not self.base:
+            return 0
+        base, mapped, gr = self.base, self.mapped, self.granule
+        released = 0
+        for b in sorted(ready, key=lambda x: -x.addr):
             g0 = (b.addr - base + gr - 1) // gr * gr
             g = (b.addr + b.size - base) // gr * gr - gr
             while g >= g0:
-                if self._reserved - gr < keep:
-                    return
+                if self.reserved - gr < keep:
+                    return released
                 if g in mapped:
-                    self.device._impl.decommit(base, g, gr)
+                    self._impl.decommit(base, g, gr)
                     mapped.discard(g)
-                    self._reserved -= gr
-                    self._stats["release_count"] += 1
-                    self._holes = True
+                    self.reserved -= gr
+                    released += 1
+                    self.holes = True
                 g -= gr
+        return released
 
-    def _fully_mapped(self, b: _Block) -> bool:
-        base, gr = self._arena, self._granule
-        first = (b.addr - base) // gr * gr
-        return all(g in self._mapped for g in range(first, b.addr + b.size - base, gr))
+    def largest_mapped(self, runs: Iterable[tuple[int, int]]) -> int:
+        """The largest part of the free ``(addr, size)`` runs that has memory behind it (free
+        addresses whose memory went back to the device are not free memory of the pool)."""
+        gr, base, mapped = self.granule, self.base, self.mapped
+        best = 0
+        for addr, size in runs:
+            lo, end = addr - base, addr + size - base
+            while lo < end:
+                g = lo // gr * gr
+                if g not in mapped:
+                    lo = g + gr
+                    continue
+                hi = g + gr
+                while hi < end and hi in mapped:
+                    hi += gr
+                best = max(best, min(hi, end) - lo)
+                lo = hi
+        return best
 
-    def _mappable(self, b: _Block, size: int) -> bool:
-        """Whether an allocation of ``size`` placed in ``b`` can map what it lands on under
-        ``max_size`` (a block over unmapped granules is usable only if it can)."""
-        off = b.addr - self._arena
-        lo, hi = (off + b.size - size, off + b.size) if size <= SMALL_REQUEST else (off, off + size)
-        more = len(self._missing(lo, hi)) * self._granule
-        return not more or not self.max_size or self._reserved + more <= self.max_size
+    def drop(self) -> None:
+        """Give the whole range back (the pool is destroyed and has nothing left in it)."""
+        base = self.base
+        for g in sorted(self.mapped):
+            self._impl.decommit(base, g, self.granule)
+        self.forget()  # first: once unreserved, another pool may reserve the same base
+        self._impl.unreserve(base)
 
-    def _missing(self, lo: int, hi: int) -> list[int]:
-        """Offsets of the unmapped granules overlapping arena offsets ``[lo, hi)``."""
-        gr, mapped = self._granule, self._mapped
-        return [g for g in range(lo // gr * gr, hi, gr) if g not in mapped]
-
-    def _map_range(self, addr: int, nbytes: int) -> None:
-        """Map the granules under ``[addr, addr + nbytes)`` that are not."""
-        off = addr - self._arena
-        self._map(self._missing(off, off + nbytes))
-
-    def _map(self, missing: list[int]) -> None:
-        """Map granules (``OutOfMemoryError`` past ``max_size`` or the device's capacity)."""
-        if not missing:
-            return
-        mapped = self._mapped
-        more = len(missing) * self._granule
-        if self.max_size and self._reserved + more > self.max_size:
-            raise OutOfMemoryError("max_size")
-        self.device._impl.commit(more)
-        mapped.update(missing)
-        self._holes = self._top != len(mapped) * self._granule
-        self._reserved += more
-        if self._reserved > self._reserved_high:
-            self._reserved_high = self._reserved
-
-    def _idle(self) -> bool:
-        """No live block and no free still pending on a stream: the arena can go."""
-        return not any(x.live or x.stream is not None for x in self._blocks.values())
-
-    def _drop_arena(self) -> None:
-        """A destroyed pool with nothing left: give its address range back."""
-        for g in sorted(self._mapped):
-            self.device._impl.decommit(self._arena, g, self._granule)
-            self._reserved -= self._granule
-        self._mapped.clear()
-        self._finalizer.detach()
-        registry._arenas.pop(self._arena, None)  # first: once unreserved, the base may be reused
-        self.device._impl.unreserve(self._arena)
-        self._blocks.clear()
-        self._ready = _FreeList()
-        self._arena = self._top = 0
-        self._holes = False
+    def forget(self) -> None:
+        """Forget the range (dropped, or gone with a device reset)."""
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
+        registry._arenas.pop(self.base, None)
+        self.mapped.clear()
+        self.base = self.top = self.reserved = 0
+        self.holes = False
 
 
-def _checker(ref: weakref.ref) -> Callable[[int, int], None]:
+def _checker(ref: weakref.ref[ArenaPool]) -> Callable[[int, int], None]:
     """The arena's ``check(ptr, nbytes)`` for the backend: the range lies in one live block."""
     def check(ptr: int, nbytes: int) -> None:
         pool = ref()
@@ -181,7 +210,8 @@ def _checker(ref: weakref.ref) -> Callable[[int, int], None]:
     return check
 
 
-def _release_arena(impl: Any, base: int, mapped: set[int], granule: int) -> None:
+def _release(impl: Any, base: int, mapped: set[int], granule: int) -> None:
+    """A collected pool's arena goes back (its finalizer)."""
     registry._arenas.pop(base, None)
     try:
         for g in mapped:

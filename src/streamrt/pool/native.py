@@ -1,26 +1,31 @@
 """Memory pools on a backend's own stream-ordered allocator (``cudaMemPool_t`` on cuda).
 
 The reuse decision, threshold and trim are then the driver's (the same rules as DESIGN.md §3,
-which follows CUDA); this class maps the API onto the backend's pool primitives and keeps only
-what CUDA does not: which live pointer belongs to which pool, and the alloc/free counters.
-The per-step reuse counters of ``stats()`` are None: CUDA does not expose them.
+which follows CUDA); :class:`NativePool` maps the API onto the backend's
+:class:`~streamrt.backends.base.NativePools` and keeps only what CUDA does not: which live
+pointer belongs to which pool, and the alloc/free counters. The per-step reuse counters of
+``stats()`` are None: CUDA does not expose them.
+
+State (beside :class:`~streamrt.pool.mempool.MemPool`'s), guarded by ``_lock``: ``_handle``
+(the driver's pool), ``_live`` (live pointer -> bytes asked for; each is in the registry's
+``_owners`` too), ``_counts`` (alloc/free counts) and ``_final`` (the attributes when destroyed:
+a destroyed pool still answers ``get_attr``, as a destroyed arena pool does).
 """
 
 from __future__ import annotations
 
-import threading
 from typing import TYPE_CHECKING, Any
 
 from ..backends.base import NativePools
-from ..device import Device
-from ..errors import InvalidAddressError, InvalidValueError
-from .arena_pool import MemPool
-from .attrs import OPTIONS, MemPoolAttr, PoolOptions, nonneg
+from ..errors import InvalidAddressError
+from .attrs import OPTIONS, MemPoolAttr
 from .attrs import parse as parse_attr
+from .mempool import MemPool
 from .registry import _owners
 
 if TYPE_CHECKING:
     from ..backends.base import DeviceImpl, Queue
+    from ..device import Device
     from ..stream import Stream
 
 _NOT_EXPOSED = (
@@ -30,31 +35,18 @@ _NOT_EXPOSED = (
 )
 
 
-class NativeMemPool(MemPool):
+class NativePool(MemPool):
     """A :class:`MemPool` on the backend's pool; ``stats()`` reports None for what it hides."""
 
-    def __init__(
-        self,
-        device: Any = None,
-        *,
-        max_size: int = 0,
-        release_threshold: int = 0,
-        reuse_follow_event_dependencies: bool = True,
-        reuse_allow_opportunistic: bool = True,
-        reuse_allow_internal_dependencies: bool = True,
-        _handle: Any = None,
-    ) -> None:
-        self.device = Device(device)
-        # validated here; the driver holds the values from now on (set_attr writes them there)
-        self._opts = PoolOptions(max_size, release_threshold, reuse_follow_event_dependencies,
-                                 reuse_allow_opportunistic, reuse_allow_internal_dependencies)
+    native = True
+
+    def __init__(self, device: Any = None, *, _handle: Any = None, **options: Any) -> None:
+        super().__init__(device, **options)
         self._native = _native_pools(self.device._impl)
         self._handle = _handle if _handle is not None else self._native.create(self.max_size)
         self._is_default = _handle is not None
-        self._destroyed = False
-        self._final: dict[MemPoolAttr, int] = {}  # the attributes when destroyed
-        self._lock = threading.Lock()
-        self._live: dict[int, int] = {}  # live pointer -> bytes asked for
+        self._final: dict[MemPoolAttr, int] = {}
+        self._live: dict[int, int] = {}
         self._counts = {"alloc_count": 0, "free_count": 0}
         if _handle is None:  # a wrapped default pool keeps the driver's settings
             for attr, name in OPTIONS.items():  # the three flags, then the threshold
@@ -62,17 +54,16 @@ class NativeMemPool(MemPool):
         self.device._pools.add(self)
 
     @classmethod
-    def _make_default(cls, device: Device) -> MemPool:
+    def _default(cls, device: Device) -> MemPool:
         return cls(device, _handle=_native_pools(device._impl).default())
 
-    def __repr__(self) -> str:
-        kind = "default " if self._is_default else ""
-        return f"<MemPool {kind}{self.device.name} (native){' destroyed' if self._destroyed else ''}>"
+    def _describe(self) -> str:
+        return "(native)"
 
     # -- attributes -----------------------------------------------------------------------
     def get_attr(self, attr: MemPoolAttr | int) -> int:
         """``cudaMemPoolGetAttribute``: flags as 0/1, sizes in bytes (a destroyed pool: the values
-        it had when destroyed, as a destroyed cpu pool keeps its own)."""
+        it had when destroyed, as a destroyed arena pool keeps its own)."""
         attr = parse_attr(attr)
         if self._destroyed:  # CUDA releases a destroyed pool with its last allocation
             gone = not self._live and attr in (MemPoolAttr.RESERVED_MEM_CURRENT,
@@ -95,9 +86,7 @@ class NativeMemPool(MemPool):
     # -- stream-ordered allocation ----------------------------------------------------------
     def _malloc(self, stream: Stream, nbytes: int) -> int:
         self._check_alive()
-        if stream.device is not self.device:
-            raise InvalidValueError(
-                f"{self!r} cannot serve a stream of {stream.device.name}: pools are per device")
+        self._serves(stream)
         cap = stream._capture  # once: another thread may end the capture
         if cap is not None:
             return cap.add_mem_alloc(stream, self, nbytes)
@@ -114,10 +103,7 @@ class NativeMemPool(MemPool):
         return ptr
 
     def _free(self, stream: Stream, ptr: int) -> None:
-        if stream.device is not self.device:
-            raise InvalidValueError(
-                f"{hex(ptr)} belongs to a pool of {self.device.name}; free it on a stream of "
-                f"that device, not {stream.device.name}")
+        self._frees_on(stream, ptr)
         cap = stream._capture  # once: another thread may end the capture
         if cap is not None:
             return cap.add_mem_free(stream, ptr)
@@ -127,7 +113,6 @@ class NativeMemPool(MemPool):
         stream._submit(self._native.free, (ptr, stream._q), "free", f"free {hex(ptr)}")
 
     def _free_now(self, ptr: int) -> None:
-        """``srt.free`` of pool memory: the device is already synchronized; returns once freed."""
         self._forget(ptr)
         self._native.free_now(ptr)
 
@@ -139,30 +124,18 @@ class NativeMemPool(MemPool):
             self._counts["free_count"] += 1
 
     def _usable(self, ptr: int) -> int | None:
-        """Bytes of the live allocation starting at ``ptr`` (None: not one of this pool)."""
         return self._live.get(ptr)
 
-    def _on_sync(self) -> None:
-        """The driver applies the release threshold at synchronize points itself."""
-
-    def trim_to(self, min_bytes_to_keep: int) -> None:
-        """``cudaMemPoolTrimTo``."""
-        keep = nonneg(min_bytes_to_keep, "min_bytes_to_keep")
-        self._check_alive()
+    def _trim(self, keep: int) -> None:
         self._native.trim(self._handle, keep)
 
-    def destroy(self) -> None:
-        """``cudaMemPoolDestroy``: the driver releases memory once its last allocation is freed."""
-        self._check_alive()
-        if self._is_default:
-            raise InvalidValueError("the default memory pool of a device cannot be destroyed")
+    def _destroy(self) -> None:
         self._final = {a: self.get_attr(a) for a in MemPoolAttr}
         self._destroyed = True  # before the forget: set_mem_pool checks it under the same lock
         self.device._forget_pool(self)
         self._native.destroy(self._handle)
 
     def _reset(self) -> None:
-        """Device reset: forget every allocation (the backend frees the memory)."""
         with self._lock:
             for ptr in self._live:
                 _owners.pop(ptr, None)
