@@ -168,8 +168,9 @@ class ArenaPool(MemPool):
             counts = dict(self._stats)  # restored if the device cannot back the block
             block = reuse.find(self, stream, size, nbytes)
             if block.size - size >= ALIGN:
-                if size <= SMALL_REQUEST:  # the high end (see arena.landing); b keeps the rest
-                    block, rest = split(self._blocks, block, block.size - size), block
+                if size <= SMALL_REQUEST:  # small: the high end (see arena.landing)
+                    rest = block
+                    block = split(self._blocks, rest, rest.size - size)
                 else:
                     rest = split(self._blocks, block, size)
                 self._insert_free(rest)

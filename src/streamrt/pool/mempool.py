@@ -21,6 +21,7 @@ and ``_free(stream, ptr)`` (``s.malloc``/``s.free``, called directly on their fa
 
 from __future__ import annotations
 
+import inspect
 import threading
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -171,3 +172,8 @@ class MemPool(ABC):
     @abstractmethod
     def _reset(self) -> None:
         """Device reset: the backend frees the memory; forget every allocation."""
+
+
+# what help() and inspect show for srt.MemPool(...): the keywords of __init__, not the factory's
+_init = inspect.signature(MemPool.__init__)
+MemPool.__signature__ = _init.replace(parameters=list(_init.parameters.values())[1:])  # type: ignore[attr-defined]
