@@ -51,8 +51,7 @@ from .graph.exec import GraphExec, GraphExecUpdateResult
 from .graph.scope import graph_capture
 from .host_memory import free, free_host, malloc, malloc_host, memcpy, memset, read, write
 from .kernel import Dim3, Kernel, KernelContext, kernel
-from .memory import MemPool
-from .pool_attr import MemPoolAttr
+from .pool import MemPool, MemPoolAttr
 from .stream import Event, Stream, current_stream
 from .tensor import Tensor, TensorDesc
 from .trace import trace  # noqa: E402

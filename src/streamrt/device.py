@@ -17,7 +17,7 @@ from .weak import members
 
 if TYPE_CHECKING:
     from .backends.base import DeviceImpl, MemRange
-    from .memory import MemPool
+    from .pool import MemPool
     from .stream import Stream
 
 _registry: dict[tuple[str, int], Device] = {}
@@ -204,7 +204,7 @@ class Device:
         """The device's default memory pool (``cudaDeviceGetDefaultMemPool``)."""
         pool = self._default_pool
         if pool is None:
-            from .memory import MemPool
+            from .pool import MemPool
 
             with _registry_lock:
                 if self._default_pool is None:
@@ -220,7 +220,7 @@ class Device:
 
     def set_mem_pool(self, pool: MemPool) -> None:
         """Make ``pool`` the device's current pool (``cudaDeviceSetMemPool``)."""
-        from .memory import MemPool
+        from .pool import MemPool
 
         if not isinstance(pool, MemPool):
             raise InvalidTypeError(f"set_mem_pool needs a MemPool, not {type(pool).__name__}")

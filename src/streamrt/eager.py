@@ -17,7 +17,7 @@ import numpy as np
 from . import instrument
 from .event import Event
 from .graph import memory as graph_memory
-from .memory import pool_of
+from .pool import pool_of
 from .sync import reach
 from .validate import host_view, is_int
 

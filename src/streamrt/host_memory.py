@@ -14,7 +14,7 @@ from .device import Device, current_device, devices
 from .errors import InvalidAddressError, InvalidTypeError, InvalidValueError, OutOfMemoryError
 from .graph import memory as graph_memory
 from .graph.capture import check_unsafe
-from .memory import device_of, find_pool
+from .pool import device_of, find_pool
 from .stream import current_stream
 from .sync import synchronize_device
 from .validate import check_ptr, check_size, host_array, is_int

@@ -44,6 +44,7 @@ from .backends import get_backend
 from .device import devices, range_of
 from .errors import InvalidValueError, SanitizerError
 from .instrument import GRAPH_MEMORY, OpInfo
+from .pool import registry
 from .validate import check_bool, env_flag, is_int
 
 __all__ = ["enable", "disable", "enabled", "report", "clear", "check_leaks", "Finding"]
@@ -230,7 +231,6 @@ class Sanitizer:
         """Start from the program as it is now (the sanitizer is being turned on): what happened
         while it was off is unknown, so the history goes, and the live allocations count as made
         before everything to come (pool memory allocated earlier was "never covered" before)."""
-        from .memory import _owners
 
         with self._lock:
             self._gens.clear()
@@ -245,10 +245,7 @@ class Sanitizer:
             self._since = next(instrument._seq)
         live = [(r.base, r.size) for dev in devices() for r in dev._impl.ranges()
                 if r.kind == "malloc"]  # srt.malloc's memory
-        for ptr, pool in list(_owners.items()):  # pool blocks
-            size = pool._usable(ptr)
-            if size is not None:
-                live.append((ptr, size))
+        live += registry.live_blocks()  # pool blocks
         for ptr, nbytes in live:
             self._allocated(ptr, nbytes, _Event(None, f"allocation of {hex(ptr)} ({nbytes} B), "
                                                       "made before the sanitizer was enabled"),

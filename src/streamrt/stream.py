@@ -34,7 +34,8 @@ from .event import Event
 from .graph import capture
 from .graph import memory as graph_memory
 from .kernel import Kernel, KernelContext, dim3, exact_ints
-from .memory import MemPool, _owners
+from .pool import ArenaPool, MemPool
+from .pool.registry import _owners
 from .sync import after_sync, covered, reach, retire
 from .validate import (
     check_bool,
@@ -344,7 +345,7 @@ class Stream:
         """Stream-ordered allocation from ``pool`` (default: the device's current pool)."""
         if pool is None:
             pool = self.device._pool or self.device.default_mem_pool
-        elif type(pool) is not MemPool and not isinstance(pool, MemPool):
+        elif type(pool) is not ArenaPool and not isinstance(pool, MemPool):
             raise InvalidTypeError(f"pool must be a MemPool, not {type(pool).__name__}")
         if type(nbytes) is not int or nbytes < 0:
             nbytes = check_size(nbytes)

@@ -21,7 +21,7 @@ import numpy as np
 
 from .device import Device
 from .errors import InvalidHandleError, InvalidTypeError, InvalidValueError
-from .memory import device_of
+from .pool import device_of
 from .stream import Stream, current_stream
 from .validate import host_array, is_int
 

@@ -155,14 +155,14 @@ class Tracer:
             self._count(pool)
 
     def _pool_counter(self, ptr: int) -> None:
-        from .memory import find_pool
+        from .pool import find_pool
 
         pool = find_pool(ptr)
         if pool is not None:
             self._count(pool)
 
     def _count(self, pool: Any) -> None:
-        from .pool_attr import MemPoolAttr
+        from .pool import MemPoolAttr
 
         reserved = pool.get_attr(MemPoolAttr.RESERVED_MEM_CURRENT)  # a cudaMemPool's too
         used = pool.get_attr(MemPoolAttr.USED_MEM_CURRENT)

@@ -30,7 +30,7 @@ def test_bad_input_graph_mem_alloc_node_larger_than_the_device_is_refused(nbytes
     p = srt.malloc(64, "cpu:0")
     try:
         assert p < 2 << 48
-        assert srt.memory.device_of(p) is srt.Device("cpu:0")
+        assert srt.pool.device_of(p) is srt.Device("cpu:0")
     finally:
         srt.free(p)
 

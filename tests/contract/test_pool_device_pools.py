@@ -48,12 +48,12 @@ def test_backend_default_pool_and_current_pool(bdev):
     bdev.set_mem_pool(pool)
     try:
         p = s.malloc(1024)
-        assert srt.memory.find_pool(p) is pool
+        assert srt.pool.find_pool(p) is pool
         s.free(p)
     finally:
         bdev.set_mem_pool(bdev.default_mem_pool)
     q = s.malloc(1024)
-    assert srt.memory.find_pool(q) is bdev.default_mem_pool
+    assert srt.pool.find_pool(q) is bdev.default_mem_pool
     s.free(q)
     s.synchronize()
     pool.destroy()

@@ -203,7 +203,7 @@ def test_pool_dropped_pool_keeps_memory_until_its_frees_are_proven(dev, gate):
     x = s.malloc(4096, pool)
     s.launch(fill_kernel, x, 1024, 3.0)  # behind the gate: it has not run yet
     s.free(x)
-    arena = pool._arena
+    arena = pool._arena.base
     del pool
     gc.collect()
     assert arena in dev._impl._arenas  # the kernel still needs the pool's memory
@@ -248,7 +248,7 @@ def test_pool_collected_inside_a_locked_section_gives_its_arena_back_later(dev, 
     pool = srt.MemPool(dev)
     s.free(s.malloc(4096, pool))
     s.synchronize()
-    arena = pool._arena
+    arena = pool._arena.base
     lock = reentry_lock(monkeypatch, SPACE)
     with lock:
         del pool

@@ -80,7 +80,7 @@ def test_pool_destroy_keeps_a_pool_another_thread_made_current(dev, monkeypatch)
     assert dev.mem_pool is q
     s = srt.Stream(dev, non_blocking=True)
     ptr = s.malloc(512)
-    assert srt.memory.find_pool(ptr) is q
+    assert srt.pool.find_pool(ptr) is q
     s.free(ptr)
     s.synchronize()
     q.destroy()

@@ -24,7 +24,7 @@ def test_device_addresses_are_reused_once_its_window_is_used_up(monkeypatch):
         for i, p in enumerate(ptrs):  # each is usable, and none overlaps another allocation
             srt.memset(p, i + 1, n)
         assert [int(srt.read(p, (n,), np.uint8).min()) for p in ptrs] == [1, 2, 3]
-        assert {srt.memory.device_of(p) for p in ptrs} == {srt.Device("cpu:0")}
+        assert {srt.pool.device_of(p) for p in ptrs} == {srt.Device("cpu:0")}
     finally:
         for p in ptrs:
             srt.free(p)

@@ -155,7 +155,7 @@ class PoolMachine(RuleBasedStateMachine):
             pool._settle()
             raw = [(b.addr, b.size, b.live, None if b.stream is None else index[b.stream.id],
                     b.pos) for b in pool._blocks.values()]
-            mapped, base, gr = set(pool._mapped), pool._arena, pool._granule
+            mapped, base, gr = set(pool._arena.mapped), pool._arena.base, pool._arena.granule
         assert largest == max([_mapped_run(a - base, n, mapped, gr) for a, n, live, *_ in raw
                                if not live], default=0), (
             "largest_free_block is not the largest run of memory (mapped) in one free block, once "
@@ -254,7 +254,7 @@ class PoolMachine(RuleBasedStateMachine):
             assert after == before  # a failed allocation changes nothing
             assert not [b for b in blocks if b[1] >= rsize and b[3] and self.steps_for(
                 i, b[2], clock_before, done_before)], "out of memory while a usable block fitted"
-            gr = pool._granule  # memory is mapped by whole granules
+            gr = pool._arena.granule  # memory is mapped by whole granules
             assert pool.max_size and before["reserved_mem_current"] + -(-rsize // gr) * gr > \
                 pool.max_size
             # (a free block as large may exist: one whose memory went back to the device at a
@@ -407,7 +407,7 @@ class PoolMachine(RuleBasedStateMachine):
         assert after["reserved_mem_current"] >= min(threshold, before["reserved_mem_current"])
         if kind == "device":  # every free proven: only granules under live blocks, or needed to
             # stay at the threshold, may stay mapped
-            base, gr = pool._arena, pool._granule
+            base, gr = pool._arena.base, pool._arena.granule
             touched = {g for p, (n, _, _, _) in self.live.items()
                        for g in range((p - base) // gr, (p - base + n - 1) // gr + 1)}
             assert after["reserved_mem_current"] <= max(len(touched) * gr,

@@ -10,7 +10,7 @@ import numpy as np
 from ..device import Device
 from ..host_memory import free_host, malloc_host, read
 from ..kernel import kernel
-from ..memory import MemPool
+from ..pool import MemPool
 from ..stream import Stream
 from ._gate import HostGate
 from .report import check, guarded, not_available, table

@@ -30,7 +30,7 @@ from ..errors import (
     InvalidValueError,
 )
 from ..kernel import dim3
-from ..memory import device_of
+from ..pool import device_of
 from ..stream import Stream
 from ..validate import is_bool, is_int
 from . import memory

@@ -32,7 +32,6 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from ..arena import ALIGN
 from ..errors import (
     InvalidAddressError,
     InvalidValueError,
@@ -40,6 +39,7 @@ from ..errors import (
     OutOfMemoryError,
     StreamRTError,
 )
+from ..pool.arena import ALIGN
 from ..sync import sync_listeners
 
 if TYPE_CHECKING:

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import ExecutorError
-from ..memory import device_of, usable_bytes
+from ..pool import device_of, usable_bytes
 from ..validate import is_int
 
 if TYPE_CHECKING:

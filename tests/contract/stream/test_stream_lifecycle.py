@@ -54,7 +54,7 @@ def test_stream_context_is_per_device_and_makes_its_device_current():
         with s1:
             assert srt.current_device() is d1 and srt.current_stream() is s1
             p = srt.malloc(16)
-            assert srt.memory.device_of(p) is d1
+            assert srt.pool.device_of(p) is d1
             with d0:  # another device: its own current stream
                 assert srt.current_stream() is d0.default_stream
                 s0 = srt.Stream(d0, non_blocking=True)

@@ -112,7 +112,6 @@ class CudaDevice(DeviceImpl):
         mapped = {r.base for r in live}
         return live + [r for r in self._reserved.all() if r.base not in mapped]
 
-    # interim: memory.py, graph/graph.py and native_pool.py call these until they call range_of
     def free_all(self) -> None:
         """Device reset: the pools' memory first (:meth:`.CudaPools.reset`), then every
         ``cudaMalloc`` (the frontend synchronized the device)."""

@@ -1,16 +1,19 @@
-"""Memory pool attributes, numbered as ``cudaMemPoolAttr``: validation, and one property each.
+"""Memory pool attributes and options: ``MemPoolAttr`` (numbered as ``cudaMemPoolAttr``), the
+validated :class:`PoolOptions` a pool is made with, and one property per attribute.
 
-Both pool classes (:class:`~streamrt.memory.MemPool` and the backend-native one) read and write
-attributes through ``get_attr``/``set_attr``; the properties here are written once for both.
+Every kind of pool reads and writes attributes through ``get_attr``/``set_attr``; the properties
+here are written once for all of them (:func:`with_attr_properties` on
+:class:`~streamrt.pool.mempool.MemPool`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields, replace
 from enum import IntEnum
 from typing import Any
 
-from .errors import InvalidTypeError, InvalidValueError
-from .validate import is_bool, is_int
+from ..errors import InvalidTypeError, InvalidValueError
+from ..validate import is_bool, is_int
 
 
 class MemPoolAttr(IntEnum):
@@ -26,12 +29,11 @@ class MemPoolAttr(IntEnum):
     USED_MEM_HIGH = 8
 
 
-# the three reuse flags, and the attribute of a (cpu) pool holding each
-FLAGS = {
-    MemPoolAttr.REUSE_FOLLOW_EVENT_DEPENDENCIES: "_follow_events",
-    MemPoolAttr.REUSE_ALLOW_OPPORTUNISTIC: "_opportunistic",
-    MemPoolAttr.REUSE_ALLOW_INTERNAL_DEPENDENCIES: "_internal",
-}
+# the three reuse flags
+FLAGS = frozenset((MemPoolAttr.REUSE_FOLLOW_EVENT_DEPENDENCIES, MemPoolAttr.REUSE_ALLOW_OPPORTUNISTIC,
+                   MemPoolAttr.REUSE_ALLOW_INTERNAL_DEPENDENCIES))
+# the attributes that are options (the three flags and the threshold) -> their PoolOptions field
+OPTIONS = {attr: attr.name.lower() for attr in (*sorted(FLAGS), MemPoolAttr.RELEASE_THRESHOLD)}
 
 _DOCS = {
     MemPoolAttr.REUSE_FOLLOW_EVENT_DEPENDENCIES:
@@ -70,13 +72,26 @@ def nonneg(value: Any, what: str) -> int:
     return int(value)
 
 
-def options(max_size: Any, release_threshold: Any, follow: Any, opportunistic: Any,
-            internal: Any) -> tuple[int, int, bool, bool, bool]:
-    """MemPool's keyword options, validated: two sizes (>= 0) and the three reuse flags."""
-    return (nonneg(max_size, "max_size"), nonneg(release_threshold, "release_threshold"),
-            flag(follow, "reuse_follow_event_dependencies"),
-            flag(opportunistic, "reuse_allow_opportunistic"),
-            flag(internal, "reuse_allow_internal_dependencies"))
+@dataclass(frozen=True, slots=True)
+class PoolOptions:
+    """A pool's options, validated at construction: the two sizes (ints >= 0) and the three
+    reuse flags (bools), named as ``srt.MemPool``'s keywords. Frozen: a pool changes one by
+    replacing the whole value (:meth:`with_attr`)."""
+
+    max_size: int = 0
+    release_threshold: int = 0
+    reuse_follow_event_dependencies: bool = True
+    reuse_allow_opportunistic: bool = True
+    reuse_allow_internal_dependencies: bool = True
+
+    def __post_init__(self) -> None:
+        for f in fields(self):  # in declaration order: the first bad keyword is reported
+            v = getattr(self, f.name)
+            object.__setattr__(self, f.name, nonneg(v, f.name) if f.type in ("int", int) else flag(v, f.name))
+
+    def with_attr(self, attr: MemPoolAttr, value: int) -> PoolOptions:
+        """These options with one of :data:`OPTIONS` set to ``value`` (validated again)."""
+        return replace(self, **{OPTIONS[attr]: value})
 
 
 def parse(attr: Any) -> MemPoolAttr:

@@ -1,0 +1,386 @@
+"""The frontend's stream-ordered memory pool (DESIGN.md §3): blocks, frees, synchronize points.
+
+:class:`ArenaPool` is the :class:`~streamrt.pool.mempool.MemPool` of a backend without pools of
+its own (the cpu backend). It owns an :class:`~streamrt.pool.arena.Arena` (the address range and
+its mapped granules, ``reserved`` being the mapped bytes) and the blocks that tile it; the reuse
+decision is :func:`streamrt.pool.reuse.find` over this state.
+
+State and invariants (all guarded by ``_lock``):
+- ``_blocks`` (addr -> :class:`~streamrt.pool.freelist.Block`) tiles ``[arena.base,
+  arena.base + arena.top)``, each block linked to its neighbours. Free blocks may cross
+  granule boundaries, so free space never stays split at a reservation edge.
+- A block is live (allocated, in the registry's ``_owners``) or free. A free block is either
+  *pending*: freed on stream F at position p (``block.stream``/``block.pos``), indexed in
+  ``_pending[F.id]`` (``_pstream[F.id]`` is F; a pool with pending lists is in the registry's
+  ``_busy``); or *ready*: its free was proven complete by a host synchronize (``block.stream is
+  None``), indexed in ``_ready``. A synchronize promotes the pending blocks it proved. Live and
+  pending blocks lie on mapped granules, except that a free may absorb a ready neighbour whose
+  granules went back to the device (``arena.holes``); an allocation maps what it lands on.
+- Frees coalesce (:func:`~streamrt.pool.freelist.coalesce`, which never loses ordering
+  knowledge), but the fast free path defers absorbing ready neighbours (``_dirty``) until a
+  decision looks at sizes (``_settle``); an exact-size reuse on the fast path takes the block
+  as it is, and ``stats()`` counts the deferred merges without making them, so observing the
+  pool never changes where a later block goes.
+- Placement: a request of at most 1 MiB takes the high end of its block, a larger one the low
+  end, which keeps small and large blocks apart (:func:`~streamrt.pool.arena.landing`).
+- ``_used`` is the bytes of live blocks (rounded to 512), as CUDA's USED_MEM_CURRENT ("in use by
+  the application"); ``used <= reserved`` always. High watermarks only grow, and reset only to
+  the current value.
+- The release threshold is applied only at synchronize points, after promoting the frees the
+  synchronize proved (:meth:`ArenaPool._on_sync`); ``trim_to`` releases down to its argument,
+  whatever the threshold.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from sortedcontainers import SortedDict
+
+from .. import instrument
+from ..device import Device
+from ..errors import InvalidAddressError, OutOfMemoryError
+from . import reuse
+from .arena import ALIGN, SMALL_REQUEST, Arena
+from .attrs import OPTIONS, MemPoolAttr
+from .attrs import parse as parse_attr
+from .freelist import Block, FreeList, by_addr, coalesce, holding, merged_dirty, settled_runs, split
+from .mempool import MemPool
+from .registry import _busy, _owners, _pools
+
+if TYPE_CHECKING:
+    from ..stream import Stream
+
+_COUNTERS = ("alloc_count", "free_count", "reuse_same_stream", "reuse_after_sync",
+             "reuse_event_dependency", "reuse_opportunistic", "reuse_merged", "grow_count",
+             "reuse_internal_dependency", "oom_count", "release_count")
+
+
+class ArenaPool(MemPool):
+    """A :class:`MemPool` run by the frontend (DESIGN.md §3) over an arena of the device."""
+
+    native = False
+
+    def __init__(self, device: Any = None, **options: Any) -> None:
+        super().__init__(device, **options)
+        self._arena = Arena(self.device._impl, self.max_size)
+        self._blocks: SortedDict = SortedDict()  # addr -> block (live and free)
+        self._dirty: set[Block] = set()  # fast-path frees not yet merged with ready neighbours
+        self._ready = FreeList()
+        self._pending: dict[int, FreeList] = {}
+        self._pstream: dict[int, Stream] = {}  # stream id -> stream, for pending lists
+        self._used = self._used_high = 0
+        self._stats = dict.fromkeys(_COUNTERS, 0)
+        self._fast_allocs = self._fast_frees = 0  # counted apart: the fast paths stay short
+        self.device._pools.add(self)
+        _pools.add(self)
+
+    @classmethod
+    def _default(cls, device: Device) -> MemPool:
+        pool = cls(device)
+        pool._is_default = True
+        return pool
+
+    def _describe(self) -> str:
+        return f"reserved={self._arena.reserved} used={self._used}"
+
+    # -- attributes -------------------------------------------------------------------------
+    def get_attr(self, attr: MemPoolAttr | int) -> int:
+        """``cudaMemPoolGetAttribute``: flags as 0/1, sizes in bytes."""
+        attr = parse_attr(attr)
+        if attr in OPTIONS:  # the reuse flags and the release threshold
+            return int(getattr(self._opts, OPTIONS[attr]))
+        return {
+            MemPoolAttr.RESERVED_MEM_CURRENT: self._arena.reserved,
+            MemPoolAttr.RESERVED_MEM_HIGH: self._arena.reserved_high,
+            MemPoolAttr.USED_MEM_CURRENT: self._used,
+            MemPoolAttr.USED_MEM_HIGH: self._used_high,
+        }[attr]
+
+    def _store_attr(self, attr: MemPoolAttr, value: int) -> None:
+        with self._lock:  # one write at a time: another thread's option change is not lost
+            if attr in OPTIONS:
+                self._opts = self._opts.with_attr(attr, value)
+            elif attr is MemPoolAttr.RESERVED_MEM_HIGH:
+                self._arena.reserved_high = self._arena.reserved
+            else:
+                self._used_high = self._used
+
+    def stats(self) -> dict[str, int]:
+        """The eight attributes, the per-step reuse counters, and ``largest_free_block``."""
+        with self._lock:
+            out = {a.name.lower(): self.get_attr(a) for a in MemPoolAttr}
+            out.update(self._stats)
+            out["alloc_count"] += self._fast_allocs
+            out["reuse_same_stream"] += self._fast_allocs
+            out["free_count"] += self._fast_frees
+            # the deferred merges counted, not made: reading statistics must not change which
+            # block a later allocation gets (the fast path takes unmerged exact-size blocks)
+            arena, blocks, dirty = self._arena, self._blocks, self._dirty
+            out["largest_free_block"] = (
+                arena.largest_mapped(settled_runs(blocks, dirty)) if arena.holes else max(
+                    [self._ready.largest(), *(size for _, size in merged_dirty(blocks, dirty)[0]),
+                     *(fl.largest() for fl in self._pending.values())]))
+            out["live_allocations"] = sum(1 for b in blocks.values() if b.live)
+            out["chunks"] = len(arena.mapped)  # mapped granules
+        return out
+
+    # -- allocation -----------------------------------------------------------------------------
+    def _malloc(self, stream: Stream, nbytes: int) -> int:
+        if not stream._slow and not self._destroyed and stream.device is self.device:
+            # fast path of step 1: an exact-size block freed on this (non-blocking) stream
+            size = (nbytes + ALIGN - 1) // ALIGN * ALIGN or ALIGN
+            lock = self._lock
+            lock.acquire()  # not ``with``: its enter/exit lookups double the cost of this path
+            try:
+                fl = self._pending.get(stream.id)
+                lst = fl.bins.get(size) if fl is not None else None
+                if lst and (not self._arena.holes or self._arena.fully_mapped(lst[0])):
+                    # (with unmapped granules in the arena, a block may need mapping first;
+                    # a block left in _dirty is skipped by _settle once it is live)
+                    b = lst.popleft()
+                    fl.count -= 1
+                    b.live = True
+                    b.stream = None
+                    _owners[b.addr] = self
+                    used = self._used = self._used + size
+                    if used > self._used_high:
+                        self._used_high = used
+                    self._fast_allocs += 1  # alloc_count and reuse_same_stream, see stats()
+                    return b.addr
+            finally:
+                lock.release()
+        self._check_alive()
+        self._serves(stream)
+        cap = stream._capture  # once: a capture another thread began after the fast-path test
+        if cap is not None:
+            return cap.malloc(stream, self, nbytes)  # type: ignore[no-any-return]
+        size = (max(nbytes, 1) + ALIGN - 1) // ALIGN * ALIGN
+        if not stream.non_blocking:
+            # The allocation is a stream operation, as the free is (see ``_free``): legacy
+            # default-stream ordering applies before it. Without this, a block freed on the other
+            # side of the implicit barrier looked unordered (clock not yet merged) and the pool
+            # grew instead of reusing it by the event-dependency rule (DESIGN.md §2, §3 step 3).
+            stream._implicit()
+        with self._lock:
+            if self._dirty:
+                self._settle()
+            counts = dict(self._stats)  # restored if the device cannot back the block
+            block = reuse.find(self, stream, size, nbytes)
+            if block.size - size >= ALIGN:
+                if size <= SMALL_REQUEST:  # small: the high end (see arena.landing)
+                    rest = block
+                    block = split(self._blocks, rest, rest.size - size)
+                else:
+                    rest = split(self._blocks, block, size)
+                self._insert_free(rest)
+            try:
+                self._arena.map_range(block.addr, block.size)
+            except OutOfMemoryError:  # the device itself is full (max_size was checked)
+                block.live = False
+                self._insert_free(self._coalesce(block))
+                self._stats = counts
+                raise reuse.oom(self, nbytes, size) from None
+            block.live = True
+            block.stream = None
+            _owners[block.addr] = self
+            self._used += block.size
+            if self._used > self._used_high:
+                self._used_high = self._used
+            self._stats["alloc_count"] += 1
+        return block.addr
+
+    def _check_range(self, ptr: int, nbytes: int) -> None:
+        """The arena's ``check``: ``[ptr, ptr + nbytes)`` must lie in one live block."""
+        with self._lock:
+            b = holding(self._blocks, ptr)
+            if b is None or not b.live or ptr + nbytes > b.addr + b.size:
+                where = (f"its block [{hex(b.addr)}, {hex(b.addr + b.size)})" if b is not None
+                         and b.live else "no live stream-ordered allocation")
+                raise InvalidAddressError(
+                    f"range {hex(ptr)}+{nbytes} is not inside one live pool allocation: "
+                    f"{hex(ptr)} is in {where}"
+                )
+
+    # -- free lists and coalescing ----------------------------------------------------------------
+    def _insert_free(self, b: Block) -> None:
+        if b.stream is None:
+            self._ready.add(b)
+        else:
+            sid = b.stream.id
+            fl = self._pending.get(sid)
+            if fl is None:
+                fl = self._pending[sid] = FreeList()
+                self._pstream[sid] = b.stream
+                _busy.add(self)  # work may still use its memory: not collectable until proven
+            fl.add(b)
+
+    def _remove_free(self, b: Block) -> None:
+        if b.stream is None:
+            self._ready.remove(b)
+        else:
+            self._pending[b.stream.id].remove(b)
+
+    def _settle(self) -> None:
+        """Merge the blocks the fast free path left next to ready neighbours (before any
+        decision that looks at block sizes: best fit, statistics, release)."""
+        dirty, self._dirty = self._dirty, set()
+        for b in sorted(dirty, key=by_addr):  # in address order: who absorbs a shared neighbour
+            if not b.live and b.stream is not None and self._blocks.get(b.addr) is b:
+                self._remove_free(b)
+                self._insert_free(self._coalesce(b))
+
+    def _coalesce(self, b: Block) -> Block:
+        return coalesce(self._blocks, b, self._remove_free)
+
+    # -- free -----------------------------------------------------------------------------------
+    def _free(self, stream: Stream, ptr: int) -> None:
+        if not stream._slow and stream.device is self.device and not self._destroyed:
+            lock = self._lock
+            lock.acquire()  # see _malloc
+            try:
+                b = self._blocks.get(ptr)
+                prev, nxt = (b.prev, b.next) if b is not None else (None, None)
+                if (b is not None and b.live and (prev is None or prev.live
+                        or prev.stream is not stream) and (nxt is None or nxt.live
+                        or nxt.stream is not stream)):
+                    # fast path: no free neighbour freed on this stream. Ready neighbours are
+                    # absorbed later, by _settle: the next exact-size malloc takes b as it is
+                    if (prev is not None and not prev.live and prev.stream is None) or (
+                            nxt is not None and not nxt.live and nxt.stream is None):
+                        self._dirty.add(b)
+                    del _owners[ptr]
+                    b.live = False
+                    b.stream = stream
+                    b.pos = stream._pos
+                    if instrument.listeners:  # the clock's own position (see _release_block)
+                        b.clock = clock = stream._snapshot()
+                        b.pos = clock[stream.id]
+                    self._used -= b.size
+                    self._fast_frees += 1  # free_count, see stats()
+                    fl = self._pending.get(stream.id)
+                    lst = fl.bins.get(b.size) if fl is not None else None
+                    if lst is None:
+                        self._insert_free(b)
+                    else:  # the bin exists: append, as FreeList.add would
+                        lst.append(b)
+                        fl.count += 1
+                    return
+            finally:
+                lock.release()
+        self._frees_on(stream, ptr)
+        cap = stream._capture  # once: a capture another thread began after the fast-path test
+        if cap is not None:
+            return cap.free(stream, ptr, self)  # type: ignore[no-any-return]
+        if not stream.non_blocking:
+            stream._implicit()  # the free is a stream operation: legacy ordering applies
+        self._release_block(ptr, stream, stream._pos)
+
+    def _free_now(self, ptr: int) -> None:
+        self._release_block(ptr, None, 0)  # after a device synchronize: ready at once
+        self._on_sync()
+
+    def _release_block(self, ptr: int, stream: Stream | None, pos: int) -> None:
+        with self._lock:
+            if self._dirty:
+                self._settle()
+            b = self._blocks.get(ptr)
+            if b is None or not b.live or _owners.get(ptr) is not self:
+                raise InvalidAddressError(f"free of {hex(ptr)}: not a live allocation of {self!r}")
+            del _owners[ptr]
+            b.live = False
+            b.stream = stream
+            clock = stream._snapshot() if stream is not None and instrument.listeners else None
+            # with a clock, the position is the clock's own (a later one: the free waits no less);
+            # ``pos`` read apart may precede a wait the clock already merged (see Stream._snapshot)
+            b.pos = pos if clock is None else clock[stream.id]
+            b.clock = clock
+            self._used -= b.size
+            self._stats["free_count"] += 1
+            self._insert_free(self._coalesce(b))
+            if self._destroyed:
+                self._release(0)
+                if self._idle():
+                    self._drop_arena()
+
+    # -- lookups --------------------------------------------------------------------------------
+    def _usable(self, ptr: int) -> int | None:
+        b = self._blocks.get(ptr)
+        return b.size if b is not None and b.live else None
+
+    def _room(self, ptr: int) -> int | None:
+        """Bytes from ``ptr`` to the end of the live block holding it (None: in no live block)."""
+        with self._lock:
+            b = holding(self._blocks, ptr)
+            end = b.addr + b.size if b is not None and b.live else ptr
+            return end - ptr if end > ptr else None
+
+    # -- synchronize points, threshold, trim, destroy ---------------------------------------------
+    def _on_sync(self) -> None:
+        """Promote the frees a host synchronize proved, then apply the release threshold."""
+        if not (self._pending or self._destroyed
+                or self._arena.reserved > self._opts.release_threshold):
+            return  # nothing to promote or release (read without the lock: a hint)
+        with self._lock:
+            if self._dirty:
+                self._settle()
+            for sid in list(self._pending):
+                fl = self._pending[sid]
+                host = self._pstream[sid]._host
+                for b in [b for b in fl.blocks() if b.pos <= host]:
+                    fl.remove(b)
+                    b.stream = None
+                    self._ready.add(self._coalesce(b))
+                if not fl.count:
+                    del self._pending[sid], self._pstream[sid]
+            if not self._pending:
+                _busy.discard(self)
+            self._release(0 if self._destroyed else self._opts.release_threshold)
+
+    def _release(self, keep: int) -> None:
+        """Unmap granules of ready free blocks while ``reserved - granule >= keep``."""
+        self._stats["release_count"] += self._arena.release(keep, self._ready.blocks())
+
+    def _trim(self, keep: int) -> None:
+        with self._lock:
+            if self._dirty:
+                self._settle()
+            self._release(keep)
+        if instrument.listeners:  # the trace's reserved counter
+            instrument.notify("freed", None, self)
+
+    def _destroy(self) -> None:
+        with self._lock:
+            self._destroyed = True
+            self.device._forget_pool(self)
+            self._settle()
+            self._release(0)
+            if self._arena.base and self._idle():
+                self._drop_arena()
+        if instrument.listeners:
+            instrument.notify("freed", None, self)
+
+    def _idle(self) -> bool:
+        """No live block and no free still pending on a stream: the arena can go."""
+        return not any(x.live or x.stream is not None for x in self._blocks.values())
+
+    def _drop_arena(self) -> None:
+        """A destroyed pool with nothing left: give its address range back."""
+        self._arena.drop()
+        self._blocks.clear()
+        self._ready = FreeList()
+
+    def _reset(self) -> None:
+        with self._lock:
+            for addr, b in self._blocks.items():
+                if b.live:
+                    _owners.pop(addr, None)
+            self._arena.forget()  # the device reset released the arena
+            self._blocks.clear()
+            self._dirty.clear()
+            self._ready = FreeList()
+            self._pending.clear()
+            self._pstream.clear()
+            _busy.discard(self)
+            self._used = 0
+            self._destroyed = True

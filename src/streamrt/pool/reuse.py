@@ -1,0 +1,184 @@
+"""The reuse decision of DESIGN.md §3, as functions over an arena pool's state (its lock held).
+
+``s.malloc(n)`` on stream A takes, in order (each counted in ``stats()``): 1. a block freed on
+A; 2. a ready block (its free proven by a host synchronize); 3. (event dependencies) a block
+freed on F at p with ``clock[A][F] >= p``; 4. (opportunistic) one whose free F has already
+executed (``done[F] >= p``); then, before growing, a run of adjacent blocks that are ready or
+pending on A, merged if it fits (``reuse_merged``); 5. growth; 6. (internal dependencies) any
+pending block, after enqueueing a wait of A on F at p; 7. ``OutOfMemoryError``. Within a step,
+best fit wins (the closest size, the oldest free block among equals); a block whose unmapped
+granules cannot be mapped under ``max_size`` is skipped. The flags switch off steps 3, 4 and 6.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..errors import OutOfMemoryError
+from .arena import ALIGN
+from .freelist import Block, absorb, link_after
+
+if TYPE_CHECKING:
+    from ..stream import Stream
+    from .arena_pool import ArenaPool
+
+
+def find(pool: ArenaPool, a: Stream, size: int, requested: int) -> Block:
+    """The free block ``a`` may take for ``size`` bytes (taken off its free list), by the first
+    step that has one; raises :class:`OutOfMemoryError` when none has."""
+    st, opts, arena = pool._stats, pool._opts, pool._arena
+    own = pool._pending.get(a.id)
+    ok = (lambda blk: arena.mappable(blk, size)) if arena.holes else None
+    if own is not None:
+        b = own.best(size, ok)
+        if b is not None:
+            own.remove(b)
+            st["reuse_same_stream"] += 1
+            return b
+    b = pool._ready.best(size, ok)
+    if b is not None:
+        pool._ready.remove(b)
+        st["reuse_after_sync"] += 1
+        return b
+    others = [(sid, fl) for sid, fl in pool._pending.items() if sid != a.id and fl.count]
+    if others and opts.reuse_follow_event_dependencies:
+        clock = a._clock
+        b = _best_of(pool, others, size, lambda sid: clock.get(sid, 0))
+        if b is not None:
+            st["reuse_event_dependency"] += 1
+            return b
+    if others and opts.reuse_allow_opportunistic:
+        b = _best_of(pool, others, size, lambda sid: pool._pstream[sid]._q.done)
+        if b is not None:
+            st["reuse_opportunistic"] += 1
+            return b
+    b = _merge_for(pool, a, size)
+    if b is not None:
+        st["reuse_merged"] += 1
+        return b
+    b = _grow(pool, a, size)
+    if b is not None:
+        st["grow_count"] += 1
+        return b
+    if others and opts.reuse_allow_internal_dependencies:
+        b = _best_of(pool, others, size, None)
+        if b is not None:
+            f = b.stream
+            # a real wait: later work on A follows the free (and what the free followed)
+            a._order_after(f, b.pos, b.clock or {f.id: b.pos})
+            st["reuse_internal_dependency"] += 1
+            return b
+    raise oom(pool, requested, size)
+
+
+def oom(pool: ArenaPool, requested: int, size: int) -> OutOfMemoryError:
+    """The error of a failed allocation (counted in ``oom_count``)."""
+    pool._stats["oom_count"] += 1
+    limit = f"max_size {pool.max_size}" if pool.max_size else "no pool limit"
+    free, total = pool.device.memory_info()
+    return OutOfMemoryError(
+        f"{pool.device.name}: stream-ordered allocation of {requested} bytes ({size} after "
+        f"rounding to {ALIGN}) failed: pool reserves "
+        f"{pool._arena.reserved} bytes ({pool._used} used), {limit}; device has {free} of "
+        f"{total} bytes free"
+    )
+
+
+def _grow(pool: ArenaPool, a: Stream, size: int) -> Block | None:
+    """More of the arena: extend the top free block when ``a`` may use it (ready, or freed on
+    ``a``), else start a new block at the top; the granules are mapped on allocation."""
+    arena, blocks = pool._arena, pool._blocks
+    if not arena.base:
+        arena.reserve(pool)
+    last = blocks.peekitem(-1)[1] if blocks else None
+    extend = (last is not None and not last.live and last.addr + last.size == arena.base + arena.top
+              and (last.stream is None or last.stream is a))
+    start = last.addr - arena.base if extend else arena.top
+    if not arena.extend(start, size):
+        return None
+    if extend:
+        pool._remove_free(last)
+        last.size = arena.base + arena.top - last.addr
+        return last
+    b = Block(arena.base + start, arena.top - start)
+    link_after(blocks, last, b)
+    return b
+
+
+def _merge_for(pool: ArenaPool, a: Stream, size: int) -> Block | None:
+    """Before growing: merge the smallest run of adjacent blocks, each ready or freed on ``a``,
+    that fits ``size``. Both kinds are usable by ``a`` (steps 1-2), so the merged block is tagged
+    as freed on ``a`` (it must not become usable by other streams)."""
+    best: list[Block] | None = None
+    best_size = 0
+    run: list[Block] = []
+    total = 0
+    for b in pool._blocks.values():  # address order; a live block ends a run
+        if not b.live and (b.stream is None or b.stream is a):
+            run.append(b)
+            total += b.size
+            while total - run[0].size >= size:  # shortest run ending here
+                total -= run.pop(0).size
+            if total >= size and len(run) > 1 and (best is None or total < best_size):
+                best, best_size = list(run), total
+        else:
+            run, total = [], 0
+    if best is None:
+        return None
+    arena = pool._arena
+    off = best[0].addr - arena.base  # the allocation takes the run's first bytes
+    if arena.holes and not arena.fits(off, off + size):
+        return None  # it could not map what it would land on
+    pieces = [(b.addr, b.size, b.stream, b.pos) for b in best]
+    for b in best:
+        pool._remove_free(b)
+    lo = best[0]
+    lo.pos = max((b.pos for b in best if b.stream is a), default=0)
+    lo.stream = a
+    for hi in best[1:]:
+        absorb(pool._blocks, lo, hi)
+    # give the part past the request back with its original tags (ready stays ready)
+    end = lo.addr + lo.size
+    lo.size = size
+    parts: list[list] = []
+    for addr, psize, stream, pos in pieces:
+        start = max(addr, lo.addr + size)
+        if start >= addr + psize:
+            continue
+        if parts and parts[-1][2] is stream:  # same kind next to each other: one block
+            parts[-1][1] = addr + psize - parts[-1][0]
+            parts[-1][3] = max(parts[-1][3], pos)
+        else:
+            parts.append([start, addr + psize - start, stream, pos])
+    tail = lo
+    created = []
+    for start, psize, stream, pos in parts:
+        rest = Block(start, psize)
+        rest.stream, rest.pos = stream, pos
+        link_after(pool._blocks, tail, rest)
+        created.append(rest)
+        tail = rest
+    assert tail.addr + tail.size == end
+    lo.live = True  # taken: the pieces must not coalesce back into it
+    for r in created:
+        pool._insert_free(pool._coalesce(r))
+    return lo
+
+
+def _best_of(pool: ArenaPool, others: list, size: int, limit_of: Any) -> Block | None:
+    """Best fit among other streams' pending blocks whose free is at most ``limit_of(F)`` (any,
+    for None), taken off its free list."""
+    arena = pool._arena
+    best: Block | None = None
+    for sid, fl in others:
+        if limit_of is None:
+            b = fl.best(size, (lambda blk: arena.mappable(blk, size)) if arena.holes else None)
+        else:
+            lim = limit_of(sid)
+            b = fl.best(size, lambda blk, lim=lim: blk.pos <= lim and (
+                not arena.holes or arena.mappable(blk, size)))
+        if b is not None and (best is None or b.size < best.size):
+            best = b
+    if best is not None:
+        pool._pending[best.stream.id].remove(best)
+    return best
