@@ -204,11 +204,9 @@ class Device:
         """The device's default memory pool (``cudaDeviceGetDefaultMemPool``)."""
         pool = self._default_pool
         if pool is None:
-            from .pool import MemPool
-
             with _registry_lock:
                 if self._default_pool is None:
-                    self._default_pool = MemPool._make_default(self)
+                    self._default_pool = _mem_pool_class()._make_default(self)
                 pool = self._default_pool
         return pool
 
@@ -220,9 +218,7 @@ class Device:
 
     def set_mem_pool(self, pool: MemPool) -> None:
         """Make ``pool`` the device's current pool (``cudaDeviceSetMemPool``)."""
-        from .pool import MemPool
-
-        if not isinstance(pool, MemPool):
+        if not isinstance(pool, _mem_pool_class()):
             raise InvalidTypeError(f"set_mem_pool needs a MemPool, not {type(pool).__name__}")
         if pool.device is not self:
             raise InvalidValueError(f"{pool!r} belongs to {pool.device.name}, not {self.name}")
@@ -242,6 +238,13 @@ class Device:
         from .reset import reset_device  # it destroys everything above this module
 
         reset_device(self)
+
+
+def _mem_pool_class() -> type[MemPool]:
+    """``MemPool``: pools are made of devices, so the pool package imports this module."""
+    from .pool import MemPool
+
+    return MemPool
 
 
 def current_device() -> Device:

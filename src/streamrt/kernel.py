@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, overload
 
 import numpy as np
 
+from .backends.base import LAST_VIEWS
 from .errors import InvalidTypeError, InvalidValueError
 from .validate import is_int
 
@@ -137,21 +138,19 @@ def kernel(
 class KernelContext:
     """What a kernel body sees: launch dimensions, device, stream, and bounds-checked memory views."""
 
-    __slots__ = ("grid", "block", "device", "stream", "_last", "_view")
+    __slots__ = ("grid", "block", "device", "stream", "_view")
 
     def __init__(self, grid: Dim3, block: Dim3, device: Device, stream: Stream) -> None:
         self.grid = grid
         self.block = block
         self.device = device
         self.stream = stream
-        impl = device._impl
-        self._last = impl.last_views.get  # the view made last at each address (see _fast_array)
-        self._view = impl.view
+        self._view = device._impl.view
 
     def _fast_array(self, ptr: int, shape: Any, dtype: Any, *, readonly: bool = False) -> np.ndarray:
         """A numpy view of device memory; read-only views declare a read, writable ones a write."""
         try:  # hot path: the view last made at this address, if it matches
-            e = self._last(ptr)
+            e = _last_get(ptr)
         except TypeError:
             e = None
         if e is not None and e[0] == shape and e[1] is dtype and e[2] is readonly:
@@ -160,3 +159,6 @@ class KernelContext:
 
     # the sanitizer swaps in a checking version while it is on (zero cost when off)
     array = _fast_array
+
+
+_last_get = LAST_VIEWS.get  # the views made last (see backends/base.py), without an attribute load

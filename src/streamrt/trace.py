@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from . import instrument
-from .errors import InvalidValueError
+from .device import devices
+from .errors import InvalidValueError, NotReadyError, StreamRTError
 from .instrument import OpInfo
+from .pool import MemPoolAttr, find_pool
 from .validate import as_path
 from .weak import members
 
@@ -102,7 +104,6 @@ class Tracer:
 
     def _resolve(self) -> None:
         """Place the completed stamped operations on the device's clock (in enqueue order)."""
-        from .errors import NotReadyError, StreamRTError
 
         left = []
         for op in self._pending:
@@ -155,14 +156,12 @@ class Tracer:
             self._count(pool)
 
     def _pool_counter(self, ptr: int) -> None:
-        from .pool import find_pool
 
         pool = find_pool(ptr)
         if pool is not None:
             self._count(pool)
 
     def _count(self, pool: Any) -> None:
-        from .pool import MemPoolAttr
 
         reserved = pool.get_attr(MemPoolAttr.RESERVED_MEM_CURRENT)  # a cudaMemPool's too
         used = pool.get_attr(MemPoolAttr.USED_MEM_CURRENT)
@@ -215,7 +214,6 @@ def _plain(v: Any) -> Any:
 
 def _drain() -> None:
     """Wait (without raising) for every stream's queued work, so its slices are recorded."""
-    from .device import devices
 
     for dev in devices():
         for s in members(dev._streams):

@@ -88,7 +88,6 @@ def test_cuda_range_of_graph_memory_is_mapped_only_while_an_exec_maps_it(cuda0):
 def test_cuda_device_declares_native_pools_runner_and_no_views(cuda0):
     impl = cuda0._impl
     assert isinstance(impl.pools, NativePools)
-    assert impl.last_views == {}
     assert impl.runner_per_stream is False
     with pytest.raises(srt.NotSupportedError):
         impl.view(0, (1,), "uint8", True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..errors import BackendUnavailableError, InvalidDeviceError
 from .base import Backend
+from .cpu import CpuBackend
 
 BACKENDS = ("cpu", "cuda")
 _loaded: dict[str, Backend] = {}
@@ -20,8 +21,6 @@ def get_backend(name: str) -> Backend:
     if backend is not None:
         return backend
     if name == "cpu":
-        from .cpu import CpuBackend
-
         backend = CpuBackend()
     elif name == "cuda":
         backend = _load_cuda()

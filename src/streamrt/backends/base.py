@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Callable, Mapping
-from types import MappingProxyType
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import NotSupportedError
@@ -29,6 +28,13 @@ if TYPE_CHECKING:
 Flat = list[tuple["Node | None", list[int], bool]]
 # the queue operation of a node, or None for one that does nothing on the device
 NodeOp = tuple[Callable[..., Any], tuple] | None
+
+
+# ptr -> (shape, dtype, readonly, view): the kernel view made last at each address, by whichever
+# backend makes views (:meth:`DeviceImpl.view`); one dict for the process, read by the kernel
+# context's fast path without a call or an attribute load. Backends' addresses never collide,
+# and a backend clears it in place whenever memory goes away or is remapped.
+LAST_VIEWS: dict[int, tuple[Any, Any, bool, Any]] = {}
 
 
 class MemRange(NamedTuple):
@@ -220,9 +226,6 @@ class DeviceImpl(ABC):
     # ``pools``: the backend's own pools, which MemPool then runs on; None: the frontend's pools
     # over :meth:`reserve` ranges (the cpu backend)
     pools: NativePools | None = None
-    # ``last_views``: ptr -> (shape, dtype, readonly, view), the view :meth:`view` made last at
-    # each address; the kernel context's fast path reads it without a call (empty: no views)
-    last_views: Mapping[int, tuple[Any, Any, bool, Any]] = MappingProxyType({})
     # one graph runner per launching stream (True: its operations hold the stream's kernel
     # contexts) or one per device (False)
     runner_per_stream = False
@@ -267,7 +270,7 @@ class DeviceImpl(ABC):
 
     def view(self, ptr: int, shape: Any, dtype: Any, readonly: bool) -> np.ndarray:
         """A numpy view of device memory for a kernel body, bounds-checked against its
-        allocation (``ctx.array``); recorded in :attr:`last_views`."""
+        allocation (``ctx.array``); recorded in :data:`LAST_VIEWS`."""
         raise NotSupportedError(
             f"{type(self).__name__}: kernels see device memory only through their CUDA body")
 

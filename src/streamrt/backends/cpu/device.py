@@ -54,7 +54,6 @@ class CpuDevice(DeviceImpl):
         self._lock = threading.Lock()
         self._arenas: dict[int, mmap.mmap] = {}
         self._reclaim = SPACE.reclaim  # every release takes the address space's lock
-        self.last_views = SPACE.last
 
     def reclaim(self, fn: Callable[..., Any], *args: Any) -> None:
         self._reclaim(fn, *args)

@@ -26,7 +26,7 @@ from sortedcontainers import SortedDict
 from ...errors import InvalidAddressError, InvalidTypeError, InvalidValueError, OutOfMemoryError
 from ...reclaim import Reclaim
 from ...validate import is_int
-from ..base import MemRange
+from ..base import LAST_VIEWS, MemRange
 
 ALIGN = 512
 _GUARD = ALIGN  # gap between consecutive allocations
@@ -79,7 +79,7 @@ class AddressSpace:
         self._allocs: SortedDict = SortedDict()
         self._next: dict[int, int] = {}
         self._views: dict[tuple, np.ndarray] = {}
-        self.last: dict[int, tuple] = {}  # ptr -> (shape, dtype, readonly, view) made last
+        self.last = LAST_VIEWS  # ptr -> (shape, dtype, readonly, view) made last (see base)
         self.generation = 0  # bumped whenever memory goes away or is remapped
 
     def allocate(self, device: int, nbytes: int, kind: str = "malloc", *,

@@ -15,7 +15,7 @@ State and invariants:
 - Kernels: compiled by NVRTC for the device's architecture once per process (and on disk; PTX
   for the newest architecture NVRTC knows when it does not know the GPU's), loaded per device
   with ``cuModuleLoadData`` (``_functions``: kernel -> loaded function and argument packer).
-  Kernels see device memory only through their CUDA body: no views (base's empty ``last_views``).
+  Kernels see device memory only through their CUDA body: no views (nothing in base's ``LAST_VIEWS``).
 """
 
 from __future__ import annotations
