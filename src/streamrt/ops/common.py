@@ -13,7 +13,7 @@ import numpy as np
 
 from ..tensor import TensorDesc
 
-__all__ = ["F16", "F32", "F64", "FLOATS", "WORKSPACE_ALIGN", "acc_dtype", "view", "region",
+__all__ = ["F16", "F32", "F64", "FLOATS", "WS_ALIGN", "acc_dtype", "view", "region",
            "Layout"]
 
 F16, F32, F64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
@@ -21,7 +21,7 @@ FLOATS = (F16, F32, F64)
 ALIGN = 64  # each workspace region starts on a cache line
 # a workspace's address and size: the widest element a region holds (float64 partials); phase 2
 # refuses a workspace address off it, where a GPU kernel would fault
-WORKSPACE_ALIGN = 8
+WS_ALIGN = 8
 
 
 def acc_dtype(*dtypes: np.dtype) -> np.dtype:
@@ -63,7 +63,7 @@ class Layout:
         return off
 
     def total(self) -> int:
-        """The workspace size: the last region's end, rounded to ``WORKSPACE_ALIGN`` (so that a
+        """The workspace size: the last region's end, rounded to ``WS_ALIGN`` (so that a
         workspace placed exactly at the end of a buffer stays aligned); 0 when no region was
         reserved."""
-        return -(-self.end // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
+        return -(-self.end // WS_ALIGN) * WS_ALIGN

@@ -26,7 +26,7 @@ from ..errors import ExecutorError, StreamRTError
 from ..stream import Stream, current_stream
 from ..tensor import Tensor, TensorDesc
 from ..validate import check_bool, is_bool, is_int
-from .common import FLOATS, WORKSPACE_ALIGN
+from .common import FLOATS, WS_ALIGN
 from .executor import (
     INNER,
     INNER_FIND_KERNEL,
@@ -258,7 +258,7 @@ def _check_workspace(name: str, ws: Any, size: int, ex: Executor) -> None:
             raise _bad(name, f"workspace is a null pointer but the executor needs {size} bytes",
                        NULLPTR)
         return
-    check_room(f"ops.{name}: workspace", ws, size, ex.device, WORKSPACE_ALIGN if size else 1)
+    check_room(f"ops.{name}: workspace", ws, size, ex.device, WS_ALIGN if size else 1)
     for slot, lo, hi, _key in ex._ins + ex._outs if size else ():  # scratch: not its tensors
         a = ex._addrs[slot]
         if ws < a + hi and a + lo < ws + size:
