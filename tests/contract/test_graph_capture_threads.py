@@ -12,7 +12,7 @@ import pytest
 
 import streamrt as srt
 from streamrt import stream as stream_module
-from streamrt.graph import capture
+from streamrt.graph import capture, refusals
 from tests.contract.interleave import Background, Contended, note_kernel, on_read
 from tests.contract.pools import stream
 
@@ -166,8 +166,8 @@ def test_unsafe_call_while_the_capture_ends_is_not_refused(dev, monkeypatch):
     s = stream(dev)
     graphs: list[srt.Graph] = []
     s.begin_capture()
-    hook = _ExitHook(capture._lock, lambda: graphs.append(s.end_capture()))
-    monkeypatch.setattr(capture, "_lock", hook)
+    hook = _ExitHook(refusals._lock, lambda: graphs.append(s.end_capture()))
+    monkeypatch.setattr(refusals, "_lock", hook)  # the lock check_unsafe reads the captures under
     p = srt.malloc(16, device=dev)
     assert not hook.armed and len(graphs) == 1
     srt.free(p)
