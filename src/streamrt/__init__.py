@@ -47,8 +47,9 @@ from .graph import (
     NodeType,
     exchange_capture_mode,
 )
-from .graph.exec import GraphExec, GraphExecUpdateResult
+from .graph.exec import GraphExec
 from .graph.scope import graph_capture
+from .graph.update import GraphExecUpdateResult
 from .host_memory import free, free_host, malloc, malloc_host, memcpy, memset, read, write
 from .kernel import Dim3, Kernel, KernelContext, kernel
 from .pool import MemPool, MemPoolAttr

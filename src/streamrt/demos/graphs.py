@@ -12,7 +12,7 @@ import numpy as np
 from ..device import Device
 from ..errors import CaptureError, GraphExecUpdateError, InvalidValueError
 from ..graph import CaptureMode, Graph
-from ..graph.exec import GraphExecUpdateResult
+from ..graph.update import GraphExecUpdateResult
 from ..kernel import kernel
 from ..stream import Stream
 from .report import check, table

@@ -18,7 +18,6 @@ from __future__ import annotations
 import gc
 import threading
 import weakref
-from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
 from .. import instrument
@@ -37,25 +36,12 @@ from . import memory
 from .compile import Compiled, compile_graph, topo
 from .graph import Graph, host_params, memcpy_params, memset_params
 from .node import Node, NodeType
+from .update import adopt, diff, kinds
 
 _DISABLEABLE = (NodeType.KERNEL, NodeType.MEMCPY, NodeType.MEMSET)  # as cudaGraphNodeSetEnabled
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-
-class GraphExecUpdateResult(IntEnum):
-    """``cudaGraphExecUpdateResult``."""
-
-    SUCCESS = 0
-    ERROR = 1
-    TOPOLOGY_CHANGED = 2
-    NODE_TYPE_CHANGED = 3
-    FUNCTION_CHANGED = 4
-    PARAMETERS_CHANGED = 5
-    NOT_SUPPORTED = 6
-    UNSUPPORTED_FUNCTION_CHANGE = 7
-    ATTRIBUTES_CHANGED = 8
-
 
 class GraphExec:
     """An executable graph (``cudaGraphExec_t``)."""
@@ -336,7 +322,7 @@ class GraphExec:
         """Replace a copy node's operands; the kinds of memory (host/device) cannot change."""
         t = self._node(node, NodeType.MEMCPY)
         p = memcpy_params(dst, src, nbytes)
-        if _kinds(p) != _kinds(t._params):
+        if kinds(p) != kinds(t._params):
             raise InvalidValueError("a copy node's direction and devices (which operand is host "
                                     "memory, which is memory of which device) cannot change")
         self._set(t, p)
@@ -378,13 +364,13 @@ class GraphExec:
             raise InvalidTypeError(f"update needs a Graph, not {type(graph).__name__}")
         if self._destroyed:
             raise InvalidHandleError(f"{self!r} was destroyed")
-        problem = _diff(self._template, graph)
+        problem = diff(self._template, graph)
         if problem is not None:
             result, node, why = problem
             raise GraphExecUpdateError(f"update refused ({result.name}): {why}", result=result,
                                        node=node)
         with self._lock:
-            changed = _adopt(self._template, graph)
+            changed = adopt(self._template, graph)
             self._refresh(lambda plan: all(plan.update(n) for n in changed))
 
 
@@ -397,56 +383,6 @@ def _binds(n: Node) -> bool:
     if n.type is NodeType.MEMCPY:
         return is_int(p["dst"]) or is_int(p["src"])
     return n.type is NodeType.MEMSET
-
-
-def _kinds(p: dict[str, Any]) -> tuple:
-    def kind(x: Any) -> Any:
-        if is_int(x):
-            return ("device", device_of(int(x)))  # any backend's (None: pinned host memory)
-        return ("host",)
-
-    return kind(p["dst"]), kind(p["src"])
-
-
-def _diff(old: Graph, new: Graph) -> tuple[GraphExecUpdateResult, Node | None, str] | None:
-    R = GraphExecUpdateResult
-    if len(old._nodes) != len(new._nodes):
-        return R.TOPOLOGY_CHANGED, None, f"{len(new._nodes)} nodes instead of {len(old._nodes)}"
-    for o, n in zip(old._nodes, new._nodes):
-        if sorted(d.index for d in o._deps) != sorted(d.index for d in n._deps):
-            return R.TOPOLOGY_CHANGED, n, f"the dependencies of {n!r} changed"
-    for o, n in zip(old._nodes, new._nodes):
-        if o.type is not n.type:
-            return R.NODE_TYPE_CHANGED, n, f"node #{n.index} is {n.type.name}, was {o.type.name}"
-        po, pn = o._params, n._params
-        t = o.type
-        if t is NodeType.KERNEL and po["device"] is not pn["device"]:
-            return R.UNSUPPORTED_FUNCTION_CHANGE, n, f"{n!r} moved to another device"
-        if t is NodeType.MEMCPY and _kinds(po) != _kinds(pn):
-            return R.PARAMETERS_CHANGED, n, f"{n!r} changed its direction or device"
-        if t is NodeType.MEMSET and _kinds({"dst": po["ptr"], "src": po["ptr"]}) != _kinds(
-                {"dst": pn["ptr"], "src": pn["ptr"]}):
-            return R.PARAMETERS_CHANGED, n, f"{n!r} moved to another device"
-        if t in (NodeType.MEM_ALLOC, NodeType.MEM_FREE) and (
-                po["ptr"], po.get("nbytes")) != (pn["ptr"], pn.get("nbytes")):
-            return R.NOT_SUPPORTED, n, f"{n!r}: memory nodes cannot be updated"
-        if t is NodeType.GRAPH:
-            sub = _diff(po["graph"], pn["graph"])
-            if sub is not None:
-                return sub[0], n, f"in child graph {n!r}: {sub[2]}"
-    return None
-
-
-def _adopt(old: Graph, new: Graph) -> list[Node]:
-    """Take the parameters of ``new``'s nodes; returns the nodes (child graphs' too) that took them."""
-    changed: list[Node] = []
-    for o, n in zip(old._nodes, new._nodes):
-        if o.type is NodeType.GRAPH:
-            changed += _adopt(o._params["graph"], n._params["graph"])
-        elif o.type not in (NodeType.MEM_ALLOC, NodeType.MEM_FREE):
-            o._params = dict(n._params)
-            changed.append(o)
-    return changed
 
 
 def _collected(mem: memory.ExecMemory, last: list[tuple[Stream, int] | None]) -> None:
