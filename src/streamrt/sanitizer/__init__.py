@@ -39,12 +39,12 @@ from typing import Any
 
 from sortedcontainers import SortedList
 
-from . import instrument
-from .backends import get_backend
-from .device import devices, range_of
-from .errors import InvalidValueError, SanitizerError
-from .instrument import GRAPH_MEMORY, OpInfo
-from .validate import check_bool, env_flag, is_int
+from .. import instrument
+from ..backends import get_backend
+from ..device import devices, range_of
+from ..errors import InvalidValueError, SanitizerError
+from ..instrument import GRAPH_MEMORY, OpInfo
+from ..validate import check_bool, env_flag, is_int
 
 __all__ = ["enable", "disable", "enabled", "report", "clear", "check_leaks", "Finding"]
 
@@ -230,7 +230,7 @@ class Sanitizer:
         """Start from the program as it is now (the sanitizer is being turned on): what happened
         while it was off is unknown, so the history goes, and the live allocations count as made
         before everything to come (pool memory allocated earlier was "never covered" before)."""
-        from .memory import _owners
+        from ..memory import _owners
 
         with self._lock:
             self._gens.clear()
@@ -523,7 +523,7 @@ def enable(mode: str = "raise", *, leaks: bool = False) -> None:
             _SAN._raised = len(_SAN.findings)  # collected findings were reported by report()
         _SAN.mode = mode
     if not _on:
-        from .kernel import KernelContext
+        from ..kernel import KernelContext
 
         _SAN._restart()
         KernelContext.array = _checked_array  # views declare their accesses
@@ -537,7 +537,7 @@ def disable() -> None:
     """Turn the sanitizer off (findings are kept until :func:`clear`)."""
     global _on
     if _on:
-        from .kernel import KernelContext
+        from ..kernel import KernelContext
 
         KernelContext.array = KernelContext._fast_array
         _on = False
@@ -607,7 +607,7 @@ def _finding(kind: str, ptr: int, nbytes: int, op: Any, other: Any, msg: str) ->
 def check_leaks() -> list[Finding]:
     """Findings for what is still alive: executors, stream-ordered and synchronous allocations.
     Returned only: what is alive now may be freed later, so none is raised at a synchronize."""
-    from .ops.executor import live_executors
+    from ..ops.executor import live_executors
 
     found = []
     with _SAN._lock:
