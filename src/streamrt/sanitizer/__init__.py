@@ -17,9 +17,13 @@ import math
 import sys
 from typing import Any
 
+import numpy as np
+
 from .. import instrument
 from ..backends import get_backend
 from ..errors import InvalidValueError, SanitizerError
+from ..kernel import KernelContext
+from ..ops.executor import live_executors
 from ..validate import check_bool, env_flag, is_int
 from .checker import Sanitizer
 from .finding import KINDS, Finding, _finding  # noqa: F401 (KINDS: the kinds a finding has)
@@ -43,8 +47,6 @@ def enable(mode: str = "raise", *, leaks: bool = False) -> None:
             _SAN._raised = len(_SAN.findings)  # collected findings were reported by report()
         _SAN.mode = mode
     if not _on:
-        from ..kernel import KernelContext
-
         _SAN._restart()
         KernelContext.array = _checked_array  # views declare their accesses
         _on = True
@@ -57,8 +59,6 @@ def disable() -> None:
     """Turn the sanitizer off (findings are kept until :func:`clear`)."""
     global _on
     if _on:
-        from ..kernel import KernelContext
-
         KernelContext.array = KernelContext._fast_array
         _on = False
         instrument.remove(_SAN)
@@ -85,8 +85,6 @@ def clear() -> None:
 
 def _checked_array(ctx: Any, ptr: int, shape: Any, dtype: Any, *, readonly: bool = False) -> Any:
     """``KernelContext.array`` while the sanitizer is on: check the access, then make the view."""
-    import numpy as np
-
     try:
         dt = np.dtype(dtype)
         shp = (shape,) if isinstance(shape, int | np.integer) else tuple(int(d) for d in shape)
@@ -121,8 +119,6 @@ def raise_pending() -> None:
 def check_leaks() -> list[Finding]:
     """Findings for what is still alive: executors, stream-ordered and synchronous allocations.
     Returned only: what is alive now may be freed later, so none is raised at a synchronize."""
-    from ..ops.executor import live_executors
-
     found = []
     with _SAN._lock:
         n = live_executors()

@@ -35,6 +35,7 @@ from sortedcontainers import SortedList
 from .. import instrument
 from ..device import devices, range_of
 from ..instrument import GRAPH_MEMORY, OpInfo
+from ..memory import _owners  # the pool registry: only _pool_blocks reads it
 from .finding import Finding, _finding
 from .generation import _arrival, _Gen, _seq_of
 from .order import _alloc_before, _before_free, _Event, _prove, _top
@@ -71,8 +72,6 @@ class Sanitizer:
         """Start from the program as it is now (the sanitizer is being turned on): what happened
         while it was off is unknown, so the history goes, and the live allocations count as made
         before everything to come (pool memory allocated earlier was "never covered" before)."""
-        from ..memory import _owners
-
         with self._lock:
             self._gens.clear()
             self._live.clear()
@@ -86,10 +85,7 @@ class Sanitizer:
             self._since = next(instrument._seq)
         live = [(r.base, r.size) for dev in devices() for r in dev._impl.ranges()
                 if r.kind == "malloc"]  # srt.malloc's memory
-        for ptr, pool in list(_owners.items()):  # pool blocks
-            size = pool._usable(ptr)
-            if size is not None:
-                live.append((ptr, size))
+        live += _pool_blocks()
         for ptr, nbytes in live:
             self._allocated(ptr, nbytes, _Event(None, f"allocation of {hex(ptr)} ({nbytes} B), "
                                                       "made before the sanitizer was enabled"),
@@ -298,3 +294,8 @@ class Sanitizer:
 def _marker() -> None:
     """Queue operation standing for a stream-ordered malloc."""
 
+
+def _pool_blocks() -> list[tuple[int, int]]:
+    """Every live pool block: ``(ptr, usable size)``."""
+    return [(ptr, size) for ptr, pool in list(_owners.items())
+            if (size := pool._usable(ptr)) is not None]
