@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import instrument
-from .errors import LaunchError, SanitizerError
+from .errors import LaunchError
 from .weak import members
 
 if TYPE_CHECKING:
@@ -102,14 +102,10 @@ def after_sync(device: Device, covered: list[tuple[Stream, int]], extra: list | 
     for q in extra or ():
         for pos, exc, what in q.take_errors():
             errors.append((pos, exc, what, q.name))
-    if instrument.listeners:
-        from . import sanitizer
-
-        if sanitizer.enabled():
-            # a kernel the sanitizer stopped failed with its SanitizerError: report the finding
-            errors = [e for e in errors if not isinstance(e[1], SanitizerError)]
-            if not errors:  # else a finding waits for the next synchronize: the failures taken
-                sanitizer.raise_pending()  # here would be lost behind it
+    for lst in list(instrument.listeners):  # an observer may report failures its own way
+        hook = getattr(lst, "sync_failures", None)
+        if hook is not None:
+            errors = hook(errors)
     if errors:
         pos, exc, what, where = errors[0]
         more = f" (and {len(errors) - 1} more failure(s))" if len(errors) > 1 else ""

@@ -22,6 +22,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
+from .. import instrument
 from ..errors import ExecutorError, StreamRTError
 from ..stream import Stream, current_stream
 from ..tensor import Tensor, TensorDesc
@@ -263,12 +264,10 @@ def _check_workspace(name: str, ws: Any, size: int, ex: Executor) -> None:
         a = ex._addrs[slot]
         if ws < a + hi and a + lo < ws + size:
             raise _bad(name, f"workspace {hex(ws)}+{size} overlaps tensor {slot} of the executor")
-    from .. import sanitizer
-
     # a workspace refused above is an error, not a sanitizer finding too: nothing was enqueued,
     # and a finding would raise again at the next synchronize an error the caller handled
-    if sanitizer.enabled():
-        sanitizer._SAN.tag(ws, f"workspace of {name}")  # names it in later findings
+    if instrument.listeners:
+        instrument.notify("tag", ws, f"workspace of {name}")  # names it in later findings
 
 
 def stats(*, reset: bool = False) -> dict[str, Any]:
