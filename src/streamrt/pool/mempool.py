@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import inspect
 import threading
-from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..device import Device
@@ -39,7 +38,7 @@ __all__ = ["MemPool"]
 
 
 @with_attr_properties
-class MemPool(ABC):
+class MemPool:
     """A stream-ordered memory pool (``cudaMemPool_t`` / ``aclrtMemPool``)."""
 
     native: ClassVar[bool]  # a sibling: True for pools of the backend's own allocator
@@ -104,9 +103,9 @@ class MemPool(ABC):
                 f"that device, not {stream.device.name}")
 
     # -- public methods ---------------------------------------------------------------------
-    @abstractmethod
     def get_attr(self, attr: MemPoolAttr | int) -> int:
         """``cudaMemPoolGetAttribute``: flags as 0/1, sizes in bytes."""
+        raise NotImplementedError  # each kind of pool implements it
 
     def set_attr(self, attr: MemPoolAttr | int, value: Any) -> None:
         """``cudaMemPoolSetAttribute``: the three flags, the threshold, and ``*_HIGH`` = 0 (reset)."""
@@ -114,9 +113,9 @@ class MemPool(ABC):
         self._check_alive()
         self._store_attr(attr, attr_value(attr, value))
 
-    @abstractmethod
     def stats(self) -> dict[str, Any]:
         """The eight attributes, the per-step reuse counters, and ``largest_free_block``."""
+        raise NotImplementedError  # each kind of pool implements it
 
     def trim_to(self, min_bytes_to_keep: int) -> None:
         """Release entirely free, sync-proven chunks while ``reserved - chunk >= min_bytes_to_keep``."""
@@ -133,45 +132,45 @@ class MemPool(ABC):
 
     # -- what each kind implements -------------------------------------------------------------
     @classmethod
-    @abstractmethod
     def _default(cls, device: Device) -> MemPool:
         """The device's default pool of this kind."""
+        raise NotImplementedError  # each kind of pool implements it
 
-    @abstractmethod
     def _describe(self) -> str:
         """What ``repr`` says of the pool's state."""
+        raise NotImplementedError  # each kind of pool implements it
 
-    @abstractmethod
     def _store_attr(self, attr: MemPoolAttr, value: int) -> None:
         """Apply a validated attribute write (a ``*_HIGH`` write resets the watermark)."""
+        raise NotImplementedError  # each kind of pool implements it
 
-    @abstractmethod
     def _malloc(self, stream: Stream, nbytes: int) -> int:
         """``s.malloc(nbytes)`` from this pool (or its MEM_ALLOC node while ``stream`` captures)."""
+        raise NotImplementedError  # each kind of pool implements it
 
-    @abstractmethod
     def _free(self, stream: Stream, ptr: int) -> None:
         """``s.free(ptr)`` of this pool's allocation (or its MEM_FREE node while capturing)."""
+        raise NotImplementedError  # each kind of pool implements it
 
-    @abstractmethod
     def _free_now(self, ptr: int) -> None:
         """``srt.free`` of this pool's allocation: the device is synchronized; freed on return."""
+        raise NotImplementedError  # each kind of pool implements it
 
-    @abstractmethod
     def _usable(self, ptr: int) -> int | None:
         """Bytes of the live allocation starting at ``ptr`` (None: not one of this pool)."""
+        raise NotImplementedError  # each kind of pool implements it
 
-    @abstractmethod
     def _trim(self, keep: int) -> None:
         """``trim_to`` of a live pool, ``keep`` validated."""
+        raise NotImplementedError  # each kind of pool implements it
 
-    @abstractmethod
     def _destroy(self) -> None:
         """``destroy`` of a live pool that is not a default one."""
+        raise NotImplementedError  # each kind of pool implements it
 
-    @abstractmethod
     def _reset(self) -> None:
         """Device reset: the backend frees the memory; forget every allocation."""
+        raise NotImplementedError  # each kind of pool implements it
 
 
 # what help() and inspect show for srt.MemPool(...): the keywords of __init__, not the factory's
