@@ -275,6 +275,28 @@ def range_of(ptr: int) -> tuple[Device | None, MemRange] | None:
     return None
 
 
+def push_stream(stream: Stream) -> None:
+    """``with stream:`` entered on this thread: it is its device's current stream."""
+    _tls.__dict__.setdefault("streams", []).append(stream)
+
+
+def pop_stream() -> None:
+    """The innermost ``with stream:`` of this thread left."""
+    _tls.streams.pop()
+
+
+def current_stream() -> Stream:
+    """The stream ``srt.*`` helpers use: the current device's, i.e. the innermost ``with stream:``
+    of that device, else its default stream (current streams are per device, as in PyTorch)."""
+    dev = current_device()
+    stack = getattr(_tls, "streams", None)
+    if stack:
+        for s in reversed(stack):
+            if s.device is dev:
+                return s
+    return dev.default_stream
+
+
 def devices() -> list[Device]:
     """Every device already opened."""
     return list(_registry.values())

@@ -32,6 +32,10 @@ def _endpoint(impl: Any, obj: Any, n: int, *, writable: bool) -> Any:
     return host_view(obj, n, writable=writable)
 
 
+def _free_marker() -> None:
+    """Queue operation: the position of a free that follows an event record (see after_record)."""
+
+
 class Eager:
     """Enqueue on the stream's queue (the target of every stream that is not capturing)."""
 
@@ -76,6 +80,14 @@ class Eager:
         """Run ``fn(*args)`` on a host thread in stream order."""
         op, a = s._q.op_host(fn, args)
         s._submit(op, a, "host", instrument.fn_label(fn))
+
+    def after_record(self, s: Stream) -> None:
+        """Give a free right after an event record a position of its own. A free adds no work
+        (it is tagged with the stream's position), but it is a stream operation after the
+        record (``cudaFreeAsync``): a stream waiting on that event must not count as ordered
+        after the free (DESIGN.md §3, reuse by event dependency)."""
+        if not s._destroyed:
+            s._submit(_free_marker, (), "free", "free")
 
     def malloc(self, s: Stream, pool: Any, nbytes: int) -> int:
         """A stream-ordered allocation from ``pool``."""

@@ -24,7 +24,7 @@ from typing import Any
 
 from . import instrument, sync
 from .backends.base import InlineQueue
-from .device import Device, current_device
+from .device import Device, current_stream, pop_stream, push_stream
 from .eager import EAGER
 from .errors import (
     InvalidHandleError,
@@ -50,10 +50,9 @@ from .weak import members
 
 _owners_get = _owners.get  # live pool pointer -> pool
 
-__all__ = ["Stream", "Event", "current_stream"]
+__all__ = ["Stream", "Event", "current_stream"]  # current_stream: device.py, as the device
 
 _ids = itertools.count(1)
-_tls = threading.local()
 _launch_blocking = env_flag("STREAMRT_LAUNCH_BLOCKING")
 # True when any process-wide switch (launch blocking, sanitizer, trace) needs the slow path
 _global_slow = _launch_blocking
@@ -81,10 +80,6 @@ instrument.on_change.append(refresh_global)
 def launch_blocking() -> bool:
     """Whether every enqueue is synchronous."""
     return _launch_blocking
-
-
-def _free_marker() -> None:
-    """Queue operation: the position of a free that follows an event record (see Stream.free)."""
 
 
 _ONE = 1  # small ints are singletons in CPython: ``grid is _ONE`` is a cheap default test
@@ -174,11 +169,11 @@ class Stream:
         """The current stream of its device, which becomes current too (as PyTorch's
         ``torch.cuda.stream``); both restored on exit."""
         self.device.__enter__()
-        _tls.__dict__.setdefault("streams", []).append(self)
+        push_stream(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        _tls.streams.pop()
+        pop_stream()
         self.device.__exit__()
 
     # -- ordering bookkeeping --------------------------------------------------------------
@@ -194,11 +189,9 @@ class Stream:
     def _order_after(self, other: Stream, pos: int, clock: dict[int, int]) -> None:
         """Enqueue a real wait for ``other`` to reach ``pos`` and merge its clock."""
         fn, args = self._q.op_wait(other._q, pos)
-        if _global_slow and instrument.listeners:  # a label only where something reads it
-            self._enqueue(fn, args, "wait", f"wait {other.name}@{pos}", (), {"on": (other, pos)},
-                          clock)
-        else:
-            self._enqueue(fn, args, "wait", "wait", (), None, clock)
+        labelled = _global_slow and instrument.listeners  # a label only where something reads it
+        self._enqueue(fn, args, "wait", f"wait {other.name}@{pos}" if labelled else "wait", (),
+                      {"on": (other, pos)} if labelled else None, clock)
 
     def _enqueue(self, fn: Callable[..., Any], args: tuple, kind: str, name: str,
                  accesses: tuple, extra: dict | None, merge: dict[int, int] | None = None) -> None:
@@ -253,6 +246,13 @@ class Stream:
         unusable until that capture ends (DESIGN.md §5)."""
         if self._legacy and _capturing:
             capture.check_legacy(self)
+
+    def _host_call(self, what: str) -> None:
+        """A synchronize or query: refused on a destroyed or capturing stream, and on the legacy
+        stream while a blocking stream of its device captures."""
+        self._check_alive()
+        self._target.refuse(self, what)
+        self._check_legacy_capture()
 
     def _check_alive(self) -> None:
         if self._destroyed:
@@ -333,14 +333,6 @@ class Stream:
             raise InvalidTypeError(f"launch_host_func needs a callable, not {type(fn).__name__}")
         self._target.host(self, fn, args)
 
-    def _after_record(self) -> None:
-        """Give a free right after an event record a position of its own. A free adds no work
-        (it is tagged with the stream's position), but it is a stream operation after the
-        record (``cudaFreeAsync``): a stream waiting on that event must not count as ordered
-        after the free (DESIGN.md §3, reuse by event dependency)."""
-        if self._target is EAGER and not self._destroyed:
-            self._submit(_free_marker, (), "free", "free")
-
     def malloc(self, nbytes: int, pool: Any = None) -> int:
         """Stream-ordered allocation from ``pool`` (default: the device's current pool)."""
         if pool is None:
@@ -360,7 +352,7 @@ class Stream:
             ptr = check_ptr(ptr)
         pool = _owners_get(ptr)
         if self._recorded == self._pos and (pool is not None or graph_memory.find(ptr) is not None):
-            self._after_record()  # an event recorded just before: the free comes after it
+            self._target.after_record(self)  # an event recorded just before: the free is after it
         if pool is not None and not (self._slow or _global_slow):
             return pool._free(self, ptr)
         self._check_alive()
@@ -417,9 +409,7 @@ class Stream:
     # -- host synchronization ----------------------------------------------------------------
     def synchronize(self) -> None:
         """Block until all work enqueued so far has completed (``cudaStreamSynchronize``)."""
-        self._check_alive()
-        self._target.refuse(self, "synchronize")
-        self._check_legacy_capture()
+        self._host_call("synchronize")
         # what is proved is read before waiting, the clock first: a wait another thread enqueues
         # meanwhile counts itself in _pos before it merges into _clock, so it is either in both
         # or in neither (the live dict would claim streams this synchronize never waited for)
@@ -429,9 +419,7 @@ class Stream:
 
     def query(self) -> bool:
         """True when all enqueued work has completed (``cudaStreamQuery``); not a synchronize."""
-        self._check_alive()
-        self._target.refuse(self, "query")
-        self._check_legacy_capture()
+        self._host_call("query")
         return self._q.done >= self._pos
 
     def destroy(self) -> None:
@@ -452,16 +440,3 @@ class Stream:
         dev = self.device
         dev._drop_stream(self)  # pool blocks freed on it still need a synchronize to prove them
         retire(dev, self._q)
-
-
-def current_stream() -> Stream:
-    """The stream ``srt.*`` helpers use: the current device's, i.e. the innermost ``with stream:``
-    of that device, else its default stream (current streams are per device, as in PyTorch)."""
-    dev = current_device()
-    stack = getattr(_tls, "streams", None)
-    if stack:
-        for s in reversed(stack):
-            if s.device is dev:
-                return s
-    return dev.default_stream
-

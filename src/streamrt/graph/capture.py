@@ -164,6 +164,9 @@ class Capture:
         if self.add(s, NodeType.HOST, {"fn": fn, "args": tuple(args)}) is None:
             s._target.host(s, fn, args)
 
+    def after_record(self, s: Stream) -> None:
+        """A free after a captured record needs no position: the free is a node after it."""
+
     def malloc(self, s: Stream, pool: Any, nbytes: int) -> int:
         """A MEM_ALLOC node: graph memory, its address fixed now (``cudaMallocAsync`` captured)."""
         pool._check_alive()
