@@ -17,6 +17,7 @@ import numpy as np
 from . import instrument
 from .event import Event
 from .graph import memory as graph_memory
+from .labels import fn_label
 from .pool import pool_of
 from .sync import reach
 from .validate import host_view, is_int
@@ -26,7 +27,9 @@ if TYPE_CHECKING:
     from .stream import Stream
 
 
-def _endpoint(impl: Any, obj: Any, n: int, *, writable: bool) -> Any:
+def endpoint(impl: Any, obj: Any, n: int, *, writable: bool) -> Any:
+    """A copy end: ``n`` bytes of device memory at ``obj`` (an int, checked by the backend), or
+    a host buffer as a view (by reference: read when the copy runs)."""
     if is_int(obj):
         return impl.endpoint(int(obj), n)
     return host_view(obj, n, writable=writable)
@@ -51,8 +54,8 @@ class Eager:
     def memcpy(self, s: Stream, dst: Any, src: Any, n: int) -> None:
         """Copy ``n`` bytes; a pageable host end is staged (source) or waited for (destination)."""
         impl = s.device._impl
-        dst_view = _endpoint(impl, dst, n, writable=True)
-        src_view = _endpoint(impl, src, n, writable=False)
+        dst_view = endpoint(impl, dst, n, writable=True)
+        src_view = endpoint(impl, src, n, writable=False)
         if n == 0:
             s._check_alive()  # nothing to enqueue, but still a call on this stream
             return
@@ -79,7 +82,7 @@ class Eager:
     def host(self, s: Stream, fn: Callable[..., Any], args: tuple) -> None:
         """Run ``fn(*args)`` on a host thread in stream order."""
         op, a = s._q.op_host(fn, args)
-        s._submit(op, a, "host", instrument.fn_label(fn))
+        s._submit(op, a, "host", fn_label(fn))
 
     def after_record(self, s: Stream) -> None:
         """Give a free right after an event record a position of its own. A free adds no work

@@ -19,7 +19,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from .errors import NotSupportedError
-from .labels import WRAPPER, fn_label  # noqa: F401 (fn_label: the observers' name for it)
+from .labels import WRAPPER
 
 _PKG = os.path.dirname(os.path.abspath(__file__))
 _seq = itertools.count(1)

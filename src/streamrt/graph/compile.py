@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .. import instrument
 from ..backends.base import GraphRunner
+from ..eager import endpoint
 from ..errors import InvalidValueError
 from ..kernel import KernelContext
-from ..labels import WRAPPER
-from ..validate import host_view, is_int
+from ..labels import WRAPPER, fn_label
+from ..validate import is_int
 from .node import Node, NodeType
 
 if TYPE_CHECKING:
@@ -88,11 +89,6 @@ def _ops_for(stream: Stream) -> Any:
     q = stream._q
     impl = stream.device._impl
 
-    def endpoint(end: Any, n: int, writable: bool) -> Any:
-        if is_int(end):
-            return impl.endpoint(int(end), n)
-        return host_view(end, n, writable=writable)  # by reference: read when the node runs
-
     def op_of(i: int, n: Node) -> NodeOp:
         p = n._params
         t = n.type
@@ -108,7 +104,8 @@ def _ops_for(stream: Stream) -> Any:
             k = p["nbytes"]
             if not k:
                 return None
-            return q.op_copy(endpoint(p["dst"], k, True), endpoint(p["src"], k, False), k)
+            return q.op_copy(endpoint(impl, p["dst"], k, writable=True),
+                             endpoint(impl, p["src"], k, writable=False), k)
         if t is NodeType.MEMSET:
             k = p["nbytes"]
             return q.op_fill(impl.endpoint(p["ptr"], k), p["value"], k) if k else None
@@ -176,5 +173,5 @@ def _describe(n: Node) -> tuple[str, str, tuple]:
     if n.type is NodeType.MEMSET:
         return "memset", f"memset {p['nbytes']} B", ((p["ptr"], p["nbytes"], True),)
     if n.type is NodeType.HOST:
-        return "host", instrument.fn_label(p["fn"]), ()
+        return "host", fn_label(p["fn"]), ()
     return "kernel", p["kernel"].name, ()
