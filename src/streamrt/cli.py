@@ -15,7 +15,7 @@ from .backends.cpu import delay_us
 from .demos import SECTION_NAMES
 from .device import Device
 from .errors import BackendUnavailableError, StreamRTError
-from .stream import launch_blocking
+from .sync import launch_blocking
 from .trace import trace
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import instrument
+from . import instrument, legacy
 from .event import Event
 from .graph import memory as graph_memory
 from .labels import fn_label
@@ -104,7 +104,7 @@ class Eager:
         if not s.non_blocking:
             # the free is a stream operation: legacy ordering applies before it, and before
             # the sanitizer reads its clock (the pool's own ordering below is then a no-op)
-            s._implicit()
+            legacy.order(s)
         if instrument.listeners and pool is not None:
             instrument.notify("free", s, ptr)
         if pool is None and graph_memory.find(ptr) is not None:
@@ -123,7 +123,7 @@ class Eager:
             fn, args, stamp = s._q.op_stamp()
             s._submit(fn, args, "record", "timing event")
         elif not s.non_blocking:
-            s._implicit()
+            legacy.order(s)
         s._q.mark()
         # published whole, its position taken from the clock snapshot: a reader on another
         # thread must never pair this stream with an older record's clock, nor a position with
@@ -139,7 +139,7 @@ class Eager:
         ce = event._capture  # once: another thread's record may reset it
         if ce is not None:
             return ce.wait(s, event, ce)  # type: ignore[no-any-return]
-        s._check_legacy_capture()
+        legacy.check_capture(s)
         other, pos, clock, _stamp = event._rec  # once: another thread may re-record it
         if other is None or other is s:
             return  # never recorded: a no-op, as in CUDA

@@ -8,8 +8,7 @@ State and invariants (per stream S):
 - ``_host``: the position of S that a host synchronize (stream, event or device) proved
   complete. A ``query()`` that answers True proves nothing.
 - Blocking streams and the legacy default stream of a device wait on each other implicitly
-  (CUDA legacy semantics): before an operation on one, a wait on the other's tail is enqueued
-  when the clock does not already cover it.
+  (CUDA legacy semantics, legacy.py).
 Failures inside queued work are kept by the queue with their position and raised, chained,
 as :class:`LaunchError` by the first synchronize that covers them.
 """
@@ -22,14 +21,11 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from . import instrument, sync
+from . import instrument, legacy, sync
 from .backends.base import InlineQueue
 from .device import Device, current_stream, pop_stream, push_stream
 from .eager import EAGER
-from .errors import (
-    InvalidHandleError,
-    InvalidTypeError,
-)
+from .errors import InvalidHandleError, InvalidTypeError
 from .event import Event
 from .graph import capture
 from .graph import memory as graph_memory
@@ -37,50 +33,26 @@ from .kernel import Kernel, KernelContext, dim3, exact_ints
 from .pool import ArenaPool, MemPool
 from .pool.registry import _owners
 from .sync import after_sync, covered, reach, retire
-from .validate import (
-    check_bool,
-    check_byte,
-    check_ptr,
-    check_size,
-    env_flag,
-    is_bool,
-    is_int,
-)
-from .weak import members
+from .validate import check_bool, check_byte, check_ptr, check_size, is_bool, is_int
 
 _owners_get = _owners.get  # live pool pointer -> pool
 
 __all__ = ["Stream", "Event", "current_stream"]  # current_stream: device.py, as the device
 
 _ids = itertools.count(1)
-_launch_blocking = env_flag("STREAMRT_LAUNCH_BLOCKING")
-# True when any process-wide switch (launch blocking, sanitizer, trace) needs the slow path
-_global_slow = _launch_blocking
-_capturing = False  # set once any capture has begun: enables the legacy-stream capture check
+# process-wide switches read on every enqueue, recomputed whenever one changes
+_launch_blocking = False  # every enqueue synchronous (sync.set_launch_blocking)
+_global_slow = False  # launch blocking, a sanitizer or a tracer: the slow path for every stream
 
 
-
-def set_launch_blocking(on: bool) -> bool:
-    """Make every enqueue synchronous (``STREAMRT_LAUNCH_BLOCKING``); returns the previous value."""
-    global _launch_blocking
-    prev, _launch_blocking = _launch_blocking, bool(on)
-    refresh_global()
-    return prev
-
-
-def refresh_global() -> None:
-    """Recompute the process-wide slow-path switch after a global setting changed."""
-    global _global_slow
+def _refresh_global() -> None:
+    global _global_slow, _launch_blocking
+    _launch_blocking = sync.launch_blocking()
     _global_slow = _launch_blocking or instrument.active()
 
 
-instrument.on_change.append(refresh_global)
-
-
-def launch_blocking() -> bool:
-    """Whether every enqueue is synchronous."""
-    return _launch_blocking
-
+instrument.on_change.append(_refresh_global)
+_refresh_global()
 
 _ONE = 1  # small ints are singletons in CPython: ``grid is _ONE`` is a cheap default test
 
@@ -224,35 +196,12 @@ class Stream:
             if p > mine.get(sid, 0):
                 mine[sid] = p
 
-    def _implicit(self) -> None:
-        """Legacy default stream semantics: order with the other side before a new operation."""
-        dev = self.device
-        if self._legacy:
-            if _capturing:
-                capture.check_legacy(self)
-            for b in members(dev._blocking):
-                if b._pos > self._clock.get(b.id, 0):
-                    snap = b._snapshot()  # position and clock of one moment (see _snapshot)
-                    self._order_after(b, snap[b.id], snap)
-        else:
-            legacy = dev._legacy
-            if legacy is not None and legacy._pos > self._clock.get(legacy.id, 0):
-                snap = legacy._snapshot()
-                self._order_after(legacy, snap[legacy.id], snap)
-
-    def _check_legacy_capture(self) -> None:
-        """Any use of the legacy stream (a synchronize, a query, a wait too, not only an enqueue)
-        is refused while a blocking stream of its device captures: CUDA leaves the legacy stream
-        unusable until that capture ends (DESIGN.md §5)."""
-        if self._legacy and _capturing:
-            capture.check_legacy(self)
-
     def _host_call(self, what: str) -> None:
         """A synchronize or query: refused on a destroyed or capturing stream, and on the legacy
         stream while a blocking stream of its device captures."""
         self._check_alive()
         self._target.refuse(self, what)
-        self._check_legacy_capture()
+        legacy.check_capture(self)
 
     def _check_alive(self) -> None:
         if self._destroyed:
@@ -269,7 +218,7 @@ class Stream:
         if _global_slow and instrument.listeners and not self._inline:
             instrument.check_backend(self)
         if not self.non_blocking:
-            self._implicit()
+            legacy.order(self)
         self._enqueue(fn, args, kind, name or kind, accesses, extra)
         if _launch_blocking:
             self.synchronize()
@@ -379,9 +328,7 @@ class Stream:
     # -- capture -------------------------------------------------------------------------------
     def begin_capture(self, mode: Any = None) -> None:
         """Start capturing this stream into a graph (``cudaStreamBeginCapture``)."""
-        global _capturing
-        # before the capture is visible: another thread's legacy-stream use must not miss it
-        _capturing = True
+        legacy.capturing = True  # before the capture is visible (see legacy.capturing)
         capture.begin(self, capture.CaptureMode.GLOBAL if mode is None else mode)
         if instrument.listeners:
             instrument.notify("capture", self, "begin")

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import instrument
 from .errors import LaunchError
+from .validate import env_flag
 from .weak import members
 
 if TYPE_CHECKING:
@@ -31,6 +32,21 @@ sync_listeners: list[Callable[[Any], None]] = []
 # called as ``fn(device)`` before a device synchronize, which may refuse it (capture.py: a
 # synchronize of a device one of whose streams captures)
 device_sync_checks: list[Callable[[Any], None]] = []
+_launch_blocking = env_flag("STREAMRT_LAUNCH_BLOCKING")
+
+
+def set_launch_blocking(on: bool) -> bool:
+    """Make every enqueue synchronous (``STREAMRT_LAUNCH_BLOCKING``); returns the previous value."""
+    global _launch_blocking
+    prev, _launch_blocking = _launch_blocking, bool(on)
+    for fn in instrument.on_change:  # the streams' process-wide slow-path switch
+        fn()
+    return prev
+
+
+def launch_blocking() -> bool:
+    """Whether every enqueue is synchronous (a synchronize follows it)."""
+    return _launch_blocking
 
 
 def retire(device: Device, q: Any) -> None:

@@ -94,6 +94,12 @@ def test_graph_add_and_remove_dependencies():
 
 
 def test_graph_dependency_batches_with_a_repeated_edge_refused():
+    """A batch listing one edge twice is refused whole and changes nothing.
+
+    The story: each edge passed the per-edge checks on its own, so ``add_dependencies([a, a],
+    [b, b])`` added a -> b twice, and ``remove_dependencies`` of such a batch removed the first
+    copy and then failed half-way with a bare ValueError, leaving the graph changed.
+    """
     g = srt.Graph()
     a, b = g.add_empty_node(), g.add_empty_node()
     with pytest.raises(srt.InvalidValueError, match="more than once"):

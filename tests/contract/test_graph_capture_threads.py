@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import streamrt as srt
-from streamrt import stream as stream_module
+from streamrt import legacy as legacy_module
 from streamrt.graph import capture, refusals
 from tests.contract.interleave import Background, Contended, note_kernel, on_read
 from tests.contract.pools import stream
@@ -123,10 +123,13 @@ def test_capture_two_threads_launch_on_one_stream_in_order(dev, monkeypatch):
 
 
 def test_stream_legacy_use_while_a_capture_begins_is_refused(dev, monkeypatch):
-    # The flag that enables the legacy-stream check was set after the capture had begun: a
-    # legacy-stream call made meanwhile (another thread) was not refused, though it would
-    # implicitly synchronize with the capturing blocking stream.
-    monkeypatch.setattr(stream_module, "_capturing", False)  # as before any capture
+    """A legacy-stream call made by another thread while a capture begins is refused.
+
+    The story: the flag that enables the legacy-stream check was set after the capture had
+    begun, so such a call was not refused, though it would implicitly synchronize with the
+    capturing blocking stream.
+    """
+    monkeypatch.setattr(legacy_module, "capturing", False)  # as before any capture
     b = srt.Stream(dev)  # blocking
     errors: list[BaseException] = []
 

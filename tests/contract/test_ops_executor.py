@@ -409,6 +409,12 @@ def test_executor_repeatable_runs_with_new_addresses(s, gate):
 
 
 def test_executor_address_setters_validate(s):
+    """set_input_addr/set_output_addr refuse bad indices and pointers, and check the memory.
+
+    The story: the setters once checked only that the pointer was a non-null int, so a freed
+    pointer, another device's or one too close to its block's end was taken, and the next run
+    read or wrote that memory silently; they now check it as phase 2 checks a workspace.
+    """
     x, out, _ = softmax_setup(s)
     _, one_shot = ops.softmax.get_workspace_size(x, out)
     raises(INVALID, one_shot.set_input_addr, 0, x.ptr)  # not repeatable
@@ -423,7 +429,7 @@ def test_executor_address_setters_validate(s):
     raises(NULLPTR, ex.set_input_addr, 0, None)
     raises(NULLPTR, ex.set_output_addr, 0, 0)
     raises(INVALID, ex.set_output_addr, 0, 2.5)
-    # the memory itself, as a workspace is checked: they were taken, and the run used them
+    # the memory itself, as phase 2 checks a workspace
     freed = srt.malloc(x.nbytes)
     srt.free(freed)
     other = srt.malloc(x.nbytes, "cpu:1")

@@ -60,8 +60,8 @@ class GraphExec:
         finally:
             if gc_was:
                 gc.enable()
-        # event nodes anywhere, child graphs included: they act at launch on the host, and
-        # walking only the top level silently dropped the waits and records of child graphs
+        # event nodes anywhere, child graphs included: they act at launch on the host, so a
+        # child's waits and records must be found here, not by the child's own replay
         self._event_nodes = [n for n in self._template._walk()
                              if n.type in (NodeType.WAIT_EVENT, NodeType.EVENT_RECORD)]
         # memory nodes, in topological order: launch bookkeeping walks only these, not the graph

@@ -141,8 +141,8 @@ class Graph:
         if len(a) != len(b):
             raise InvalidValueError(f"frm and to must have equal lengths ({len(a)} != {len(b)})")
         pairs = list(zip(a, b))
-        # an edge listed twice passed the per-edge checks and was then added twice (or, when
-        # removing, failed half-way with a bare ValueError): refuse the batch up front
+        # a batch applies wholly or not at all: per-edge checks see one edge at a time, so a
+        # repeat inside the batch is refused here, before any edge changes
         if len(set(pairs)) != len(pairs):
             raise InvalidValueError("the same edge is listed more than once")
         return pairs

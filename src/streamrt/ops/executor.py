@@ -196,8 +196,7 @@ class Executor:
         if not is_int(ptr) or ptr < 0:
             raise ExecutorError(f"{what}: ptr must be a device pointer int, not {ptr!r}",
                                 PARAM_INVALID)
-        # as phase 2 checks a workspace (a freed or foreign pointer was taken, and the run read
-        # or wrote it silently)
+        # the memory is checked as phase 2 checks a workspace: live, on this device, with room
         ptr = int(ptr)
         desc = self.descs[slot]
         check_room(what, ptr, desc.storage_nbytes, self.device, desc.itemsize)

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from sortedcontainers import SortedDict
 
-from .. import instrument
+from .. import instrument, legacy
 from ..device import Device
 from ..errors import InvalidAddressError, OutOfMemoryError
 from . import reuse
@@ -161,7 +161,7 @@ class ArenaPool(MemPool):
             # default-stream ordering applies before it. Without this, a block freed on the other
             # side of the implicit barrier looked unordered (clock not yet merged) and the pool
             # grew instead of reusing it by the event-dependency rule (DESIGN.md §2, §3 step 3).
-            stream._implicit()
+            legacy.order(stream)
         with self._lock:
             if self._dirty:
                 self._settle()
@@ -273,7 +273,7 @@ class ArenaPool(MemPool):
         if cap is not None:
             return cap.free(stream, ptr, self)  # type: ignore[no-any-return]
         if not stream.non_blocking:
-            stream._implicit()  # the free is a stream operation: legacy ordering applies
+            legacy.order(stream)  # the free is a stream operation: legacy ordering applies
         self._release_block(ptr, stream, stream._pos)
 
     def _free_now(self, ptr: int) -> None:

@@ -51,6 +51,11 @@ def test_graph_exec_event_wait_node_orders_after_other_stream(s, s2, bufs, gate)
 
 
 def test_graph_exec_event_nodes_inside_child_graph(s, s2, bufs, gate):
+    """Wait and record nodes inside a child graph act as they do at the top level.
+
+    The story: instantiate collected event nodes from the top level only, so a child graph's
+    wait was dropped (the graph read ``a`` before s2 wrote it) and its record never fired.
+    """
     a, b, _ = bufs
     # a wait node in a child graph: the graph waits for s2
     hold = gate(s2)

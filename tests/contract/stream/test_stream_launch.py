@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import streamrt as srt
-from streamrt.stream import set_launch_blocking
+from streamrt.sync import set_launch_blocking
 from tests.conftest import BAD_ACCESS, PY_KERNELS, cpu_only, fill_kernel, no_sanitizer
 from tests.contract.backend_kernels import _dev_f32, add_one, coords, every_type, python_only, scale
 
