@@ -33,7 +33,7 @@ def _info(args: argparse.Namespace) -> int:
         for i in range(count):
             dev = Device(f"{name}:{i}")
             free, total = dev.memory_info()
-            model = getattr(dev._impl, "model", None)  # cuda: the GPU's name and architecture
+            model = dev._impl.model  # cuda: the GPU's name and architecture
             what = f"{model} ({dev._impl.arch}), " if model else ""
             print(f"    {dev.name}  {what}memory {total / 2**30:.1f} GiB total, "
                   f"{free / 2**30:.1f} GiB free")
@@ -73,7 +73,15 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    return bench.run_all(quick=args.quick, json_path=args.json, markdown_path=args.markdown)
+    return bench.run_all(quick=args.quick, json_path=args.json, markdown_path=args.markdown,
+                         only=args.only, runs=args.runs)
+
+
+def _positive(text: str) -> int:
+    """``--runs``: a positive count."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, not {text!r}")
+    return int(text)
 
 
 def _device_spec(text: str) -> str | int:
@@ -100,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--quick", action="store_true", help="small sizes, under a minute")
     b.add_argument("--json", metavar="FILE", help="write the results as JSON")
     b.add_argument("--markdown", metavar="FILE", help="write the results as a Markdown table")
+    b.add_argument("--only", action="append", choices=bench.ORDER, metavar="NAME",
+                   help=f"run only this benchmark (repeatable): {', '.join(bench.ORDER)}")
+    b.add_argument("--runs", type=_positive, default=1, metavar="N",
+                   help="repeat the whole set N times: medians, ranges, pass in every run")
     b.set_defaults(fn=_bench)
     i = sub.add_parser("info", help="versions, backends, devices, settings")
     i.set_defaults(fn=_info)

@@ -73,7 +73,10 @@ def test_cli_bench_quick_emits_json_and_markdown(tmp_path):
     js, md = tmp_path / "b.json", tmp_path / "b.md"
     r = streamrt("bench", "--quick", "--json", str(js), "--markdown", str(md), timeout=300)
     assert r.returncode in (0, 1), r.stderr  # 1: some target missed; still a complete table
-    rows = json.loads(js.read_text())
+    doc = json.loads(js.read_text())
+    assert doc["quick"] is True and doc["runs"] == 1
+    assert {"cores", "cpu", "python", "numpy", "streamrt"} <= set(doc["machine"])
+    rows = doc["rows"]
     assert {row["bench"] for row in rows} >= {
         "eager_launch", "pool_alloc", "pool_footprint", "ops_cache", "graph_replay",
         "graph_instantiate", "graph_branches", "sanitizer_overhead"}
@@ -131,8 +134,63 @@ def test_cli_bench_exit_status_and_arguments(monkeypatch):
     monkeypatch.setattr(bench, "run_all", fake_run_all)
     assert cli.main(["bench", "--quick", "--json", "a.json", "--markdown", "b.md"]) == 1
     assert cli.main(["bench"]) == 0
-    assert calls == [dict(quick=True, json_path="a.json", markdown_path="b.md"),
-                     dict(quick=False, json_path=None, markdown_path=None)]
+    assert cli.main(["bench", "--only", "pool_alloc", "--only", "ops_cache", "--runs", "3"]) == 1
+    assert calls == [dict(quick=True, json_path="a.json", markdown_path="b.md", only=None, runs=1),
+                     dict(quick=False, json_path=None, markdown_path=None, only=None, runs=1),
+                     dict(quick=False, json_path=None, markdown_path=None,
+                          only=["pool_alloc", "ops_cache"], runs=3)]
+    for bad in (["--only", "bogus"], ["--runs", "0"], ["--runs", "two"]):
+        with pytest.raises(SystemExit) as exc:
+            cli.main(["bench", *bad])
+        assert exc.value.code == 2
+    assert len(calls) == 3
+
+
+def _fake_bench(tmp_path, monkeypatch, script: str) -> None:
+    from streamrt import bench
+
+    (tmp_path / "fake_one.py").write_text(script)
+    monkeypatch.setattr(bench, "BENCH_DIR", tmp_path)
+    monkeypatch.setattr(bench, "ORDER", ("fake_one", "absent"))
+
+
+def test_bench_runs_only_the_named_script_and_labels_extrapolated_rows(tmp_path, monkeypatch):
+    from streamrt import bench
+
+    _fake_bench(tmp_path, monkeypatch, (
+        "def run(quick):\n"
+        "    return {'rows': [dict(claim='big', ours=2.0, peer=1.0, unit='us', ratio=2.0,\n"
+        "                          target='<= 3x', extrapolated=True, **{'pass': True})]}\n"))
+    assert bench.collect(only=["absent"]) == []
+    full, quick = bench.collect(only=["fake_one"]), bench.collect(quick=True, only=["fake_one"])
+    assert full[0]["claim"] == "big" and full[0]["bench"] == "fake_one"
+    assert quick[0]["claim"] == "big (extrapolated from --quick sizes)"
+
+
+def test_bench_several_runs_give_medians_ranges_and_pass_only_if_every_run_passed(
+        tmp_path, monkeypatch, capsys):
+    import json
+
+    from streamrt import bench
+
+    _fake_bench(tmp_path, monkeypatch, (
+        "import pathlib\n"
+        "def run(quick):\n"  # each run loads the script afresh: the run count lives in a file
+        "    f = pathlib.Path(__file__).with_suffix('.count')\n"
+        "    n = int(f.read_text()) if f.exists() else 0\n"
+        "    f.write_text(str(n + 1))\n"
+        "    r = [1.0, 4.0, 2.0][n]\n"
+        "    return {'rows': [dict(claim='c', ours=r, peer=1.0, unit='us', ratio=r,\n"
+        "                          target='<= 3x', **{'pass': r <= 3})]}\n"))
+    js = tmp_path / "out.json"
+    assert bench.run_all(runs=3, json_path=str(js)) == 1  # the second run missed the target
+    doc = json.loads(js.read_text())
+    (row,) = doc["rows"]
+    assert (row["ratio"], row["ratio_min"], row["ratio_max"]) == (2.0, 1.0, 4.0)
+    assert row["pass"] is False and row["passed_runs"] == 2 and len(doc["each_run"]) == 3
+    out = capsys.readouterr().out
+    assert "median (range over 3 runs)" in out and "| 2.00x (1.00-4.00) |" in out
+    assert "| NO (2/3) |" in out
 
 
 def test_cli_info_in_process(capsys):

@@ -229,6 +229,9 @@ class DeviceImpl(ABC):
     # one graph runner per launching stream (True: its operations hold the stream's kernel
     # contexts) or one per device (False)
     runner_per_stream = False
+    # what ``streamrt info`` names the device by: a GPU's model and architecture (None on cpu)
+    model: str | None = None
+    arch: str | None = None
 
     @abstractmethod
     def malloc(self, nbytes: int) -> int:
