@@ -154,3 +154,22 @@ def test_kernel_context_view_cache_respects_access_and_dtype(s):
     assert out == [False, np.dtype(np.int32)]
     assert np.array_equal(srt.read(p, (N,), np.float32), np.ones(N, np.float32))
     srt.free(p)
+
+
+@needs_plain_replay
+def test_graph_binder_views_made_again_after_memory_moved_even_on_recorded_launches(s):
+    # launches after the first take the launch record; memory freed meanwhile (any memory: the
+    # generation is global) must still send the next launch to a new plan, whose binder runs
+    x, y = srt.malloc(4 * N), srt.malloc(4 * N)
+    srt.write(x, np.ones(N, np.float32))
+    srt.write(y, np.zeros(N, np.float32))
+    ge = _chain(x, y, 2).instantiate()
+    for _ in range(3):
+        ge.launch(s)
+    s.synchronize()
+    assert calls["bind"] == 2
+    srt.free(srt.malloc(512))
+    ge.launch(s)
+    s.synchronize()
+    assert calls["bind"] == 4 and calls["body"] == 0
+    np.testing.assert_array_equal(srt.read(y, (N,), np.float32), np.full(N, 8, np.float32))

@@ -45,6 +45,8 @@ class Replay(GraphRunner):
         self.single = [op for ch in chains for op in ch] if line else None
 
     def op_launch(self, queue: Queue) -> tuple[Callable[..., Any], tuple]:
+        if self.single is not None and len(self.single) == 1:
+            return _run_one, self.single[0]  # one node: its call, without the loop
         return run_replay, (self,)
 
 
@@ -85,6 +87,17 @@ def run_replay(replay: Replay) -> None:
     try:  # the loop variables name the failing node
         for fn, args in (_delayed(ops) if queues.delay_us() else ops):
             fn(*args)
+    except BaseException as exc:
+        _in_node(exc, fn, args)
+        raise
+
+
+def _run_one(fn: Callable[..., Any], args: tuple) -> None:
+    """Stream operation: replay a graph of one node (delay injection as for every node)."""
+    if queues._delay_us:  # (read directly: this is a launch's whole cost on the worker)
+        queues.delay()
+    try:
+        fn(*args)
     except BaseException as exc:
         _in_node(exc, fn, args)
         raise
