@@ -34,8 +34,8 @@ def test_graph_replay_fork_join_of_tiny_kernels_matches_a_chain(s):
     # layer: the result is what the same kernels give in a chain, launch after launch
     @srt.kernel
     def bump(ctx, ptr, i):
-        a = ctx.array(ptr, (8,), np.float64)
-        a[i] += 1.0
+        a = ctx.array(ptr + 8 * i, (1,), np.float64)  # its own slot: siblings never share it
+        a += 1.0
 
     @srt.kernel
     def fold(ctx, ptr):
