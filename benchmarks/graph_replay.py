@@ -7,6 +7,8 @@ without one, so its three views are made at every replay (the general path). Row
 
 - a 1000-node chain of either kernel, ``ge.launch`` + synchronize, per node, vs the same
   ``np.add`` called in a Python loop (targets: <= 2x without a binder, <= 1.5x with one);
+  reported beside them, the binder-less replay vs its body called in a loop with one context
+  (what the replay itself adds: the rest is the body's three views);
 - fork/join layers of width 2, 8 and 64 (``w`` independent nodes after a join node, joined by
   the next), about 1000 nodes of ``tiny_add``, per node, vs the chain of the same kernel
   (target <= 2x): the scheduler's own cost per node, where it shows most;
@@ -30,6 +32,7 @@ import numpy as np
 from _common import smoke, smoke_size
 
 import streamrt as srt
+from streamrt.kernel import KernelContext, dim3
 
 N_ELEMS = 256
 WIDTHS = (2, 8, 64)
@@ -164,6 +167,20 @@ def run(nodes: int = 1000, launches: int = 10, n_rounds: int = 9, quick: bool = 
                                     timed(direct, launches * nodes), n_rounds)
         res[f"{key}_us"], res["direct_us"] = ours, peer
         rows.append(row(claim, ours, peer, ratios, target, tag))
+    # what the replay itself adds to a binder-less body: the same body called in a loop
+    ctx = KernelContext(dim3(1), dim3(1, "block"), s.device, s)
+    body = tiny_add_plain.fn
+
+    def bodies() -> None:
+        for _ in range(launches * nodes):
+            body(ctx, *ptrs)
+
+    ours, peer, ratios = rounds(timed(replay(execs["plain"]), launches * sizes["plain"]),
+                                timed(bodies, launches * nodes), n_rounds)
+    r = row("the same replay without binder vs its kernel body called in a loop (what the "
+            "replay adds; the views are the body's own)", ours, peer, ratios, 1.0, tag)
+    r.update({"target": "(reported)", "pass": True})
+    rows.append(r)
     for w in WIDTHS:
         key = f"fj{w}"
         ours, peer, ratios = rounds(timed(replay(execs[key]), launches * sizes[key]),
