@@ -156,7 +156,8 @@ class GraphExec:
         return self._has_binds
 
     # -- launch --------------------------------------------------------------------------------
-    # the launch record (see _record): (stream, plans, generation, generation getter, op)
+    # the launch record (see _record): (stream, plans, generation, generation getter, op,
+    # the queue's ops.append or None, the queue, the stream's clock.copy, the stream's id)
     _rec: tuple | None = None
     _label: str | None = None  # the launch's label for observers (made once)
 
@@ -170,21 +171,25 @@ class GraphExec:
         # with every decision taken the last time (see _record for what it covers)
         if rec is not None and rec[0] is stream and not stream._slow \
                 and not _stream_mod._global_slow:
-            with self._lock:
+            lock = self._lock
+            lock.acquire()  # (not ``with``: twice the cost, on the path that is one operation)
+            try:
                 if self._rec is rec and self._plans is rec[1] and not self._destroyed and (
                         rec[2] is None or rec[3]() == rec[2]):
-                    q = stream._q
                     stream._pos += 1
-                    if stream._inline:
-                        q.ops.append(rec[4])  # type: ignore[attr-defined]
-                        if q.idle:  # type: ignore[attr-defined]
-                            q.wake()  # type: ignore[attr-defined]
+                    append = rec[5]
+                    if append is not None:  # an InlineQueue: its ops deque (see Stream.launch)
+                        append(rec[4])
+                        if rec[6].idle:
+                            rec[6].wake()
                     else:
-                        q.submit(*rec[4])
-                    snap = stream._clock.copy()  # then the position (see Stream._snapshot)
-                    snap[stream.id] = pos = stream._pos
+                        rec[6].submit(*rec[4])
+                    snap = rec[7]()  # the clock copied, then the position (Stream._snapshot)
+                    snap[rec[8]] = pos = stream._pos
                     self._last = (stream, pos, snap)
                     return
+            finally:
+                lock.release()
         self._check(stream)
         stream._target.launch_graph(stream, self)  # a capture adds it as a child graph node
 
@@ -249,7 +254,11 @@ class GraphExec:
             return None
         impl = stream.device._impl
         gen = self._bound_at if impl.runner_per_stream and self._binds() else None
-        return (stream, self._plans, gen, impl.memory_generation, op)
+        q = stream._q
+        append = q.ops.append if stream._inline else None  # type: ignore[attr-defined]
+        # (a stream's queue, its ops deque, its clock dict and its id never change)
+        return (stream, self._plans, gen, impl.memory_generation, op, append, q,
+                stream._clock.copy, stream.id)
 
     def _memory_events(self, plan: Any, auto_freed: list[Any]) -> tuple:
         """What this launch does to graph memory, for the sanitizer: ``auto_freed``, the
