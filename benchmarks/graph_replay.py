@@ -73,13 +73,15 @@ def chain(k: srt.Kernel, nodes: int, ptrs: tuple) -> srt.Graph:
     return g
 
 
-def fork_join(k: srt.Kernel, nodes: int, width: int, ptrs: tuple) -> srt.Graph:
-    """Layers of ``width`` independent launches of ``k``, each layer joined by one more launch."""
+def fork_join(k: srt.Kernel, nodes: int, width: int, ptrs: tuple, lanes: list[int]) -> srt.Graph:
+    """Layers of ``width`` independent launches of ``k``, each layer joined by one more launch;
+    the launches of a layer write lanes of their own (a valid program: no race)."""
     g = srt.Graph()
     join = g.add_kernel_node(k, *ptrs)
     count = 1
     while count + width + 1 <= nodes:
-        layer = [g.add_kernel_node(k, *ptrs, deps=[join]) for _ in range(width)]
+        layer = [g.add_kernel_node(k, ptrs[0], ptrs[1], lanes[i], deps=[join])
+                 for i in range(width)]
         join = g.add_kernel_node(k, *ptrs, deps=layer)
         count += width + 1
     return g
@@ -129,16 +131,17 @@ def run(nodes: int = 1000, launches: int = 10, n_rounds: int = 9, quick: bool = 
     if smoke():
         launches, n_rounds = 1, 1
     if nodes != 1000:
-        tag = f" ({nodes} nodes, not 1000: a quick run)"
+        tag = f" ({nodes} nodes, not 1000: a smoke run)"
     s = srt.Stream(non_blocking=True)
     ptrs = tuple(srt.malloc(N_ELEMS * 4) for _ in range(3))
+    lanes = [srt.malloc(N_ELEMS * 4) for _ in range(max(WIDTHS))]
     a, b, c = (np.ones(N_ELEMS, np.float32) for _ in range(3))
     execs: dict[str, srt.GraphExec] = {
         "bound": chain(tiny_add, nodes, ptrs).instantiate(),
         "plain": chain(tiny_add_plain, nodes, ptrs).instantiate(),
     }
     for w in WIDTHS:
-        execs[f"fj{w}"] = fork_join(tiny_add, nodes, w, ptrs).instantiate()
+        execs[f"fj{w}"] = fork_join(tiny_add, nodes, w, ptrs, lanes).instantiate()
     sizes = {k: len(e._template._nodes) for k, e in execs.items()}
 
     def replay(e: srt.GraphExec) -> Callable[[], None]:
@@ -216,7 +219,7 @@ def run(nodes: int = 1000, launches: int = 10, n_rounds: int = 9, quick: bool = 
     ge1.destroy()
     for e in execs.values():
         e.destroy()
-    for p in ptrs:
+    for p in (*ptrs, *lanes):
         srt.free(p)
     s.destroy()
     res["rows"] = rows

@@ -144,7 +144,7 @@ def _run_parallel(replay: Replay) -> None:
     if queues.delay_us():
         chains = _delaying(replay.chains)
     theirs: list[int] = []  # chains a helper took
-    run.wake()  # one helper for the whole replay, should a branch release the GIL or block
+    run.start()  # helpers may take chains, should a branch release the GIL or block
     fn: Any = None  # (the failing node's, named in the error; a chain fails only once it ran)
     args: tuple = ()
     c = 0
@@ -169,10 +169,10 @@ def _run_parallel(replay: Replay) -> None:
     finally:
         for k in range(c, len(done)):  # after a failure: claimed, so that no helper starts them
             claim(k, False)
-        run.over = True
-    for k in theirs:
-        if not done[k]:
-            run.wait_for(k)
+        for k in theirs:
+            if not done[k]:
+                run.wait_for(k)
+        run.end()
     if errors:
         raise errors[0]
 
