@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -139,7 +140,8 @@ def _dask_time(branches: int, length: int, repeat: int) -> float | None:
     try:
         import dask.threaded
     except ImportError:
-        print("dask not installed (pip install 'streamrt[bench]'): Dask peer skipped")
+        print("dask not installed (pip install 'streamrt[bench]'): Dask peer skipped",
+              file=sys.stderr)
         return None
 
     def step(x: np.ndarray, _prev: object = None) -> np.ndarray:

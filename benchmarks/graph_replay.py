@@ -25,6 +25,7 @@ import argparse
 import functools
 import json
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -222,9 +223,37 @@ def run(nodes: int = 1000, launches: int = 10, n_rounds: int = 9, quick: bool = 
     for p in (*ptrs, *lanes):
         srt.free(p)
     s.destroy()
+    dask_us = None if smoke() else _dask_us(nodes, a, b, c, 3 if quick else 5)
+    if dask_us is not None:
+        rows.append({"claim": "the same chain on Dask's threaded scheduler (peer/ours)",
+                     "ours": res["bound_us"], "peer": dask_us, "unit": "us/node",
+                     "ratio": dask_us / res["bound_us"], "target": "(reported)", "pass": True})
     res["rows"] = rows
     res["pass"] = all(r["pass"] for r in rows)
     return res
+
+
+def _dask_us(nodes: int, a: np.ndarray, b: np.ndarray, c: np.ndarray, repeat: int) -> float | None:
+    """Per-node µs of the same chain as a Dask task graph (None when dask is not installed)."""
+    try:
+        import dask.threaded
+    except ImportError:
+        print("dask not installed (pip install 'streamrt[bench]'): Dask peer skipped",
+              file=sys.stderr)
+        return None
+
+    def add(_prev: object = None) -> np.ndarray:
+        return np.add(a, b, out=c)
+
+    dsk: dict = {0: (add,)}
+    for i in range(1, nodes):
+        dsk[i] = (add, i - 1)
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        dask.threaded.get(dsk, nodes - 1)
+        best = min(best, time.perf_counter() - t0)
+    return best / nodes * 1e6
 
 
 def main() -> None:
