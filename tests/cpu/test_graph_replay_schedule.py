@@ -62,3 +62,23 @@ def test_graph_replay_fork_join_of_tiny_kernels_matches_a_chain(s):
             want[7] += want[:7].sum()
     np.testing.assert_array_equal(got, want)
     srt.free(p)
+
+
+def test_graph_replay_branch_blocked_on_a_later_join_still_finishes(s):
+    # a waits for c, which joins b and d: while the worker blocks in a, helpers run b and d
+    # and then c, whose predecessors finished on helpers, not on the worker
+    ready = threading.Event()
+    log = []
+    g = srt.Graph()
+    root = g.add_empty_node()
+    a = g.add_host_node(lambda: log.append(("a", ready.wait(20))), deps=root)
+    b = g.add_host_node(log.append, "b", deps=root)
+    d = g.add_host_node(log.append, "d", deps=root)
+    c = g.add_host_node(lambda: (log.append("c"), ready.set()), deps=[b, d])
+    g.add_host_node(log.append, "end", deps=[a, c])
+    ge = g.instantiate()
+    for _ in range(3):
+        ready.clear()
+        ge.launch(s)
+        s.synchronize()
+    assert log.count(("a", True)) == 3 and log[-1] == "end" and log.count("c") == 3
