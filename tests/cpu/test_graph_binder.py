@@ -154,3 +154,72 @@ def test_kernel_context_view_cache_respects_access_and_dtype(s):
     assert out == [False, np.dtype(np.int32)]
     assert np.array_equal(srt.read(p, (N,), np.float32), np.ones(N, np.float32))
     srt.free(p)
+
+
+@needs_plain_replay
+def test_graph_binder_views_made_again_after_memory_moved_even_on_recorded_launches(s):
+    # launches after the first take the launch record; memory freed meanwhile (any memory: the
+    # generation is global) must still send the next launch to a new plan, whose binder runs
+    x, y = srt.malloc(4 * N), srt.malloc(4 * N)
+    srt.write(x, np.ones(N, np.float32))
+    srt.write(y, np.zeros(N, np.float32))
+    ge = _chain(x, y, 2).instantiate()
+    for _ in range(3):
+        ge.launch(s)
+    s.synchronize()
+    assert calls["bind"] == 2
+    srt.free(srt.malloc(512))
+    ge.launch(s)
+    s.synchronize()
+    assert calls["bind"] == 4 and calls["body"] == 0
+    np.testing.assert_array_equal(srt.read(y, (N,), np.float32), np.full(N, 8, np.float32))
+
+
+@srt.kernel
+def add3(ctx, x, y, z):
+    np.add(ctx.array(x, (N,), np.float32, readonly=True),
+           ctx.array(y, (N,), np.float32, readonly=True), out=ctx.array(z, (N,), np.float32))
+
+
+@add3.binder
+def _add3_bound(ctx, x, y, z):
+    calls["bind"] += 1
+    return functools.partial(np.add, ctx.array(x, (N,), np.float32, readonly=True),
+                             ctx.array(y, (N,), np.float32, readonly=True),
+                             out=ctx.array(z, (N,), np.float32))
+
+
+@needs_plain_replay
+def test_graph_binder_partial_with_keywords_replays_the_same_call(s):
+    # a binder's partial with keywords is replayed as a closure making the same call
+    # (compile.direct): same function, same arguments, same keywords
+    x, y, z = (srt.malloc(4 * N) for _ in range(3))
+    srt.write(x, np.arange(N, dtype=np.float32))
+    srt.write(y, np.full(N, 2, np.float32))
+    srt.write(z, np.zeros(N, np.float32))
+    g = srt.Graph()
+    g.add_kernel_node(add3, x, y, z)
+    ge = g.instantiate()
+    ge.launch(s)
+    ge.launch(s)
+    s.synchronize()
+    assert calls == {"body": 0, "bind": 1}
+    np.testing.assert_array_equal(srt.read(z, (N,), np.float32), np.arange(N) + 2)
+
+
+def test_graph_binder_direct_call_keeps_arguments_and_leaves_other_callables():
+    from streamrt.graph.compile import direct
+
+    seen = []
+
+    def f(*args, **kw):
+        seen.append((args, kw))
+        return "r"
+
+    call = direct(functools.partial(f, 1, 2, out=3, f=4))
+    assert call() == "r" and seen == [((1, 2), {"out": 3, "f": 4})]
+    plain = functools.partial(f, 1)
+    assert direct(plain) is plain  # no keywords: a partial's own call is as fast
+    odd = functools.partial(f, **{"not an identifier": 1})
+    assert direct(odd) is odd
+    assert direct(len) is len

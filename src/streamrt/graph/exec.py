@@ -21,6 +21,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from .. import instrument
+from .. import stream as _stream_mod
 from ..device import current_device
 from ..errors import (
     GraphExecUpdateError,
@@ -155,11 +156,40 @@ class GraphExec:
         return self._has_binds
 
     # -- launch --------------------------------------------------------------------------------
+    # the launch record (see _record): (stream, plans, generation, generation getter, op,
+    # the queue's ops.append or None, the queue, the stream's clock.copy, the stream's id)
+    _rec: tuple | None = None
+    _label: str | None = None  # the launch's label for observers (made once)
+
     def launch(self, stream: Stream) -> None:
         """Enqueue the whole graph as one operation of ``stream`` (``cudaGraphLaunch``).
 
         Event nodes act at the launch's edges (waits before it, records after it), not at their
         place in the DAG as in CUDA: never a weaker order, but a later one (see the README)."""
+        rec = self._rec
+        # the launch record's path: what the general path does for this exec on this stream,
+        # with every decision taken the last time (see _record for what it covers)
+        if rec is not None and rec[0] is stream and not stream._slow \
+                and not _stream_mod._global_slow:
+            lock = self._lock
+            lock.acquire()  # (not ``with``: twice the cost, on the path that is one operation)
+            try:
+                if self._rec is rec and self._plans is rec[1] and not self._destroyed and (
+                        rec[2] is None or rec[3]() == rec[2]):
+                    stream._pos += 1
+                    append = rec[5]
+                    if append is not None:  # an InlineQueue: its ops deque (see Stream.launch)
+                        append(rec[4])
+                        if rec[6].idle:
+                            rec[6].wake()
+                    else:
+                        rec[6].submit(*rec[4])
+                    snap = rec[7]()  # the clock copied, then the position (Stream._snapshot)
+                    snap[rec[8]] = pos = stream._pos
+                    self._last = (stream, pos, snap)
+                    return
+            finally:
+                lock.release()
         self._check(stream)
         stream._target.launch_graph(stream, self)  # a capture adds it as a child graph node
 
@@ -176,9 +206,10 @@ class GraphExec:
     def _launch_on(self, stream: Stream) -> None:
         """The launch itself: one operation of ``stream``."""
         with self._lock:
-            self._check_memory()
+            if self._mem_nodes:
+                self._check_memory()
             plan = self._plan(stream)  # may refuse too (memory a node uses is gone)
-            auto_freed = self._auto_free()  # once nothing can refuse the launch any more
+            auto_freed = self._auto_free() if self._allocs else []  # nothing can refuse now
             last = self._last
             if last is not None and last[0] is not stream:
                 other, pos, clock = last
@@ -187,12 +218,14 @@ class GraphExec:
             for n in self._event_nodes:
                 if n.type is NodeType.WAIT_EVENT:
                     stream.wait(n._params["event"])
-            fn, args = plan.runner.op_launch(stream._q)
+            op = plan.runner.op_launch(stream._q)
             extra = None
             if plan.mem:  # an instrumented plan of a graph with memory
                 extra = {instrument.GRAPH_MEMORY: self._memory_events(plan, auto_freed)}
-            stream._submit(fn, args, "graph", f"graph launch ({len(self._template._nodes)} nodes)",
-                           extra=extra)
+            label = self._label
+            if label is None:  # a launch's label names its size; updates keep the topology
+                label = self._label = f"graph launch ({len(self._template._nodes)} nodes)"
+            stream._submit(op[0], op[1], "graph", label, extra=extra)
             for n in self._event_nodes:
                 if n.type is NodeType.EVENT_RECORD:
                     stream.record(n._params["event"])
@@ -207,6 +240,25 @@ class GraphExec:
             snap = stream._snapshot()  # position and clock of one moment (see Stream._snapshot)
             self._last = (stream, snap[stream.id], snap)
             self._last_box[0] = self._last[:2]
+            self._rec = self._record(stream, op)
+
+    def _record(self, stream: Stream, op: tuple) -> tuple | None:
+        """The launch record for the next launches on ``stream``, or None where a launch must
+        take the general path every time. It covers an exec without event or memory nodes
+        (nothing to do on the host around the operation), launched on a non-blocking stream
+        that does not capture, while no sanitizer, tracer or launch blocking is on (``_slow``,
+        ``_global_slow``), again on the same stream (no order to add after the previous
+        launch). It holds the plans dict (an update or an enable replaces it) and, where
+        the plan holds memory views, the memory generation they were made in."""
+        if self._event_nodes or self._mem_nodes or stream._slow or _stream_mod._global_slow:
+            return None
+        impl = stream.device._impl
+        gen = self._bound_at if impl.runner_per_stream and self._binds() else None
+        q = stream._q
+        append = q.ops.append if stream._inline else None  # type: ignore[attr-defined]
+        # (a stream's queue, its ops deque, its clock dict and its id never change)
+        return (stream, self._plans, gen, impl.memory_generation, op, append, q,
+                stream._clock.copy, stream.id)
 
     def _memory_events(self, plan: Any, auto_freed: list[Any]) -> tuple:
         """What this launch does to graph memory, for the sanitizer: ``auto_freed``, the

@@ -7,14 +7,17 @@ tensor is one ``ctx.array`` over the elements it spans, re-strided on the host w
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from ..kernel import Kernel
 from ..tensor import TensorDesc
 
 __all__ = ["F16", "F32", "F64", "FLOATS", "WS_ALIGN", "acc_dtype", "view", "region",
-           "Layout"]
+           "Layout", "two_step"]
 
 F16, F32, F64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
 FLOATS = (F16, F32, F64)
@@ -40,6 +43,26 @@ def view(ctx: Any, ptr: int, d: TensorDesc, readonly: bool) -> np.ndarray:
 def region(ctx: Any, ws: int, off: int, shape: tuple, dtype: np.dtype) -> np.ndarray:
     """A view of one workspace region (writable: the kernels own the workspace while they run)."""
     return ctx.array(ws + off, shape, dtype)
+
+
+def two_step(views: Callable[..., tuple]) -> Callable[[Callable[..., None]], Kernel]:
+    """Decorator: the kernel ``fn(*views(ctx, *args))``, with a binder making the views once.
+
+    ``views`` makes views only (no computing, no reading): graph replay calls it when the plan
+    is built and then only ``fn`` (``Kernel.binder``), while eager launches and checked replays
+    (sanitizer, tracer) run both every time. The kernel is named after ``fn``."""
+
+    def make(fn: Callable[..., None]) -> Kernel:
+        def body(ctx: Any, *args: Any) -> None:
+            fn(*views(ctx, *args))
+
+        body.__name__, body.__qualname__, body.__module__ = fn.__name__, fn.__qualname__, \
+            fn.__module__
+        k = Kernel(body, name=fn.__name__)
+        k.binder(lambda ctx, *args: functools.partial(fn, *views(ctx, *args)))
+        return k
+
+    return make
 
 
 class Layout:

@@ -13,9 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from ..kernel import kernel
 from ..tensor import TensorDesc
-from .common import Layout, region, view
+from .common import Layout, region, two_step, view
 from .cuda import plan_binary
 from .framework import Attr, Op, Plan, float_attr
 
@@ -24,23 +23,26 @@ __all__ = ["Add", "Mul", "add", "mul"]
 BLOCK = 256  # elements per block in the reported tiling (the grid of the launch)
 
 
-@kernel
-def _binary_kernel(ctx: Any, xp: int, yp: int, op_: int, ws: int | None, p: tuple) -> None:
+def _binary_views(ctx: Any, xp: int, yp: int, op_: int, ws: int | None, p: tuple) -> tuple:
     ufunc, xd, yd, od, cdt, xoff, yoff, alpha = p
-    x = view(ctx, xp, xd, True)
-    y = view(ctx, yp, yd, True)
-    if xoff >= 0:  # cast x into the workspace
-        xb = region(ctx, ws, xoff, xd.shape, cdt)
+    return (view(ctx, xp, xd, True), view(ctx, yp, yd, True),
+            region(ctx, ws, xoff, xd.shape, cdt) if xoff >= 0 else None,  # x cast there
+            region(ctx, ws, yoff, yd.shape, cdt) if yoff >= 0 else None,  # y cast/scaled there
+            view(ctx, op_, od, False), ufunc, alpha)
+
+
+@two_step(_binary_views)
+def _binary_kernel(x: Any, y: Any, xb: Any, yb: Any, o: Any, ufunc: Any, alpha: Any) -> None:
+    if xb is not None:  # cast x into the workspace
         np.copyto(xb, x, casting="unsafe")
         x = xb
-    if yoff >= 0:  # cast and/or scale y into the workspace
-        yb = region(ctx, ws, yoff, yd.shape, cdt)
+    if yb is not None:  # cast and/or scale y into the workspace
         if alpha is None:
             np.copyto(yb, y, casting="unsafe")
         else:
             np.multiply(y, alpha, out=yb, casting="unsafe")
         y = yb
-    ufunc(x, y, out=view(ctx, op_, od, False), casting="unsafe")
+    ufunc(x, y, out=o, casting="unsafe")
 
 
 class _Binary(Op):

@@ -14,9 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from ..kernel import kernel
 from ..tensor import TensorDesc
-from .common import F64, Layout, acc_dtype, region, view
+from .common import F64, Layout, acc_dtype, region, two_step, view
 from .cuda import plan_matmul
 from .framework import Op, Plan
 
@@ -28,37 +27,54 @@ SPLIT_CHUNK = 1024  # K elements per split at least
 MAX_SPLITS = 8
 
 
-def _operand(ctx: Any, ptr: int, d: TensorDesc, ws: int | None, off: int, acc: np.dtype) -> Any:
+def _operand(ctx: Any, ptr: int, d: TensorDesc, ws: int | None, off: int,
+             acc: np.dtype) -> tuple:
+    """The operand's view and, when it is cast first, its workspace region (else None)."""
     v = view(ctx, ptr, d, True)
-    if off < 0:
+    return v, (None if off < 0 else region(ctx, ws, off, d.shape, acc))
+
+
+def _cast(operand: tuple) -> Any:
+    """The operand to multiply: its view, or its cast into the workspace."""
+    v, buf = operand
+    if buf is None:
         return v
-    buf = region(ctx, ws, off, d.shape, acc)
     np.copyto(buf, v, casting="unsafe")
     return buf
 
 
-@kernel
-def _mm_direct(ctx: Any, ap: int, bp: int, op_: int, ws: int | None, p: tuple) -> None:
+def _mm_direct_views(ctx: Any, ap: int, bp: int, op_: int, ws: int | None, p: tuple) -> tuple:
     ad, bd, od, acc, a_off, b_off = p[:6]
-    a = _operand(ctx, ap, ad, ws, a_off, acc)
-    b = _operand(ctx, bp, bd, ws, b_off, acc)
-    np.matmul(a, b, out=view(ctx, op_, od, False), casting="unsafe")
+    return (_operand(ctx, ap, ad, ws, a_off, acc), _operand(ctx, bp, bd, ws, b_off, acc),
+            view(ctx, op_, od, False))
 
 
-@kernel
-def _mm_partials(ctx: Any, ap: int, bp: int, ws: int, p: tuple) -> None:
+@two_step(_mm_direct_views)
+def _mm_direct(a: tuple, b: tuple, o: Any) -> None:
+    np.matmul(_cast(a), _cast(b), out=o, casting="unsafe")
+
+
+def _mm_partials_views(ctx: Any, ap: int, bp: int, ws: int, p: tuple) -> tuple:
     ad, bd, od, acc, a_off, b_off, part_off, part_shape, bounds = p
-    a = _operand(ctx, ap, ad, ws, a_off, acc)
-    b = _operand(ctx, bp, bd, ws, b_off, acc)
-    part = region(ctx, ws, part_off, part_shape, acc)
+    return (_operand(ctx, ap, ad, ws, a_off, acc), _operand(ctx, bp, bd, ws, b_off, acc),
+            region(ctx, ws, part_off, part_shape, acc), bounds)
+
+
+@two_step(_mm_partials_views)
+def _mm_partials(a: tuple, b: tuple, part: Any, bounds: tuple) -> None:
+    x, y = _cast(a), _cast(b)
     for i, (k0, k1) in enumerate(bounds):  # one block of the grid per split
-        np.matmul(a[..., k0:k1], b[..., k0:k1, :], out=part[i])
+        np.matmul(x[..., k0:k1], y[..., k0:k1, :], out=part[i])
 
 
-@kernel
-def _mm_reduce(ctx: Any, op_: int, ws: int, p: tuple) -> None:
+def _mm_reduce_views(ctx: Any, op_: int, ws: int, p: tuple) -> tuple:
     od, acc, part_off, part_shape = p[2], p[3], p[6], p[7]
-    np.sum(region(ctx, ws, part_off, part_shape, acc), axis=0, out=view(ctx, op_, od, False))
+    return region(ctx, ws, part_off, part_shape, acc), view(ctx, op_, od, False)
+
+
+@two_step(_mm_reduce_views)
+def _mm_reduce(part: Any, o: Any) -> None:
+    np.sum(part, axis=0, out=o)
 
 
 class Matmul(Op):

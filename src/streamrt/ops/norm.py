@@ -14,9 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from ..kernel import kernel
 from ..tensor import TensorDesc
-from .common import Layout, acc_dtype, region, view
+from .common import Layout, acc_dtype, region, two_step, view
 from .cuda import plan_layer_norm, plan_softmax
 from .framework import Attr, Op, Plan, float_attr, int_attr, normalize_axis, optional_int_attr
 
@@ -28,24 +27,31 @@ def _scratch(ctx: Any, ws: int | None, off: int, shape: tuple, acc: np.dtype,
     return out if off < 0 else region(ctx, ws, off, shape, acc)
 
 
-@kernel
-def _softmax_stats(ctx: Any, xp: int, op_: int, ws: int, p: tuple) -> None:
+def _softmax_stats_views(ctx: Any, xp: int, op_: int, ws: int, p: tuple) -> tuple:
     xd, od, axis, acc, max_off, sum_off, buf_off, sshape = p
-    x = view(ctx, xp, xd, True)
-    e = _scratch(ctx, ws, buf_off, xd.shape, acc, view(ctx, op_, od, False))
-    m = region(ctx, ws, max_off, sshape, acc)
+    return (view(ctx, xp, xd, True),
+            _scratch(ctx, ws, buf_off, xd.shape, acc, view(ctx, op_, od, False)),
+            region(ctx, ws, max_off, sshape, acc), region(ctx, ws, sum_off, sshape, acc),
+            axis, acc)
+
+
+@two_step(_softmax_stats_views)
+def _softmax_stats(x: Any, e: Any, m: Any, total: Any, axis: int, acc: np.dtype) -> None:
     np.max(x, axis=axis, keepdims=True, out=m)
     np.subtract(x, m, out=e, casting="unsafe")
     np.exp(e, out=e)
-    np.sum(e, axis=axis, keepdims=True, dtype=acc, out=region(ctx, ws, sum_off, sshape, acc))
+    np.sum(e, axis=axis, keepdims=True, dtype=acc, out=total)
 
 
-@kernel
-def _softmax_apply(ctx: Any, op_: int, ws: int, p: tuple) -> None:
+def _softmax_apply_views(ctx: Any, op_: int, ws: int, p: tuple) -> tuple:
     xd, od, axis, acc, max_off, sum_off, buf_off, sshape = p
     o = view(ctx, op_, od, False)
-    e = _scratch(ctx, ws, buf_off, xd.shape, acc, o)
-    np.divide(e, region(ctx, ws, sum_off, sshape, acc), out=o, casting="unsafe")
+    return o, _scratch(ctx, ws, buf_off, xd.shape, acc, o), region(ctx, ws, sum_off, sshape, acc)
+
+
+@two_step(_softmax_apply_views)
+def _softmax_apply(o: Any, e: Any, total: Any) -> None:
+    np.divide(e, total, out=o, casting="unsafe")
 
 
 class Softmax(Op):
@@ -89,31 +95,42 @@ class Softmax(Op):
         return Plan(lay.total(), enqueue, "two_pass" + ("+f32" if buf_off >= 0 else ""), tiling)
 
 
-@kernel
-def _ln_stats(ctx: Any, xp: int, op_: int, ws: int, p: tuple) -> None:
+def _ln_stats_views(ctx: Any, xp: int, op_: int, ws: int, p: tuple) -> tuple:
     xd, od, wd, bd, axes, acc, eps, mean_off, rstd_off, buf_off, sshape = p
-    x = view(ctx, xp, xd, True)
-    d = _scratch(ctx, ws, buf_off, xd.shape, acc, view(ctx, op_, od, False))
-    mean = region(ctx, ws, mean_off, sshape, acc)
+    return (view(ctx, xp, xd, True),
+            _scratch(ctx, ws, buf_off, xd.shape, acc, view(ctx, op_, od, False)),
+            region(ctx, ws, mean_off, sshape, acc), region(ctx, ws, rstd_off, sshape, acc),
+            axes, acc, eps)
+
+
+@two_step(_ln_stats_views)
+def _ln_stats(x: Any, d: Any, mean: Any, rstd: Any, axes: tuple, acc: np.dtype,
+              eps: float) -> None:
     np.mean(x, axis=axes, keepdims=True, dtype=acc, out=mean)
     np.subtract(x, mean, out=d, casting="unsafe")  # centred values, reused by the apply pass
-    rstd = region(ctx, ws, rstd_off, sshape, acc)
     np.mean(np.square(d, dtype=acc), axis=axes, keepdims=True, dtype=acc, out=rstd)
     rstd += eps
     np.sqrt(rstd, out=rstd)
     np.reciprocal(rstd, out=rstd)
 
 
-@kernel
-def _ln_apply(ctx: Any, op_: int, wp: int | None, bp: int | None, ws: int, p: tuple) -> None:
+def _ln_apply_views(ctx: Any, op_: int, wp: int | None, bp: int | None, ws: int,
+                    p: tuple) -> tuple:
     xd, od, wd, bd, axes, acc, eps, mean_off, rstd_off, buf_off, sshape = p
     o = view(ctx, op_, od, False)
-    d = _scratch(ctx, ws, buf_off, xd.shape, acc, o)
-    np.multiply(d, region(ctx, ws, rstd_off, sshape, acc), out=d, casting="unsafe")
-    if wd is not None:
-        np.multiply(d, view(ctx, wp, wd, True), out=d, casting="unsafe")
-    if bd is not None:
-        np.add(d, view(ctx, bp, bd, True), out=d, casting="unsafe")
+    return (o, _scratch(ctx, ws, buf_off, xd.shape, acc, o),
+            region(ctx, ws, rstd_off, sshape, acc),
+            None if wd is None else view(ctx, wp, wd, True),
+            None if bd is None else view(ctx, bp, bd, True))
+
+
+@two_step(_ln_apply_views)
+def _ln_apply(o: Any, d: Any, rstd: Any, w: Any, b: Any) -> None:
+    np.multiply(d, rstd, out=d, casting="unsafe")
+    if w is not None:
+        np.multiply(d, w, out=d, casting="unsafe")
+    if b is not None:
+        np.add(d, b, out=d, casting="unsafe")
     if d is not o:
         np.copyto(o, d, casting="unsafe")
 

@@ -15,9 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from ..kernel import kernel
 from ..tensor import TensorDesc
-from .common import Layout, acc_dtype, view
+from .common import Layout, acc_dtype, two_step, view
 from .cuda import plan_reduce_sum
 from .framework import Attr, Op, Plan, axes_attr, bool_attr, normalize_axis
 
@@ -26,41 +25,58 @@ __all__ = ["ReduceSum", "reduce_sum"]
 BLOCK = 256  # elements each tree node sums
 
 
-@kernel
-def _pack(ctx: Any, xp: int, dst: int, p: tuple) -> None:
+def _pack_views(ctx: Any, xp: int, dst: int, p: tuple) -> tuple:
     xd, perm, packed_shape, acc = p
-    np.copyto(ctx.array(dst, packed_shape, acc), view(ctx, xp, xd, True).transpose(perm),
-              casting="unsafe")
+    return ctx.array(dst, packed_shape, acc), view(ctx, xp, xd, True).transpose(perm)
 
 
-@kernel
-def _sum_level(ctx: Any, src: int, dst: int, p: tuple) -> None:
+@two_step(_pack_views)
+def _pack(dst: Any, x: Any) -> None:
+    np.copyto(dst, x, casting="unsafe")
+
+
+def _sum_level_views(ctx: Any, src: int, dst: int, p: tuple) -> tuple:
     a, k, b, sdt, acc = p
     x = ctx.array(src, (a, k, b), sdt, readonly=True)
     nb = (k + BLOCK - 1) // BLOCK
     part = ctx.array(dst, (a, nb, b), acc)
     full = k // BLOCK
-    if full:  # splitting axis 1 of a contiguous array is always a view
-        np.sum(x[:, : full * BLOCK].reshape(a, full, BLOCK, b), axis=2, dtype=acc,
-               out=part[:, :full])
-    if full < nb:
-        np.sum(x[:, full * BLOCK :], axis=1, dtype=acc, out=part[:, full])
+    # splitting axis 1 of a contiguous array is always a view
+    blocks = (x[:, : full * BLOCK].reshape(a, full, BLOCK, b), part[:, :full]) if full else None
+    rest = (x[:, full * BLOCK :], part[:, full]) if full < nb else None
+    return blocks, rest, acc
 
 
-@kernel
-def _sum_final(ctx: Any, src: int, op_: int, p: tuple) -> None:
+@two_step(_sum_level_views)
+def _sum_level(blocks: tuple | None, rest: tuple | None, acc: np.dtype) -> None:
+    if blocks is not None:
+        np.sum(blocks[0], axis=2, dtype=acc, out=blocks[1])
+    if rest is not None:
+        np.sum(rest[0], axis=1, dtype=acc, out=rest[1])
+
+
+def _sum_final_views(ctx: Any, src: int, op_: int, p: tuple) -> tuple:
     a, k, b, sdt, acc, od = p
     x = ctx.array(src, (a, k, b), sdt, readonly=True)
     o = view(ctx, op_, od, False)
-    if od.is_contiguous:
-        np.sum(x, axis=1, dtype=acc, out=o.reshape(a, b))
+    return x, (o.reshape(a, b) if od.is_contiguous else o), od.is_contiguous, acc
+
+
+@two_step(_sum_final_views)
+def _sum_final(x: Any, o: Any, contiguous: bool, acc: np.dtype) -> None:
+    if contiguous:
+        np.sum(x, axis=1, dtype=acc, out=o)
     else:
-        np.copyto(o, np.sum(x, axis=1, dtype=acc).reshape(od.shape), casting="unsafe")
+        np.copyto(o, np.sum(x, axis=1, dtype=acc).reshape(o.shape), casting="unsafe")
 
 
-@kernel
-def _zero(ctx: Any, op_: int, od: TensorDesc) -> None:
-    view(ctx, op_, od, False)[...] = 0
+def _zero_views(ctx: Any, op_: int, od: TensorDesc) -> tuple:
+    return (view(ctx, op_, od, False),)
+
+
+@two_step(_zero_views)
+def _zero(o: Any) -> None:
+    o[...] = 0
 
 
 class ReduceSum(Op):

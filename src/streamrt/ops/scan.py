@@ -15,9 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from ..kernel import kernel
 from ..tensor import TensorDesc
-from .common import Layout, acc_dtype, region, view
+from .common import Layout, acc_dtype, region, two_step, view
 from .cuda import plan_cumsum
 from .framework import Attr, Op, Plan, normalize_axis, optional_int_attr
 
@@ -40,47 +39,67 @@ def _target(ctx: Any, op_: int, ws: int | None, p: tuple) -> np.ndarray:
     return np.moveaxis(t, axis, -1)
 
 
-def _finish(ctx: Any, op_: int, ws: int | None, p: tuple) -> None:
+def _finish_views(ctx: Any, op_: int, ws: int | None, p: tuple) -> tuple | None:
+    """The float32 buffer to copy into ``out`` at the end, and ``out``; None: no buffer."""
     od, acc, buf_off = p[1], p[3], p[6]
-    if buf_off >= 0:
-        np.copyto(view(ctx, op_, od, False), region(ctx, ws, buf_off, od.shape, acc),
-                  casting="unsafe")
+    if buf_off < 0:
+        return None
+    return view(ctx, op_, od, False), region(ctx, ws, buf_off, od.shape, acc)
 
 
-@kernel
-def _pack(ctx: Any, xp: int, ws: int, p: tuple) -> None:
+def _finish(fin: tuple | None) -> None:
+    if fin is not None:
+        np.copyto(fin[0], fin[1], casting="unsafe")
+
+
+def _pack_views(ctx: Any, xp: int, ws: int, p: tuple) -> tuple:
     xd, od, acc, pack_off = p[0], p[1], p[3], p[5]
-    np.copyto(region(ctx, ws, pack_off, od.shape, acc), view(ctx, xp, xd, True).reshape(-1),
-              casting="unsafe")
+    return region(ctx, ws, pack_off, od.shape, acc), view(ctx, xp, xd, True).reshape(-1)
 
 
-@kernel
-def _scan_blocks(ctx: Any, xp: int, op_: int, ws: int | None, p: tuple) -> None:
+@two_step(_pack_views)
+def _pack(dst: Any, x: Any) -> None:
+    np.copyto(dst, x, casting="unsafe")
+
+
+def _scan_blocks_views(ctx: Any, xp: int, op_: int, ws: int | None, p: tuple) -> tuple:
     acc, bounds, sums_off, sums_shape = p[3], p[4], p[7], p[8]
-    x = _input(ctx, xp, ws, p)
-    t = _target(ctx, op_, ws, p)
+    sums = region(ctx, ws, sums_off, sums_shape, acc) if sums_off >= 0 else None
+    return (_input(ctx, xp, ws, p), _target(ctx, op_, ws, p), sums,
+            None if sums_off >= 0 else _finish_views(ctx, op_, ws, p), bounds, acc)
+
+
+@two_step(_scan_blocks_views)
+def _scan_blocks(x: Any, t: Any, sums: Any, fin: tuple | None, bounds: tuple,
+                 acc: np.dtype) -> None:
     for s, e in bounds:
         np.cumsum(x[..., s:e], axis=-1, dtype=acc, out=t[..., s:e])
-    if sums_off >= 0:  # each block's total: the last element of its local scan
-        region(ctx, ws, sums_off, sums_shape, acc)[...] = t[..., [e - 1 for _, e in bounds]]
+    if sums is not None:  # each block's total: the last element of its local scan
+        sums[...] = t[..., [e - 1 for _, e in bounds]]
     else:
-        _finish(ctx, op_, ws, p)
+        _finish(fin)
 
 
-@kernel
-def _scan_sums(ctx: Any, ws: int, p: tuple) -> None:
-    sums = region(ctx, ws, p[7], p[8], p[3])
+def _scan_sums_views(ctx: Any, ws: int, p: tuple) -> tuple:
+    return (region(ctx, ws, p[7], p[8], p[3]),)
+
+
+@two_step(_scan_sums_views)
+def _scan_sums(sums: Any) -> None:
     np.cumsum(sums, axis=-1, out=sums)
 
 
-@kernel
-def _scan_offsets(ctx: Any, op_: int, ws: int, p: tuple) -> None:
+def _scan_offsets_views(ctx: Any, op_: int, ws: int, p: tuple) -> tuple:
     acc, bounds, sums_off, sums_shape = p[3], p[4], p[7], p[8]
-    t = _target(ctx, op_, ws, p)
-    sums = region(ctx, ws, sums_off, sums_shape, acc)
+    return (_target(ctx, op_, ws, p), region(ctx, ws, sums_off, sums_shape, acc),
+            _finish_views(ctx, op_, ws, p), bounds)
+
+
+@two_step(_scan_offsets_views)
+def _scan_offsets(t: Any, sums: Any, fin: tuple | None, bounds: tuple) -> None:
     for i, (s, e) in enumerate(bounds[1:]):  # block i + 1 follows blocks 0..i
         np.add(t[..., s:e], sums[..., i : i + 1], out=t[..., s:e], casting="unsafe")
-    _finish(ctx, op_, ws, p)
+    _finish(fin)
 
 
 class Cumsum(Op):
