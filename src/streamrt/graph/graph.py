@@ -19,6 +19,7 @@ from ..event import Event
 from ..kernel import Kernel, dim3
 from ..validate import as_path, check_byte, check_ptr, check_size, host_view, is_int
 from . import memory
+from .gcpause import paused
 from .memory import GraphAlloc
 from .node import Node, NodeType
 
@@ -34,8 +35,10 @@ class Graph:
     def __init__(self) -> None:
         self.id = next(_ids)
         self._nodes: list[Node] = []
-        # id(original node) -> (original, clone node), for find_in_clone; holds the originals
-        self._origin: dict[int, tuple[Node, Node]] = {}
+        # for find_in_clone: the graphs this one is a clone of (its source, the source's sources)
+        # and how many nodes each had then; a clone keeps its node indices, and nodes are never
+        # removed, so an original node maps to the node of the same index here
+        self._sources: tuple[tuple[Graph, int], ...] = ()
         self._keep: list[Any] = []  # objects the graph's work needs alive (captured executors)
         self._slabs: dict[Any, Any] = {}  # device -> the range its next small MEM_ALLOC takes bytes of
         self._embedded = False  # a child graph node's own graph: no memory nodes may join it
@@ -222,36 +225,43 @@ class Graph:
 
     def clone(self) -> Graph:
         """A copy with the same nodes, params and edges (``cudaGraphClone``)."""
+        with paused():  # many long-lived objects at once (see gcpause)
+            return self._clone()
+
+    def _clone(self) -> Graph:
         g = Graph()
         g._keep = list(self._keep)
         g._freed = set(self._freed)
+        g._sources = ((self, len(self._nodes)), *self._sources)
+        out = g._nodes
+        graph_type = NodeType.GRAPH
         for n in self._nodes:
-            params = dict(n._params)
-            if n.type is NodeType.GRAPH:
+            params = n._params
+            if n.type is graph_type:
+                params = dict(params)
                 params["graph"] = params["graph"]._embedded_clone()
+            # other params dicts are shared: a node's dict is never changed in place (see Node)
             c = Node(g, n.type, n.index, params)
             c.site = n.site
-            g._nodes.append(c)
-            g._origin[id(n)] = (n, c)
-        for n in self._nodes:
-            c = g._nodes[n.index]
+            out.append(c)
+        # edges after every node exists (an added edge may point to a later node); dependents in
+        # the order this loop appends them, as every clone has made them (topological ties)
+        for n, c in zip(self._nodes, out):
+            deps = c._deps
             for d in n._deps:
-                cd = g._nodes[d.index]
-                c._deps.append(cd)
+                cd = out[d.index]
+                deps.append(cd)
                 cd._dependents.append(c)
-        # a clone of a clone still finds the first original's nodes
-        for key, (orig, node) in self._origin.items():
-            g._origin.setdefault(key, (orig, g._nodes[node.index]))
         return g
 
     def find_in_clone(self, original: Node) -> Node:
         """The node of this clone that copies ``original`` (``cudaGraphNodeFindInClone``)."""
         if not isinstance(original, Node):
             raise InvalidTypeError(f"find_in_clone needs a Node, not {type(original).__name__}")
-        entry = self._origin.get(id(original))
-        if entry is None or entry[0] is not original:
-            raise InvalidValueError(f"{original!r} is not an original node of {self!r}")
-        return entry[1]
+        for source, count in self._sources:
+            if original.graph is source and original.index < count:
+                return self._nodes[original.index]
+        raise InvalidValueError(f"{original!r} is not an original node of {self!r}")
 
     def to_dot(self, path: str | Path | None = None) -> str:
         """Graphviz text of the graph (``cudaGraphDebugDotPrint``); written to ``path`` if given."""
