@@ -7,20 +7,36 @@ per-node cost grows with the graph. A pause switches automatic collection off me
 State and invariants: ``_depth`` counts the pauses in progress (nested, any thread), under
 ``_lock``; ``_owned`` is True when the outermost pause switched the collector off, and only then
 does the end of the last pause switch it on again: a collector that was off when the first pause
-began stays off. A pause ends on every path, errors included (``paused`` is a context manager).
+began stays off (one that the program switches off during a pause is on again at its end).
+A pause ends on every path, errors included (``paused`` is a context manager).
+
+Building node by node (``Graph._add``, explicit or captured) has no end to hang a pause on, so
+it takes a *lease* (``building``): one pause that a watcher thread ends as soon as fewer than
+``DENSE`` nodes were added in ``QUIET`` seconds (the bulk stopped, or it is too slow for the
+collector to matter; automatic collection then runs as usual). ``_leased``: a lease is held;
+``_ticks`` counts adds (read by the watcher only to see change); a new lease starts only after
+``BULK`` adds since the last one ended, so a slow builder never runs long without collection.
 """
 
 from __future__ import annotations
 
 import gc
 import threading
+import time
 from types import TracebackType
 
-__all__ = ["paused", "pause", "resume"]
+__all__ = ["paused", "pause", "resume", "building", "BULK"]
+
+BULK = 512  # nodes of one graph before its building counts as bulk (and adds between leases)
+DENSE = 256  # adds per QUIET seconds that keep a lease
+QUIET = 0.05
 
 _lock = threading.Lock()
 _depth = 0
 _owned = False
+_leased = False
+_ticks = 0
+_next = 0  # _ticks from which a new lease may start
 
 
 def pause() -> None:
@@ -56,3 +72,38 @@ class paused:  # noqa: N801 - used like a function: ``with paused():``
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         resume()
+
+
+def building() -> None:
+    """One node added to a graph of at least ``BULK`` nodes: keep (or take) the building lease."""
+    global _ticks, _leased
+    _ticks += 1  # unlocked: a lost increment only delays the watcher's verdict
+    if _leased or _ticks < _next:
+        return
+    with _lock:
+        if _leased:
+            return
+        _leased = True
+    pause()
+    try:
+        threading.Thread(target=_watch, name="streamrt-gc-lease", daemon=True).start()
+    except RuntimeError:  # no thread (at exit, or out of threads): no lease, nothing else
+        with _lock:
+            _leased = False
+        resume()
+
+
+def _watch() -> None:
+    """The lease's watcher: ends the pause once adds slow down below ``DENSE`` per ``QUIET``."""
+    global _leased, _next
+    seen = _ticks
+    while True:
+        time.sleep(QUIET)
+        with _lock:
+            now = _ticks
+            if now - seen < DENSE:
+                _leased = False
+                _next = now + BULK
+                break
+            seen = now
+    resume()

@@ -19,7 +19,7 @@ from ..event import Event
 from ..kernel import Kernel, dim3
 from ..validate import as_path, check_byte, check_ptr, check_size, host_view, is_int
 from . import memory
-from .gcpause import paused
+from .gcpause import BULK, building, paused
 from .memory import GraphAlloc
 from .node import Node, NodeType
 
@@ -63,6 +63,8 @@ class Graph:
         self._nodes.append(node)
         if type is NodeType.MEM_FREE:
             self._freed.add(params["alloc"])
+        if len(self._nodes) >= BULK:  # a large graph: no full collections while it grows
+            building()
         return node
 
     def _as_nodes(self, nodes: Any, what: str) -> list[Node]:
