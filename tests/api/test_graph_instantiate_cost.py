@@ -143,3 +143,18 @@ def test_gc_building_lease_ends_when_building_stops(gc_on):
         time.sleep(gcpause.QUIET)
     assert gc.isenabled()
     assert not gcpause._leased
+
+
+def test_gc_pause_does_not_survive_fork(gc_on):
+    """A child forked during a pause (another thread's, or the lease) starts with none."""
+    import os
+
+    gcpause.pause()
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: report through the exit status only
+            os._exit(0 if gc.isenabled() and not gcpause._depth else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        gcpause.resume()

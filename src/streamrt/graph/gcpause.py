@@ -21,6 +21,7 @@ collector to matter; automatic collection then runs as usual). ``_leased``: a le
 from __future__ import annotations
 
 import gc
+import os
 import threading
 import time
 from types import TracebackType
@@ -107,3 +108,16 @@ def _watch() -> None:
                 break
             seen = now
     resume()
+
+
+def _after_fork() -> None:
+    """A forked child has none of the parent's threads: no pause of theirs (nor the lease's
+    watcher) will ever end there, so the child starts with none in force."""
+    global _lock, _depth, _owned, _leased, _next
+    _lock = threading.Lock()
+    owned, _depth, _owned, _leased, _next = _owned, 0, False, False, _ticks
+    if owned:
+        gc.enable()
+
+
+os.register_at_fork(after_in_child=_after_fork)
