@@ -112,9 +112,11 @@ def _cases(s: srt.Stream, shape: tuple[int, int]) -> dict[str, tuple]:
 def run(n: int = 2000, repeat: int = 5, quick: bool = False) -> dict:
     """Host time per call (cache hit, floor, no cache), end-to-end vs numpy; ``rows``."""
     large = (2048, 1024)
-    rounds = 9
+    # many short rounds: a burst of load elsewhere on the machine spoils a few, not the median
+    rounds, per_round = 31, 400
     if quick:
-        n, repeat, large, rounds = 500, 3, (512, 1024), 5
+        n, repeat, large, rounds, per_round = 500, 3, (512, 1024), 15, 200
+    per_round = smoke_size(per_round, 5)
     n, repeat, rounds = smoke_size(n, 5), smoke_size(repeat, 1), smoke_size(rounds, 1)
     s = srt.Stream(non_blocking=True)
     res: dict = {"host": {}, "vs_numpy": {}}
@@ -135,11 +137,12 @@ def run(n: int = 2000, repeat: int = 5, quick: bool = False) -> dict:
             floor.run(op, *tensors, stream=s, **attrs)
 
         times: dict[str, list[float]] = {"hit": [], "floor": [], "plan": []}
+        k, few = per_round, max(per_round // 4, 1)
         for r in range(rounds):  # interleaved: a slow spell of the machine hits all three
-            times["hit"].append(_host_time(s, hit, n) / n * 1e6)
-            times["floor"].append(_host_time(s, least, n) / n * 1e6)
-            if r < max(rounds // 2, 1):  # planning is slow and its ratio far from the target
-                times["plan"].append(_host_time(s, nocache, max(n // 4, 1)) / max(n // 4, 1) * 1e6)
+            times["hit"].append(_host_time(s, hit, k) / k * 1e6)
+            times["floor"].append(_host_time(s, least, k) / k * 1e6)
+            if r % 3 == 0:  # planning is slow, and its ratio far from the target
+                times["plan"].append(_host_time(s, nocache, few) / few * 1e6)
         hit_us, floor_us, plan_us = (_median(times[k]) for k in ("hit", "floor", "plan"))
         ratios = [h / f for h, f in zip(times["hit"], times["floor"])]
         res["host"][name] = {

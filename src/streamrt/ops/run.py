@@ -73,8 +73,10 @@ def _attrs_key(attrs: dict) -> tuple:
     parts = []
     for k, v in attrs.items():
         cls = v.__class__
-        if cls is float:  # the usual attribute: its exact digits, without a call
-            parts.append((k, cls, v.hex()))
+        if cls is float:  # the usual attribute: equal keys only for identical values, as
+            # _exact; a float equal to itself and nonzero is that already (-0.0 == 0.0, nan !=
+            # nan: those two cases key by their digits)
+            parts.append((k, cls, v if v == v and v != 0.0 else v.hex()))
         elif cls is int or cls is bool or cls is str:
             parts.append((k, cls, v))
         else:
