@@ -35,7 +35,7 @@ from ..validate import is_bool, is_int
 from . import memory
 from .compile import Compiled, compile_graph
 from .gcpause import paused
-from .graph import Graph, host_params, memcpy_params, memset_params
+from .graph import EVENTS, MEMORY, Graph, host_params, memcpy_params, memset_params
 from .node import Node, NodeType
 from .update import adopt, diff, kinds
 
@@ -55,19 +55,18 @@ class GraphExec:
         self.auto_free_on_launch = bool(auto_free_on_launch)
         with paused():  # cloning makes many long-lived objects: keep instantiate linear
             self._template = graph.clone()
-        nodes = self._template._nodes
+        template = self._template
         # event nodes anywhere, child graphs included: they act at launch on the host, so a
         # child's waits and records must be found here, not by the child's own replay
-        self._event_nodes = [n for n in self._template._walk()
-                             if n.type is NodeType.WAIT_EVENT or n.type is NodeType.EVENT_RECORD]
+        self._event_nodes = template._marked(EVENTS)
         # memory nodes (top level only: child graphs refuse them), in topological order: launch
         # bookkeeping walks only these, not the graph; the order (and the memory ancestry) is
         # computed only for a graph that has some, the replay plan orders the rest at compile
-        mem = [n for n in nodes if n.type is NodeType.MEM_ALLOC or n.type is NodeType.MEM_FREE]
+        mem = template._marked(MEMORY, nested=False)
         self._mem_nodes: list[Node] = []
         mem_anc: list[int] = []
         if mem:
-            self._mem_nodes, mem_anc = memory.order(nodes, mem)
+            self._mem_nodes, mem_anc = memory.order(template._nodes, mem)
         self._disabled: set[int] = set()
         # compiled per stream (and instrumented or not), or per device: see DeviceImpl
         self._plans: dict[Any, Compiled] = {}

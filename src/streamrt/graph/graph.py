@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     from .exec import GraphExec
 
 _ids = itertools.count(1)
+MEMORY = (NodeType.MEM_ALLOC, NodeType.MEM_FREE)
+EVENTS = (NodeType.WAIT_EVENT, NodeType.EVENT_RECORD)
+MARKED = frozenset((*MEMORY, *EVENTS, NodeType.GRAPH))  # the kinds ``Graph._marks`` lists
 
 
 class Graph:
@@ -45,6 +48,10 @@ class Graph:
         # allocations a MEM_FREE node of this graph frees: a second one is refused when added, as
         # cudaGraphAddMemFreeNode (and cudaFreeAsync in capture) does, not first at instantiate
         self._freed: set[GraphAlloc] = set()
+        # indices of the nodes that instantiate must find (events, memory, child graphs), in
+        # creation order: it walks these, not the whole graph (a node's type never changes to
+        # or from one of these kinds)
+        self._marks: list[int] = []
 
     def __repr__(self) -> str:
         return f"<Graph #{self.id} {len(self._nodes)} nodes>"
@@ -61,8 +68,10 @@ class Graph:
             node._deps.append(d)
             d._dependents.append(node)
         self._nodes.append(node)
-        if type is NodeType.MEM_FREE:
-            self._freed.add(params["alloc"])
+        if type in MARKED:
+            self._marks.append(node.index)
+            if type is NodeType.MEM_FREE:
+                self._freed.add(params["alloc"])
         if len(self._nodes) >= BULK:  # a large graph: no full collections while it grows
             building()
         return node
@@ -107,7 +116,7 @@ class Graph:
         """Add a GRAPH node; the child is cloned, as ``cudaGraphAddChildGraphNode`` does."""
         if not isinstance(child, Graph):
             raise InvalidTypeError(f"a child graph node needs a Graph, not {type(child).__name__}")
-        if any(n.type in (NodeType.MEM_ALLOC, NodeType.MEM_FREE) for n in child._walk()):
+        if child._marked(MEMORY):
             raise InvalidValueError("a child graph cannot contain memory allocation or free nodes")
         return self._add(NodeType.GRAPH, {"graph": child._embedded_clone()}, deps)
 
@@ -212,6 +221,19 @@ class Graph:
             if n.type is NodeType.GRAPH:
                 yield from n._params["graph"]._walk()
 
+    def _marked(self, types: tuple[NodeType, ...], *, nested: bool = True) -> list[Node]:
+        """The nodes of ``types`` in ``_walk`` order (child graphs' too, if ``nested``), found
+        through ``_marks`` (no walk of the whole graph)."""
+        out: list[Node] = []
+        nodes = self._nodes
+        for i in self._marks:
+            n = nodes[i]
+            if n.type in types:
+                out.append(n)
+            if nested and n.type is NodeType.GRAPH:
+                out += n._params["graph"]._marked(types)
+        return out
+
     # -- clone, DOT, instantiate -------------------------------------------------------------
     def _embedded_clone(self) -> Graph:
         """The clone a child graph node owns (``node.params["graph"]``)."""
@@ -234,6 +256,7 @@ class Graph:
         g = Graph()
         g._keep = list(self._keep)
         g._freed = set(self._freed)
+        g._marks = list(self._marks)
         g._sources = ((self, len(self._nodes)), *self._sources)
         out = g._nodes
         graph_type = NodeType.GRAPH
