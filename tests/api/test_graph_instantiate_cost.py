@@ -99,26 +99,32 @@ def _no_pause() -> None:
     assert not gcpause._depth
 
 
+def _auto() -> bool:
+    """Whether automatic collection runs (on, with a nonzero first threshold)."""
+    return gc.isenabled() and gc.get_threshold()[0] != 0
+
+
 @pytest.fixture
 def gc_on():
     _no_pause()
-    was = gc.isenabled()
+    was, thresholds = gc.isenabled(), gc.get_threshold()
     gc.enable()
     yield
     _no_pause()
+    gc.set_threshold(*thresholds)
     (gc.enable if was else gc.disable)()
 
 
 def test_gc_pause_nested_and_error_safe(gc_on):
     with gcpause.paused():
-        assert not gc.isenabled()
+        assert not _auto() and gc.isenabled()  # the program's switch is its own
         with gcpause.paused():
-            assert not gc.isenabled()
-        assert not gc.isenabled()  # the inner end leaves the outer pause in force
-    assert gc.isenabled()
+            assert not _auto()
+        assert not _auto()  # the inner end leaves the outer pause in force
+    assert _auto()
     with pytest.raises(KeyError), gcpause.paused():
         raise KeyError("inside")
-    assert gc.isenabled()  # switched on again on the error path too
+    assert _auto()  # on again on the error path too
 
 
 def test_gc_pause_never_enables_a_collector_that_was_off(gc_on):
@@ -130,7 +136,21 @@ def test_gc_pause_never_enables_a_collector_that_was_off(gc_on):
     for _ in range(gcpause.BULK + 10):
         g.add_empty_node()
     g.instantiate().destroy()
+    _no_pause()
     assert not gc.isenabled()
+    gc.enable()
+    assert _auto()  # and nothing of a pause is left once the program switches it on
+
+
+def test_gc_pause_keeps_what_the_program_changes_meanwhile(gc_on):
+    """A program's gc.disable() during a pause stays; so do thresholds it set meanwhile."""
+    with gcpause.paused():
+        gc.disable()
+    assert not gc.isenabled()
+    gc.enable()
+    with gcpause.paused():
+        gc.set_threshold(500, 10, 10)
+    assert gc.get_threshold()[0] == 500
 
 
 def test_gc_building_lease_ends_when_building_stops(gc_on):
@@ -138,10 +158,11 @@ def test_gc_building_lease_ends_when_building_stops(gc_on):
     g = srt.Graph()
     for _ in range(gcpause.BULK + gcpause.DENSE * 2):
         g.add_empty_node()
+    assert gcpause._leased and not _auto()  # paused while it grows
     deadline = time.monotonic() + 30
-    while not gc.isenabled() and time.monotonic() < deadline:
+    while not _auto() and time.monotonic() < deadline:
         time.sleep(gcpause.QUIET)
-    assert gc.isenabled()
+    assert _auto()
     assert not gcpause._leased
 
 
@@ -153,8 +174,21 @@ def test_gc_pause_does_not_survive_fork(gc_on):
     try:
         pid = os.fork()
         if pid == 0:  # the child: report through the exit status only
-            os._exit(0 if gc.isenabled() and not gcpause._depth else 1)
+            os._exit(0 if _auto() and not gcpause._depth else 1)
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
     finally:
         gcpause.resume()
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(2, 80))
+def test_graph_clone_edges_in_order(seed, n):
+    """The one-pass clone keeps every edge list in the order a clone always had: dependencies
+    as in the original, dependents by the dependent's creation order (edges to later nodes too)."""
+    g = _random_graph(random.Random(seed), n)
+    c = g.clone()
+    for o, k in zip(g._nodes, c._nodes):
+        assert [d.index for d in k._deps] == [d.index for d in o._deps]
+        assert [d.index for d in k._dependents] == sorted(d.index for d in o._dependents)
+        assert all(d.graph is c for d in (*k._deps, *k._dependents))

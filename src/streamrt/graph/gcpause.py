@@ -2,13 +2,15 @@
 
 Building, capturing, cloning or instantiating a large graph makes a few objects per node that all
 survive: every full collection then walks all of them again, so with the collector on the
-per-node cost grows with the graph. A pause switches automatic collection off meanwhile.
+per-node cost grows with the graph. A pause switches automatic collection off meanwhile: the
+first generation's threshold is 0 (CPython's own "no automatic collection"), and the switch
+``gc.enable``/``gc.disable`` is left to the program (``gc.collect`` still collects).
 
 State and invariants: ``_depth`` counts the pauses in progress (nested, any thread), under
-``_lock``; ``_owned`` is True when the outermost pause switched the collector off, and only then
-does the end of the last pause switch it on again: a collector that was off when the first pause
-began stays off (one that the program switches off during a pause is on again at its end).
-A pause ends on every path, errors included (``paused`` is a context manager).
+``_lock``; ``_owned`` holds the thresholds the outermost pause replaced (None when it replaced
+none: the collector was off, or automatic collection was already off), and only then does the
+end of the last pause put them back, unless the program set thresholds of its own meanwhile. A
+pause ends on every path, errors included (``paused`` is a context manager).
 
 Building node by node (``Graph._add``, explicit or captured) has no end to hang a pause on, so
 it takes a *lease* (``building``): one pause that a watcher thread ends as soon as fewer than
@@ -34,7 +36,7 @@ QUIET = 0.05
 
 _lock = threading.Lock()
 _depth = 0
-_owned = False
+_owned: tuple[int, ...] | None = None
 _leased = False
 _ticks = 0
 _next = 0  # _ticks from which a new lease may start
@@ -45,21 +47,25 @@ def pause() -> None:
     global _depth, _owned
     with _lock:
         if _depth == 0:
-            _owned = gc.isenabled()
-            if _owned:
-                gc.disable()
+            was = gc.get_threshold()
+            _owned = None
+            if gc.isenabled() and was[0]:
+                _owned = was
+                gc.set_threshold(0, *was[1:])
         _depth += 1
 
 
 def resume() -> None:
-    """End a pause; the last one switches the collector on again if the first switched it off."""
+    """End a pause; the last one puts the thresholds the first one replaced back."""
     global _depth, _owned
     with _lock:
         assert _depth > 0, "resume() without pause()"
         _depth -= 1
-        if _depth == 0 and _owned:
-            _owned = False
-            gc.enable()
+        if _depth == 0 and _owned is not None:
+            now = gc.get_threshold()
+            if now[0] == 0:  # else the program set thresholds of its own: they stay
+                gc.set_threshold(_owned[0], *now[1:])
+            _owned = None
 
 
 class paused:  # noqa: N801 - used like a function: ``with paused():``
@@ -115,9 +121,9 @@ def _after_fork() -> None:
     watcher) will ever end there, so the child starts with none in force."""
     global _lock, _depth, _owned, _leased, _next
     _lock = threading.Lock()
-    owned, _depth, _owned, _leased, _next = _owned, 0, False, False, _ticks
-    if owned:
-        gc.enable()
+    owned, _depth, _owned, _leased, _next = _owned, 0, None, False, _ticks
+    if owned is not None and gc.get_threshold()[0] == 0:
+        gc.set_threshold(owned[0], *gc.get_threshold()[1:])
 
 
 os.register_at_fork(after_in_child=_after_fork)

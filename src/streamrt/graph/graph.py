@@ -260,23 +260,38 @@ class Graph:
         g._sources = ((self, len(self._nodes)), *self._sources)
         out = g._nodes
         graph_type = NodeType.GRAPH
+        # one pass over the nodes (a second one over a graph larger than the caches costs as
+        # much again): an edge from a node not made yet (an added edge may point to a later
+        # node) waits in ``pending`` until it is. Dependents come out in creation order of the
+        # dependent, as every clone has made them (they are the topological order's ties)
+        pending: dict[int, list[tuple[Node, int]]] = {}
         for n in self._nodes:
+            i = n.index
             params = n._params
             if n.type is graph_type:
                 params = dict(params)
                 params["graph"] = params["graph"]._embedded_clone()
             # other params dicts are shared: a node's dict is never changed in place (see Node)
-            c = Node(g, n.type, n.index, params)
+            c = Node(g, n.type, i, params)
             c.site = n.site
             out.append(c)
-        # edges after every node exists (an added edge may point to a later node); dependents in
-        # the order this loop appends them, as every clone has made them (topological ties)
-        for n, c in zip(self._nodes, out):
+            if pending:
+                waiting = pending.pop(i, None)
+                if waiting is not None:  # dependents made before it, in their creation order
+                    for dependent, pos in waiting:
+                        dependent._deps[pos] = c
+                        c._dependents.append(dependent)
             deps = c._deps
             for d in n._deps:
-                cd = out[d.index]
-                deps.append(cd)
-                cd._dependents.append(c)
+                j = d.index
+                if j < i:
+                    cd = out[j]
+                    deps.append(cd)
+                    cd._dependents.append(c)
+                else:
+                    pending.setdefault(j, []).append((c, len(deps)))
+                    deps.append(c)  # a placeholder, replaced when node j is made
+        assert not pending, "every dependency is a node of the graph"
         return g
 
     def find_in_clone(self, original: Node) -> Node:
