@@ -100,8 +100,8 @@ def _no_pause() -> None:
 
 
 def _auto() -> bool:
-    """Whether automatic collection runs (on, with a nonzero first threshold)."""
-    return gc.isenabled() and gc.get_threshold()[0] != 0
+    """Whether automatic full collections run (on, thresholds not deferring the third)."""
+    return gc.isenabled() and gc.get_threshold()[0] != 0 and gc.get_threshold()[2] < (1 << 20)
 
 
 @pytest.fixture
@@ -116,15 +116,17 @@ def gc_on():
 
 
 def test_gc_pause_nested_and_error_safe(gc_on):
+    before = gc.get_threshold()
     with gcpause.paused():
         assert not _auto() and gc.isenabled()  # the program's switch is its own
+        assert gc.get_threshold()[:2] == before[:2]  # young collections still run
         with gcpause.paused():
             assert not _auto()
         assert not _auto()  # the inner end leaves the outer pause in force
-    assert _auto()
+    assert _auto() and gc.get_threshold() == before
     with pytest.raises(KeyError), gcpause.paused():
         raise KeyError("inside")
-    assert _auto()  # on again on the error path too
+    assert _auto() and gc.get_threshold() == before  # on the error path too
 
 
 def test_gc_pause_never_enables_a_collector_that_was_off(gc_on):
@@ -154,15 +156,21 @@ def test_gc_pause_keeps_what_the_program_changes_meanwhile(gc_on):
 
 
 def test_gc_building_lease_ends_when_building_stops(gc_on):
-    """Bulk building pauses the collector (a lease); once adds stop it is on again."""
+    """Bulk building defers full collections (a lease; young ones still run: program code runs
+    between the adds); once adds stop the thresholds are the program's again."""
+    before = gc.get_threshold()
     g = srt.Graph()
     for _ in range(gcpause.BULK + gcpause.DENSE * 2):
         g.add_empty_node()
-    assert gcpause._leased and not _auto()  # paused while it grows
+    assert gcpause._leased and not _auto()  # full collections wait while it grows
+    assert gc.get_threshold()[:2] == before[:2]  # young ones run
+    with gcpause.paused():  # a block inside the lease: still paused after it
+        pass
+    assert not _auto() and gcpause._leased
     deadline = time.monotonic() + 30
-    while not _auto() and time.monotonic() < deadline:
+    while gcpause._leased and time.monotonic() < deadline:
         time.sleep(gcpause.QUIET)
-    assert _auto()
+    assert gc.get_threshold() == before
     assert not gcpause._leased
 
 

@@ -1,23 +1,25 @@
-"""Pausing the cyclic garbage collector around bulk work that makes many long-lived objects.
+"""Pausing the cyclic garbage collector's full collections around bulk graph work.
 
 Building, capturing, cloning or instantiating a large graph makes a few objects per node that all
 survive: every full collection then walks all of them again, so with the collector on the
-per-node cost grows with the graph. A pause switches automatic collection off meanwhile: the
-first generation's threshold is 0 (CPython's own "no automatic collection"), and the switch
-``gc.enable``/``gc.disable`` is left to the program (``gc.collect`` still collects).
+per-node cost grows with the graph. A pause defers full collections (a third threshold no count
+reaches); young ones still run, on objects still in the caches (one big young collection of cold
+objects after a total pause cost more than it saved), and they still free the program's own
+garbage. The switch ``gc.enable``/``gc.disable`` stays the program's; ``gc.collect`` collects.
 
-State and invariants: ``_depth`` counts the pauses in progress (nested, any thread), under
-``_lock``; ``_owned`` holds the thresholds the outermost pause replaced (None when it replaced
-none: the collector was off, or automatic collection was already off), and only then does the
-end of the last pause put them back, unless the program set thresholds of its own meanwhile. A
-pause ends on every path, errors included (``paused`` is a context manager).
+- ``paused()``: a block (clone, instantiate).
+- the building lease (``building``): node-by-node building (``Graph._add``, explicit or captured)
+  has no end to hang a block on. A watcher thread ends the lease as soon as fewer than ``DENSE``
+  nodes were added in ``QUIET`` seconds; a new one starts only after ``BULK`` adds since the last
+  one ended.
 
-Building node by node (``Graph._add``, explicit or captured) has no end to hang a pause on, so
-it takes a *lease* (``building``): one pause that a watcher thread ends as soon as fewer than
-``DENSE`` nodes were added in ``QUIET`` seconds (the bulk stopped, or it is too slow for the
-collector to matter; automatic collection then runs as usual). ``_leased``: a lease is held;
-``_ticks`` counts adds (read by the watcher only to see change); a new lease starts only after
-``BULK`` adds since the last one ended, so a slow builder never runs long without collection.
+State and invariants, under ``_lock``: ``_depth`` counts the ``paused()`` blocks in progress
+(nested, any thread); ``_leased``: a lease is held; ``_ticks`` counts adds (the watcher only
+looks for change). ``_saved`` holds the program's thresholds while a pause is in force (None:
+none is, or the collector was off then and is left alone) and ``_last`` what was set: when no
+pause is left they are the program's again, unless the program set thresholds of its own
+meanwhile (those stay). A pause ends on every path, errors included (``paused`` is a context
+manager).
 """
 
 from __future__ import annotations
@@ -36,36 +38,50 @@ QUIET = 0.05
 
 _lock = threading.Lock()
 _depth = 0
-_owned: tuple[int, ...] | None = None
 _leased = False
 _ticks = 0
 _next = 0  # _ticks from which a new lease may start
+_saved: tuple[int, int, int] | None = None
+_last: tuple[int, int, int] | None = None
+_NO_FULL = 1 << 30  # a third threshold no count reaches: full collections wait
+
+
+def _update() -> None:
+    """Set the thresholds for the pauses in force (under ``_lock``)."""
+    global _saved, _last
+    active = bool(_depth) or _leased
+    if _saved is None:
+        if not active:
+            return
+        cur = gc.get_threshold()
+        if not gc.isenabled() or cur[0] == 0:
+            return  # automatic collection is off already: nothing to pause
+        _saved = _last = cur
+    if gc.get_threshold() != _last:  # the program set thresholds meanwhile: they stay
+        _saved = _last = None
+        return
+    want = (*_saved[:2], _NO_FULL) if active else _saved
+    gc.set_threshold(*want)
+    _last = want
+    if not active:
+        _saved = _last = None
 
 
 def pause() -> None:
-    """Begin a pause (nested-safe); each call needs one :func:`resume`."""
-    global _depth, _owned
+    """Begin a ``paused()`` block (nested-safe); each call needs one :func:`resume`."""
+    global _depth
     with _lock:
-        if _depth == 0:
-            was = gc.get_threshold()
-            _owned = None
-            if gc.isenabled() and was[0]:
-                _owned = was
-                gc.set_threshold(0, *was[1:])
         _depth += 1
+        _update()
 
 
 def resume() -> None:
-    """End a pause; the last one puts the thresholds the first one replaced back."""
-    global _depth, _owned
+    """End a ``paused()`` block; the thresholds follow what is still in force."""
+    global _depth
     with _lock:
         assert _depth > 0, "resume() without pause()"
         _depth -= 1
-        if _depth == 0 and _owned is not None:
-            now = gc.get_threshold()
-            if now[0] == 0:  # else the program set thresholds of its own: they stay
-                gc.set_threshold(_owned[0], *now[1:])
-            _owned = None
+        _update()
 
 
 class paused:  # noqa: N801 - used like a function: ``with paused():``
@@ -91,39 +107,40 @@ def building() -> None:
         if _leased:
             return
         _leased = True
-    pause()
+        _update()
     try:
         threading.Thread(target=_watch, name="streamrt-gc-lease", daemon=True).start()
     except RuntimeError:  # no thread (at exit, or out of threads): no lease, nothing else
-        with _lock:
-            _leased = False
-        resume()
+        _end_lease()
+
+
+def _end_lease() -> None:
+    global _leased, _next
+    with _lock:
+        _leased = False
+        _next = _ticks + BULK
+        _update()
 
 
 def _watch() -> None:
-    """The lease's watcher: ends the pause once adds slow down below ``DENSE`` per ``QUIET``."""
-    global _leased, _next
+    """The lease's watcher: ends it once adds slow down below ``DENSE`` per ``QUIET``."""
     seen = _ticks
     while True:
         time.sleep(QUIET)
-        with _lock:
-            now = _ticks
-            if now - seen < DENSE:
-                _leased = False
-                _next = now + BULK
-                break
-            seen = now
-    resume()
+        now = _ticks
+        if now - seen < DENSE:
+            break
+        seen = now
+    _end_lease()
 
 
 def _after_fork() -> None:
     """A forked child has none of the parent's threads: no pause of theirs (nor the lease's
     watcher) will ever end there, so the child starts with none in force."""
-    global _lock, _depth, _owned, _leased, _next
+    global _lock, _depth, _leased, _next
     _lock = threading.Lock()
-    owned, _depth, _owned, _leased, _next = _owned, 0, None, False, _ticks
-    if owned is not None and gc.get_threshold()[0] == 0:
-        gc.set_threshold(owned[0], *gc.get_threshold()[1:])
+    _depth, _leased, _next = 0, False, _ticks
+    _update()
 
 
 os.register_at_fork(after_in_child=_after_fork)
