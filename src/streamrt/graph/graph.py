@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import instrument
-from ..device import Device, range_of
+from ..device import Device, current_device, range_of
 from ..errors import InvalidAddressError, InvalidTypeError, InvalidValueError
 from ..event import Event
 from ..kernel import Kernel, dim3
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from .exec import GraphExec
 
 _ids = itertools.count(1)
+_ONE_GRID, _ONE_BLOCK = dim3(1, "grid"), dim3(1, "block")
 MEMORY = (NodeType.MEM_ALLOC, NodeType.MEM_FREE)
 EVENTS = (NodeType.WAIT_EVENT, NodeType.EVENT_RECORD)
 MARKED = frozenset((*MEMORY, *EVENTS, NodeType.GRAPH))  # the kinds ``Graph._marks`` lists
@@ -58,15 +59,24 @@ class Graph:
 
     # -- building ---------------------------------------------------------------------------
     def _add(self, type: NodeType, params: dict[str, Any], deps: Any) -> Node:
-        dep_nodes = self._as_nodes(deps, "deps")
+        cls = deps.__class__
+        if (cls is list or cls is tuple) and len(deps) <= 1 and (
+                not deps or (deps[0].__class__ is Node and deps[0].graph is self)):
+            dep_nodes: Any = deps  # the usual call (none, or one node of this graph): checked
+        elif cls is Node and deps.graph is self:
+            dep_nodes = (deps,)
+        else:  # duplicates collapse to one edge
+            dep_nodes = dict.fromkeys(self._as_nodes(deps, "deps"))
         if type is NodeType.MEM_FREE and params["alloc"] in self._freed:
             raise InvalidValueError(f"{params['alloc']!r} is already freed by a node of {self!r}")
         node = Node(self, type, len(self._nodes), params)
         if instrument.listeners:  # the sanitizer names a node by where it was made
             node.site = instrument.user_site()
-        for d in dict.fromkeys(dep_nodes):  # duplicates collapse to one edge
-            node._deps.append(d)
-            d._dependents.append(node)
+        if dep_nodes:
+            own = node._deps
+            for d in dep_nodes:
+                own.append(d)
+                d._dependents.append(node)
         self._nodes.append(node)
         if type in MARKED:
             self._marks.append(node.index)
@@ -96,8 +106,11 @@ class Graph:
         """Add a KERNEL node (``cudaGraphAddKernelNode``)."""
         if not isinstance(kernel, Kernel):
             raise InvalidTypeError(f"a kernel node needs an @srt.kernel, not {type(kernel).__name__}")
-        params = {"kernel": kernel, "args": tuple(args), "grid": dim3(grid, "grid"),
-                  "block": dim3(block, "block"), "device": Device()}
+        # the default launch shape without a lookup (dim3 caches the same objects)
+        params = {"kernel": kernel, "args": args,
+                  "grid": _ONE_GRID if grid.__class__ is int and grid == 1 else dim3(grid, "grid"),
+                  "block": _ONE_BLOCK if block.__class__ is int and block == 1 else
+                  dim3(block, "block"), "device": current_device()}
         return self._add(NodeType.KERNEL, params, deps)
 
     def add_memcpy_node(self, dst: Any, src: Any, nbytes: int, deps: Any = ()) -> Node:
