@@ -50,21 +50,27 @@ def build(nodes: int, ptr: int, memory: bool = False) -> srt.Graph:
 
 
 def _sample(s: srt.Stream, ptr: int, nodes: int, copies: int, memory: bool = False,
-            building: bool = True) -> float:
+            building: bool = True, phases: list | None = None) -> float:
     """Microseconds per node: build (timed if ``building``), instantiate and upload ``copies``
-    graphs of ``nodes`` nodes."""
+    graphs of ``nodes`` nodes; ``phases`` gets [build, instantiate, upload] per node."""
     gc.collect()
-    total = 0.0
+    spent = [0.0, 0.0, 0.0]
     for _ in range(copies):
         t0 = time.perf_counter()
         g = build(nodes, ptr, memory)
         t1 = time.perf_counter()
         ge = g.instantiate()
+        t2 = time.perf_counter()
         ge.upload(s)
-        total += time.perf_counter() - (t0 if building else t1)
+        t3 = time.perf_counter()
+        for i, dt in enumerate((t1 - t0, t2 - t1, t3 - t2)):
+            spent[i] += dt
         ge.destroy()
         del g, ge
-    return total / (nodes * copies) * 1e6
+    per = [x / (nodes * copies) * 1e6 for x in spent]
+    if phases is not None:
+        phases.append(per)
+    return sum(per) if building else per[1] + per[2]
 
 
 def _traced(s: srt.Stream, ptr: int, nodes: int, memory: bool) -> float:
@@ -96,10 +102,11 @@ def run(quick: bool = False) -> dict:
     s = srt.Stream(non_blocking=True)
     p = srt.malloc(512)
     t: dict[str, list[float]] = {"small": [], "big": [], "plain": [], "mem": []}
+    phases: dict[str, list] = {"small": [], "big": []}
     _sample(s, p, small, 2)  # warm: kernels, contexts, first allocations
     for _ in range(rounds):
-        t["small"].append(_sample(s, p, small, copies))
-        t["big"].append(_sample(s, p, big, 1))
+        t["small"].append(_sample(s, p, small, copies, phases=phases["small"]))
+        t["big"].append(_sample(s, p, big, 1, phases=phases["big"]))
         t["plain"].append(_sample(s, p, mem_n, 1, building=False))
         t["mem"].append(_sample(s, p, mem_n, 1, memory=True, building=False))
     traced = smoke_size(20_000, 200)
@@ -113,7 +120,10 @@ def run(quick: bool = False) -> dict:
     mib_r = mib[True] / mib[False]
     extra = f" (extrapolated: {_k(big)}, not 200k)" if big != 200_000 else ""
     extra_m = f" (extrapolated: {_k(mem_n)}, not 80k)" if mem_n != 80_000 else ""
-    res = {"us_per_node": med, "linear_ratio": lin_r, "memory_ratio": mem_r,
+    # per phase (build, instantiate, upload), medians: where a size costs more per node
+    split = {k: [statistics.median(ph[i] for ph in v) for i in range(3)] for k, v in phases.items()}
+    res = {"us_per_node": med, "phases_us_per_node": split, "linear_ratio": lin_r,
+           "memory_ratio": mem_r,
            "traced_mib": mib, "pass": lin_r <= 1.3 and mem_r <= 1.3 and mib_r <= 1.3}
     res["rows"] = [
         {"claim": f"build + instantiate + upload, per node: {_k(big)} nodes vs {_k(small)} "
@@ -140,6 +150,8 @@ def main() -> None:
     if args.json:
         print(json.dumps(r, default=str))
         return
+    for k, (b, i, u) in r["phases_us_per_node"].items():
+        print(f"  {k:5s} graphs, us/node: build {b:.2f}, instantiate {i:.2f}, upload {u:.2f}")
     for row in r["rows"]:
         print(f"  {row['claim']}\n    {row['ours']:.3g} vs {row['peer']:.3g} {row['unit']}: "
               f"{row['ratio']:.2f}x (target {row['target']}) {'PASS' if row['pass'] else 'FAIL'}")
