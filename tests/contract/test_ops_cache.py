@@ -332,3 +332,61 @@ def test_cache_keys_tuple_attrs_by_element_type(s, bad):
     np.testing.assert_allclose(out.numpy(s), a.sum((0, 1)), rtol=1e-5)
     assert c.stats()["hits"] == 1
     c.clear()
+
+
+def test_cache_stats_exact_under_threads(s):
+    """Counters are per-thread lists summed on read (no lock on the hit path): calls, reuses and
+    cache hits of many threads hitting at once, with resets of another thread, stay exact."""
+    c = ops.ExecutorCache()
+    threads, calls = 4, 300
+    start = threading.Barrier(threads)
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            ts = srt.Stream(non_blocking=True)
+            x, out = T(ts, rnd((4, 8))), T(ts, np.zeros((4, 8)))
+            start.wait()
+            for _ in range(calls):
+                ops.run(ops.add, x, x, out, stream=ts, cache=c)
+            ts.synchronize()
+            ts.destroy()
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    ops.stats(reset=True)
+    pool = [threading.Thread(target=worker) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join(timeout=120)
+    assert not errors
+    st = ops.stats()["add"]
+    # each thread plans once (a miss), then hits: every call counted once, every hit a reuse
+    assert st["calls"] == threads * calls and st["plans"] == threads
+    assert st["cache_hits"] == threads * (calls - 1) == st["reuses"]
+    assert c.stats()["hits"] == threads * (calls - 1) and c.stats()["misses"] == threads
+    assert ops.stats(reset=True)["add"]["calls"] == threads * calls
+    assert ops.stats()["add"]["calls"] == 0  # a reset zeroes what every thread counted
+
+
+def test_cache_hit_after_set_addr_in_place_still_checks_overlap(s):
+    """The overlap check is skipped only for the very addresses it last accepted: a repeatable
+    executor whose output is re-pointed (``_addrs`` changed in place) onto its input is refused."""
+    a = T(s, np.arange(64) % 5)
+    x = srt.Tensor(srt.TensorDesc((16,), F32), a.ptr)
+    out = srt.Tensor(srt.TensorDesc((16,), F32), a.ptr + 128)
+    size, ex = ops.cumsum.get_workspace_size(x, out, axis=0)
+    ex.set_repeatable()
+    ws = s.malloc(size) if size else None
+    try:
+        ops.cumsum(ws, size, ex, s)  # apart: accepted
+        ops.cumsum(ws, size, ex, s)  # the same addresses again: accepted
+        ex.set_output_addr(0, a.ptr + 4)  # now overlapping its input, not the same view
+        with pytest.raises(srt.ExecutorError, match="overlaps"):
+            ops.cumsum(ws, size, ex, s)
+    finally:
+        s.synchronize()
+        if ws is not None:
+            s.free(ws)
+        ex.destroy()

@@ -45,7 +45,7 @@ from ..errors import (
     InvalidTypeError,
     InvalidValueError,
 )
-from .graph import Graph, memcpy_params, memset_params
+from .graph import MEMORY, Graph, memcpy_params, memset_params
 from .memory import GraphAlloc, find
 from .node import NodeType
 from .refusals import (  # noqa: F401 (the capture API's names, importable from here)
@@ -198,7 +198,7 @@ class Capture:
         graph = ge._captured_graph()
         # the same rule as Graph.add_child_graph_node: graph memory cannot live in a child graph
         # (the outer exec would neither map it nor check its relaunch rules)
-        if any(n.type in (NodeType.MEM_ALLOC, NodeType.MEM_FREE) for n in graph._walk()):
+        if graph._marked(MEMORY):
             raise InvalidValueError(
                 "an executable graph with memory allocation or free nodes cannot be launched into "
                 "a capture (it would become a child graph)"

@@ -34,8 +34,9 @@ from ..pool import device_of
 from ..stream import Stream
 from ..validate import is_bool, is_int
 from . import memory
-from .compile import Compiled, compile_graph, topo
-from .graph import Graph, host_params, memcpy_params, memset_params
+from .compile import Compiled, compile_graph
+from .gcpause import paused
+from .graph import EVENTS, MEMORY, Graph, host_params, memcpy_params, memset_params
 from .node import Node, NodeType
 from .update import adopt, diff, kinds
 
@@ -53,21 +54,20 @@ class GraphExec:
         if not is_bool(auto_free_on_launch):
             raise InvalidTypeError("auto_free_on_launch must be a bool")
         self.auto_free_on_launch = bool(auto_free_on_launch)
-        gc_was = gc.isenabled()
-        gc.disable()  # cloning makes many long-lived objects: keep instantiate linear
-        try:
+        with paused():  # cloning makes many long-lived objects: keep instantiate linear
             self._template = graph.clone()
-            self._order = topo(self._template)
-        finally:
-            if gc_was:
-                gc.enable()
+        template = self._template
         # event nodes anywhere, child graphs included: they act at launch on the host, so a
         # child's waits and records must be found here, not by the child's own replay
-        self._event_nodes = [n for n in self._template._walk()
-                             if n.type in (NodeType.WAIT_EVENT, NodeType.EVENT_RECORD)]
-        # memory nodes, in topological order: launch bookkeeping walks only these, not the graph
-        self._mem_nodes = [n for n in self._order
-                           if n.type in (NodeType.MEM_ALLOC, NodeType.MEM_FREE)]
+        self._event_nodes = template._marked(EVENTS)
+        # memory nodes (top level only: child graphs refuse them), in topological order: launch
+        # bookkeeping walks only these, not the graph; the order (and the memory ancestry) is
+        # computed only for a graph that has some, the replay plan orders the rest at compile
+        mem = template._marked(MEMORY, nested=False)
+        self._mem_nodes: list[Node] = []
+        mem_anc: list[int] = []
+        if mem:
+            self._mem_nodes, mem_anc = memory.order(template._nodes, mem)
         self._disabled: set[int] = set()
         # compiled per stream (and instrumented or not), or per device: see DeviceImpl
         self._plans: dict[Any, Compiled] = {}
@@ -83,7 +83,7 @@ class GraphExec:
         self._last_box: list[tuple[Stream, int] | None] = [None]  # for the finalizer
         self._finalizer: weakref.finalize | None = None
         self.memory_footprint = 0
-        self._map_memory()
+        self._map_memory(mem, mem_anc)
         # made in the current device's context, as cudaGraphInstantiate: its reset destroys it,
         # launched there or not (an exec of memset nodes only named no device otherwise)
         current_device()._add_exec(self)
@@ -92,26 +92,21 @@ class GraphExec:
         return f"<GraphExec of {len(self._template._nodes)} nodes>"
 
     # -- graph memory --------------------------------------------------------------------------
-    def _map_memory(self) -> None:
-        order = self._order
-        alloc_nodes = [n for n in order if n.type is NodeType.MEM_ALLOC]
-        free_nodes = [n for n in order if n.type is NodeType.MEM_FREE]
-        if not alloc_nodes and not free_nodes:
+    def _map_memory(self, mem: list[Node], anc: list[int]) -> None:
+        """Check the memory nodes ``mem`` (creation order) and map their allocations; ``anc[i]``:
+        the memory nodes among node ``i``'s ancestors, a bitset by position in ``mem``."""
+        if not mem:
             return
-        bit = {n: 1 << i for i, n in enumerate(order)}
-        anc: dict[Node, int] = {}
-        for n in order:
-            acc = 0
-            for d in n._deps:
-                acc |= anc[d] | bit[d]
-            anc[n] = acc
+        bit = {id(n): 1 << i for i, n in enumerate(mem)}
+        alloc_nodes = [n for n in self._mem_nodes if n.type is NodeType.MEM_ALLOC]
+        free_nodes = [n for n in mem if n.type is NodeType.MEM_FREE]
         # one free node per allocation: Graph._add refuses a second
         freed = {f._params["alloc"]: f for f in free_nodes}
         by_device: dict[Any, list] = {}
         for n in alloc_nodes:
             a = n._params["alloc"]
             f = freed.get(a)
-            if f is not None and not anc[f] & bit[n]:
+            if f is not None and not anc[f.index] & bit[id(n)]:
                 raise InvalidValueError(f"{f!r} frees {a!r} but is not ordered after {n!r}")
             by_device.setdefault(a.device, []).append((a, n, f))
             self._allocs.append(a)

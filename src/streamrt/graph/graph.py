@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import instrument
-from ..device import Device, range_of
+from ..device import Device, current_device, range_of
 from ..errors import InvalidAddressError, InvalidTypeError, InvalidValueError
 from ..event import Event
 from ..kernel import Kernel, dim3
 from ..validate import as_path, check_byte, check_ptr, check_size, host_view, is_int
 from . import memory
+from .gcpause import BULK, building, paused
 from .memory import GraphAlloc
 from .node import Node, NodeType
 
@@ -26,6 +27,10 @@ if TYPE_CHECKING:
     from .exec import GraphExec
 
 _ids = itertools.count(1)
+_ONE_GRID, _ONE_BLOCK = dim3(1, "grid"), dim3(1, "block")
+MEMORY = (NodeType.MEM_ALLOC, NodeType.MEM_FREE)
+EVENTS = (NodeType.WAIT_EVENT, NodeType.EVENT_RECORD)
+MARKED = frozenset((*MEMORY, *EVENTS, NodeType.GRAPH))  # the kinds ``Graph._marks`` lists
 
 
 class Graph:
@@ -34,32 +39,51 @@ class Graph:
     def __init__(self) -> None:
         self.id = next(_ids)
         self._nodes: list[Node] = []
-        # id(original node) -> (original, clone node), for find_in_clone; holds the originals
-        self._origin: dict[int, tuple[Node, Node]] = {}
+        # for find_in_clone: the graphs this one is a clone of (its source, the source's sources)
+        # and how many nodes each had then; a clone keeps its node indices, and nodes are never
+        # removed, so an original node maps to the node of the same index here
+        self._sources: tuple[tuple[Graph, int], ...] = ()
         self._keep: list[Any] = []  # objects the graph's work needs alive (captured executors)
         self._slabs: dict[Any, Any] = {}  # device -> the range its next small MEM_ALLOC takes bytes of
         self._embedded = False  # a child graph node's own graph: no memory nodes may join it
         # allocations a MEM_FREE node of this graph frees: a second one is refused when added, as
         # cudaGraphAddMemFreeNode (and cudaFreeAsync in capture) does, not first at instantiate
         self._freed: set[GraphAlloc] = set()
+        # indices of the nodes that instantiate must find (events, memory, child graphs), in
+        # creation order: it walks these, not the whole graph (a node's type never changes to
+        # or from one of these kinds)
+        self._marks: list[int] = []
 
     def __repr__(self) -> str:
         return f"<Graph #{self.id} {len(self._nodes)} nodes>"
 
     # -- building ---------------------------------------------------------------------------
     def _add(self, type: NodeType, params: dict[str, Any], deps: Any) -> Node:
-        dep_nodes = self._as_nodes(deps, "deps")
+        cls = deps.__class__
+        if (cls is list or cls is tuple) and len(deps) <= 1 and (
+                not deps or (deps[0].__class__ is Node and deps[0].graph is self)):
+            dep_nodes: Any = deps  # the usual call (none, or one node of this graph): checked
+        elif cls is Node and deps.graph is self:
+            dep_nodes = (deps,)
+        else:  # duplicates collapse to one edge
+            dep_nodes = dict.fromkeys(self._as_nodes(deps, "deps"))
         if type is NodeType.MEM_FREE and params["alloc"] in self._freed:
             raise InvalidValueError(f"{params['alloc']!r} is already freed by a node of {self!r}")
         node = Node(self, type, len(self._nodes), params)
         if instrument.listeners:  # the sanitizer names a node by where it was made
             node.site = instrument.user_site()
-        for d in dict.fromkeys(dep_nodes):  # duplicates collapse to one edge
-            node._deps.append(d)
-            d._dependents.append(node)
+        if dep_nodes:
+            own = node._deps
+            for d in dep_nodes:
+                own.append(d)
+                d._dependents.append(node)
         self._nodes.append(node)
-        if type is NodeType.MEM_FREE:
-            self._freed.add(params["alloc"])
+        if type in MARKED:
+            self._marks.append(node.index)
+            if type is NodeType.MEM_FREE:
+                self._freed.add(params["alloc"])
+        if len(self._nodes) >= BULK:  # a large graph: no full collections while it grows
+            building()
         return node
 
     def _as_nodes(self, nodes: Any, what: str) -> list[Node]:
@@ -82,8 +106,11 @@ class Graph:
         """Add a KERNEL node (``cudaGraphAddKernelNode``)."""
         if not isinstance(kernel, Kernel):
             raise InvalidTypeError(f"a kernel node needs an @srt.kernel, not {type(kernel).__name__}")
-        params = {"kernel": kernel, "args": tuple(args), "grid": dim3(grid, "grid"),
-                  "block": dim3(block, "block"), "device": Device()}
+        # the default launch shape without a lookup (dim3 caches the same objects)
+        params = {"kernel": kernel, "args": args,
+                  "grid": _ONE_GRID if grid.__class__ is int and grid == 1 else dim3(grid, "grid"),
+                  "block": _ONE_BLOCK if block.__class__ is int and block == 1 else
+                  dim3(block, "block"), "device": current_device()}
         return self._add(NodeType.KERNEL, params, deps)
 
     def add_memcpy_node(self, dst: Any, src: Any, nbytes: int, deps: Any = ()) -> Node:
@@ -102,7 +129,7 @@ class Graph:
         """Add a GRAPH node; the child is cloned, as ``cudaGraphAddChildGraphNode`` does."""
         if not isinstance(child, Graph):
             raise InvalidTypeError(f"a child graph node needs a Graph, not {type(child).__name__}")
-        if any(n.type in (NodeType.MEM_ALLOC, NodeType.MEM_FREE) for n in child._walk()):
+        if child._marked(MEMORY):
             raise InvalidValueError("a child graph cannot contain memory allocation or free nodes")
         return self._add(NodeType.GRAPH, {"graph": child._embedded_clone()}, deps)
 
@@ -207,6 +234,19 @@ class Graph:
             if n.type is NodeType.GRAPH:
                 yield from n._params["graph"]._walk()
 
+    def _marked(self, types: tuple[NodeType, ...], *, nested: bool = True) -> list[Node]:
+        """The nodes of ``types`` in ``_walk`` order (child graphs' too, if ``nested``), found
+        through ``_marks`` (no walk of the whole graph)."""
+        out: list[Node] = []
+        nodes = self._nodes
+        for i in self._marks:
+            n = nodes[i]
+            if n.type in types:
+                out.append(n)
+            if nested and n.type is NodeType.GRAPH:
+                out += n._params["graph"]._marked(types)
+        return out
+
     # -- clone, DOT, instantiate -------------------------------------------------------------
     def _embedded_clone(self) -> Graph:
         """The clone a child graph node owns (``node.params["graph"]``)."""
@@ -222,36 +262,59 @@ class Graph:
 
     def clone(self) -> Graph:
         """A copy with the same nodes, params and edges (``cudaGraphClone``)."""
+        with paused():  # many long-lived objects at once (see gcpause)
+            return self._clone()
+
+    def _clone(self) -> Graph:
         g = Graph()
         g._keep = list(self._keep)
         g._freed = set(self._freed)
+        g._marks = list(self._marks)
+        g._sources = ((self, len(self._nodes)), *self._sources)
+        out = g._nodes
+        graph_type = NodeType.GRAPH
+        # one pass over the nodes (a second one over a graph larger than the caches costs as
+        # much again): an edge from a node not made yet (an added edge may point to a later
+        # node) waits in ``pending`` until it is. Dependents come out in creation order of the
+        # dependent, as every clone has made them (they are the topological order's ties)
+        pending: dict[int, list[tuple[Node, int]]] = {}
         for n in self._nodes:
-            params = dict(n._params)
-            if n.type is NodeType.GRAPH:
+            i = n.index
+            params = n._params
+            if n.type is graph_type:
+                params = dict(params)
                 params["graph"] = params["graph"]._embedded_clone()
-            c = Node(g, n.type, n.index, params)
+            # other params dicts are shared: a node's dict is never changed in place (see Node)
+            c = Node(g, n.type, i, params)
             c.site = n.site
-            g._nodes.append(c)
-            g._origin[id(n)] = (n, c)
-        for n in self._nodes:
-            c = g._nodes[n.index]
+            out.append(c)
+            if pending:
+                waiting = pending.pop(i, None)
+                if waiting is not None:  # dependents made before it, in their creation order
+                    for dependent, pos in waiting:
+                        dependent._deps[pos] = c
+                        c._dependents.append(dependent)
+            deps = c._deps
             for d in n._deps:
-                cd = g._nodes[d.index]
-                c._deps.append(cd)
-                cd._dependents.append(c)
-        # a clone of a clone still finds the first original's nodes
-        for key, (orig, node) in self._origin.items():
-            g._origin.setdefault(key, (orig, g._nodes[node.index]))
+                j = d.index
+                if j < i:
+                    cd = out[j]
+                    deps.append(cd)
+                    cd._dependents.append(c)
+                else:
+                    pending.setdefault(j, []).append((c, len(deps)))
+                    deps.append(c)  # a placeholder, replaced when node j is made
+        assert not pending, "every dependency is a node of the graph"
         return g
 
     def find_in_clone(self, original: Node) -> Node:
         """The node of this clone that copies ``original`` (``cudaGraphNodeFindInClone``)."""
         if not isinstance(original, Node):
             raise InvalidTypeError(f"find_in_clone needs a Node, not {type(original).__name__}")
-        entry = self._origin.get(id(original))
-        if entry is None or entry[0] is not original:
-            raise InvalidValueError(f"{original!r} is not an original node of {self!r}")
-        return entry[1]
+        for source, count in self._sources:
+            if original.graph is source and original.index < count:
+                return self._nodes[original.index]
+        raise InvalidValueError(f"{original!r} is not an original node of {self!r}")
 
     def to_dot(self, path: str | Path | None = None) -> str:
         """Graphviz text of the graph (``cudaGraphDebugDotPrint``); written to ``path`` if given."""

@@ -142,13 +142,44 @@ def _account(device: Device, delta: int) -> None:
     device._count_graph_memory(used=delta)
 
 
-def pack(allocs: list[tuple[GraphAlloc, Node, Node | None]], ancestors: dict[Node, int],
-         bit: dict[Node, int]) -> tuple[dict[Range, int], int]:
+def order(nodes: list[Node], mem: list[Node]) -> tuple[list[Node], list[int]]:
+    """The memory nodes ``mem`` of a graph of ``nodes`` (both in creation order) in topological
+    order, and each node's memory-node ancestors: ``anc[node.index]``, a bitset by position in
+    ``mem``.
+
+    One pass of Kahn's algorithm, ties by creation order (as the replay plan orders nodes): the
+    same order every instantiate of the graph takes. The bitsets hold memory nodes only, so they
+    cost O(edges x memory nodes / 64) words, not the square of the graph (DESIGN.md §6)."""
+    count = len(nodes)
+    own = [0] * count  # a memory node's own bit
+    for i, n in enumerate(mem):
+        own[n.index] = 1 << i
+    anc = [0] * count
+    npred = [len(n._deps) for n in nodes]
+    ready = [n for n in nodes if not n._deps]
+    for n in ready:  # the list grows while it is walked: FIFO, as Kahn's queue
+        i = n.index
+        reach = anc[i] | own[i]
+        for d in n._dependents:
+            j = d.index
+            if reach:
+                anc[j] |= reach
+            npred[j] -= 1
+            if not npred[j]:
+                ready.append(d)
+    if len(ready) != count:  # the builder refuses cycles: an invariant, checked as before
+        raise InvalidValueError("the graph has a cycle")
+    return [n for n in ready if own[n.index]], anc
+
+
+def pack(allocs: list[tuple[GraphAlloc, Node, Node | None]], ancestors: list[int],
+         bit: dict[int, int]) -> tuple[dict[Range, int], int]:
     """First-fit offsets of the allocations' ranges such that ranges whose lifetimes may overlap
     never share bytes.
 
     ``allocs`` lists (allocation, alloc node, free node or None) in topological order of the
-    alloc nodes; ``ancestors[n]`` is a bitset of n's ancestors, ``bit[n]`` n's own bit.
+    alloc nodes; ``ancestors[n.index]`` is a bitset of n's memory-node ancestors, ``bit[id(n)]``
+    a memory node's own bit (see :func:`order`).
     """
     lives: dict[Range, list[tuple[Node, Node | None]]] = {}  # in order of first alloc
     for a, anode, fnode in allocs:
@@ -156,8 +187,8 @@ def pack(allocs: list[tuple[GraphAlloc, Node, Node | None]], ancestors: dict[Nod
 
     def disjoint(x: list[tuple[Node, Node | None]], y: list[tuple[Node, Node | None]]) -> bool:
         # one's free happens before the other's alloc, for every member of each
-        return all((yf is not None and ancestors[xa] & bit[yf])
-                   or (xf is not None and ancestors[ya] & bit[xf])
+        return all((yf is not None and ancestors[xa.index] & bit[id(yf)])
+                   or (xf is not None and ancestors[ya.index] & bit[id(xf)])
                    for xa, xf in x for ya, yf in y)
 
     placed: list[tuple[int, Range]] = []

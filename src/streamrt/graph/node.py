@@ -29,7 +29,10 @@ class NodeType(Enum):
 
 
 class Node:
-    """One node of a :class:`Graph`; edges are kept on both ends, in creation order."""
+    """One node of a :class:`Graph`; edges are kept on both ends, in creation order.
+
+    A node's ``_params`` dict is never changed in place, only replaced (``set_*_node_params``,
+    exec update): clones share it (``Graph.clone``)."""
 
     __slots__ = ("graph", "type", "index", "_params", "_deps", "_dependents", "site",
                  "__weakref__")

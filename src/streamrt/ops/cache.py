@@ -95,16 +95,18 @@ class ExecutorCache:
             return st
 
     def _get(self, key: Any) -> Executor | None:
-        """The calling thread's executor for ``key`` (most recently used now), or None."""
+        """The calling thread's executor for ``key`` (most recently used now), or None; an
+        unhashable key raises TypeError before anything is counted."""
         try:
             st = self._local.store
         except AttributeError:
             st = self._store()
-        ex = st.entries.get(key)
+        entries = st.entries
+        ex = entries.get(key)
         if ex is None:
             st.c[1] += 1
             return None
-        st.entries.move_to_end(key)
+        entries.move_to_end(key)
         st.c[0] += 1
         return ex
 

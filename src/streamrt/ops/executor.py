@@ -94,7 +94,8 @@ class Executor:
 
     __slots__ = (
         "op", "op_name", "device", "impl", "tiling", "descs", "n_inputs", "_ws", "_fn",
-        "_addrs", "_repeatable", "_state", "_ran", "_owner", "_runs", "_ins", "_outs", "__weakref__",
+        "_addrs", "_repeatable", "_state", "_ran", "_owner", "_runs", "_ins", "_outs", "_checked", "_counts",
+        "__weakref__",
     )
 
     def __init__(
@@ -117,6 +118,10 @@ class Executor:
         self._ran = False
         self._owner = threading.current_thread()
         self._runs = 0
+        # the owner thread's counters of the op: only the owner runs an executor (phase 2 checks
+        # it; ops.run's cache is per thread), so they are added to without a lock (see OpStats)
+        self._counts = op._stats.counters()
+        self._checked: list | None = None  # the addresses the overlap check last accepted
         # (slot, first byte, end byte, metadata) of each input and output holding elements
         spans = [(i, d._boff, d._boff + d._extent * d.itemsize, d.key)
                  for i, d in enumerate(descs) if d is not None and d.numel]
@@ -209,15 +214,19 @@ class Executor:
 
     # -- phase 2 internals ---------------------------------------------------------------------
     def _enqueue(self, stream: Stream, workspace: int | None) -> None:
-        """The whole phase-2 enqueue: only stream methods, addresses passed by value."""
+        """The whole phase-2 enqueue: only stream methods, addresses passed by value (the
+        cache-hit path of ``ops.run`` calls ``_fn`` as this does, without the extra call)."""
         self._fn(stream, workspace, self._addrs)
 
     def _check_overlap(self) -> None:
         """Refuse an output sharing memory with an input unless it is that very view (in place):
         kernels that read an input after writing part of the output (a scan's blocks, a norm's
         weights) gave silently wrong results. Conservative on byte ranges, as PyTorch's
-        partial-overlap check; addresses change per run (cache hits, set_*_addr): checked here."""
+        partial-overlap check; addresses change per run (cache hits, set_*_addr): checked here,
+        whenever they differ from the last addresses checked (the spans are fixed at phase 1)."""
         addrs, ins = self._addrs, self._ins
+        if addrs == self._checked:
+            return
         for o, lo, hi, key in self._outs:
             a = addrs[o]
             lo += a
@@ -229,11 +238,12 @@ class Executor:
                         f"ops.{self.op_name}: output {o - self.n_inputs} overlaps input {i} "
                         "without being the same view; only an exact in-place alias is allowed",
                         PARAM_INVALID)
+        self._checked = addrs[:]  # a copy: set_*_addr changes ``_addrs`` in place
 
     def _launch(self, stream: Stream, workspace: int | None, hit: bool = False) -> None:
         """Enqueue, count (``hit``: a cache hit), and queue a one-shot executor's release."""
-        self._check_overlap()
-        st = self.op._stats
+        if self._addrs != self._checked:  # else the check passed for these very addresses
+            self._check_overlap()
         try:
             self._enqueue(stream, workspace)
         except BaseException:
@@ -243,12 +253,12 @@ class Executor:
             raise
         self._ran = True
         self._runs += 1
-        with st.lock:
-            st.calls += 1
-            if self._runs > 1:
-                st.reuses += 1
-            if hit:
-                st.cache_hits += 1
+        c = self._counts  # calls, reuses, cache hits (see OpStats)
+        c[0] += 1
+        if self._runs > 1:
+            c[1] += 1
+        if hit:
+            c[2] += 1
         if not self._repeatable:
             self._state = CONSUMED
             # captured: the graph (and every clone and exec of it) owns the executor; it is

@@ -273,10 +273,8 @@ def _check_workspace(name: str, ws: Any, size: int, ex: Executor) -> None:
 def stats(*, reset: bool = False) -> dict[str, Any]:
     """Per op: calls, plans, cache hits, reuses, workspace histogram; plus ``live_executors``."""
     out: dict[str, Any] = {}
+    reset = check_bool(reset, "ops.stats reset")
     for name, op in OPS.items():
-        out[name] = op._stats.snapshot()
-        if check_bool(reset, "ops.stats reset"):
-            with op._stats.lock:
-                op._stats.reset()
+        out[name] = op._stats.snapshot(reset=reset)
     out["live_executors"] = live_executors()
     return out

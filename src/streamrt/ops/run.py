@@ -12,11 +12,15 @@ before the error propagates.
 
 The hit path is kept lean: the key is a tuple of precomputed per-tensor ids (see
 ``TensorDesc._kid``), and the checks that phase 2 makes on a caller's arguments are not needed
-for a workspace this function allocated itself.
+for a workspace this function allocated itself. The hit of the usual call (a stream, tensors
+without None) is inlined in ``run``: one key, one lookup in the thread's store, the enqueue, the
+counters (per thread, no lock: see ``OpStats``); the overlap check runs whenever the addresses
+differ from those it last accepted. Everything else takes ``_run``, the general path.
 """
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -63,28 +67,89 @@ def _exact(v: Any) -> Any:
     return _typed(v) if cls is tuple else v
 
 
+_tkey = attrgetter("_key")  # a Tensor's cache-key part (AttributeError for None or a non-Tensor)
+_tptr = attrgetter("_ptr")
+
+
+def _attrs_key(attrs: dict) -> tuple:
+    """The attributes as a key part: each name with its value's class and exact value."""
+    parts = []
+    for k, v in attrs.items():
+        cls = v.__class__
+        if cls is float:  # the usual attribute: equal keys only for identical values, as
+            # _exact; a float equal to itself and nonzero is that already (-0.0 == 0.0, nan !=
+            # nan: those two cases key by their digits)
+            parts.append((k, cls, v if v == v and v != 0.0 else v.hex()))
+        elif cls is int or cls is bool or cls is str:
+            parts.append((k, cls, v))
+        else:
+            parts.append((k, cls, _exact(v)))
+    return tuple(parts)
+
+
 def _key(op: Op, tensors: tuple, attrs: dict) -> tuple | None:
-    """The cache key, or None when the call cannot be cached (a bad tensor, an unhashable attr)."""
+    """The cache key, or None when the call cannot be cached (a bad tensor). An unhashable
+    attribute makes a key that the lookup refuses (TypeError): not cached either."""
     try:
-        tk = tuple([t._key for t in tensors])
+        tk = tuple(map(_tkey, tensors))
     except AttributeError:  # None (optional input) or not a Tensor
         try:
             tk = tuple([None if t is None else t._key for t in tensors])
         except AttributeError:
             return None  # phase 1 will say what is wrong
-    if attrs:
-        key = (op, op.version, tk, tuple([(k, v.__class__, _exact(v)) for k, v in attrs.items()]))
-        try:
-            hash(key)
-        except TypeError:
-            return None
-        return key
-    return (op, op.version, tk)
+    if not attrs:
+        return (op, op.version, tk)
+    return (op, op.version, tk, _attrs_key(attrs))
 
 
 def run(op: Any, *tensors: Any, stream: Stream | None = None, sync: bool = False,
         cache: ExecutorCache | None = None, **attrs: Any) -> None:
     """Plan (or hit ``cache``), allocate the workspace, execute, free it, release the executor."""
+    if cache is not None and sync is False and cache.__class__ is ExecutorCache:
+        s = current_stream() if stream is None else stream
+        try:  # the key as _key makes it
+            st = cache._local.store
+            key = (op, op.version, tuple(map(_tkey, tensors)), _attrs_key(attrs)) if attrs \
+                else (op, op.version, tuple(map(_tkey, tensors)))
+            ex = st.entries.get(key)
+        except (AttributeError, TypeError):  # no store yet, an op name, a None or non-Tensor,
+            pass  # an unhashable attribute: the general path
+        else:
+            if ex is not None and s.__class__ is Stream and ex.device is s.device:
+                entries = st.entries
+                # the hit of the usual call (a stream, no None tensor): what the general path
+                # does for it, inlined, without what it cannot need. A cached
+                # executor is repeatable and this thread's (the cache is per thread), and is
+                # never released here; a failure frees the workspace (stream-ordered)
+                entries.move_to_end(key)
+                st.c[0] += 1
+                ex._addrs = addrs = list(map(_tptr, tensors))  # same metadata: no None slot
+                size = ex._ws
+                ws = s.malloc(size) if size else None
+                try:
+                    if addrs != ex._checked:  # else the check passed for these very addresses
+                        ex._check_overlap()
+                    ex._fn(s, ws, addrs)  # type: ignore[misc] # the whole enqueue (_enqueue)
+                except BaseException:
+                    if ws is not None:
+                        s.free(ws)
+                    raise
+                ex._ran = True
+                ex._runs = runs = ex._runs + 1
+                c = ex._counts  # counted as Executor._launch counts a run
+                c[0] += 1
+                if runs > 1:
+                    c[1] += 1
+                c[2] += 1
+                if ws is not None:
+                    s.free(ws)
+                return
+    _run(op, tensors, stream, sync, cache, attrs)
+
+
+def _run(op: Any, tensors: tuple, stream: Stream | None, sync: bool,
+         cache: ExecutorCache | None, attrs: dict) -> None:
+    """``run``'s general path."""
     if not isinstance(op, Op):
         op = _resolve(op)
     s = current_stream() if stream is None else stream
@@ -103,15 +168,21 @@ def run(op: Any, *tensors: Any, stream: Stream | None = None, sync: bool = False
                                 f"{type(cache).__name__}", PARAM_INVALID)
         key = _key(op, tensors, attrs)
         if key is not None:
-            ex = cache._get(key)
+            try:
+                ex = cache._get(key)
+            except TypeError:  # an unhashable attribute: this call is not cached
+                key = None
             if ex is not None:  # same metadata, so the same slots are None; a freed tensor's
                 # key (-1) never matches, so every other address is a live tensor's
-                ex._addrs = [None if t is None else t._ptr for t in tensors]
+                try:
+                    ex._addrs = list(map(_tptr, tensors))
+                except AttributeError:
+                    ex._addrs = [None if t is None else t._ptr for t in tensors]
                 cached = hit = True
     if ex is None:
         ex = op._make(tensors, attrs)  # phase 1; raises before creating anything
         if key is not None:
-            cached = cache._put(key, ex)
+            cached = cache._put(key, ex)  # type: ignore[union-attr]
     ws = None
     try:
         if ex.device is not s.device:

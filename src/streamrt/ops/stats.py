@@ -49,21 +49,50 @@ def bucket(nbytes: int) -> int:
 
 
 class OpStats:
-    """Counters of one operator (updated under ``lock``: ops run on many threads)."""
+    """Counters of one operator; ops run on many threads, and the counts stay exact.
 
-    __slots__ = ("calls", "plans", "cache_hits", "reuses", "hist", "lock")
+    ``calls``, ``reuses`` and ``cache_hits`` are counted on the run path without a lock: each
+    thread adds to its own list (``counters()``, one per thread, kept in ``_lists``), and only
+    that thread ever writes it, so no increment is lost; a read sums the lists. A reset never
+    writes another thread's list either: it moves ``_base`` (the sums at the reset), which reads
+    subtract. Plans and the histogram are counted under ``lock`` (phase 1 is not the hot path).
+    """
+
+    __slots__ = ("plans", "hist", "lock", "_local", "_lists", "_base")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.reset()
+        self._local = threading.local()
+        self._lists: list[list[int]] = []  # [calls, reuses, cache_hits] of each thread
+        self._base = [0, 0, 0]
+        self.plans = 0
+        self.hist: dict[int, int] = {}
+
+    def counters(self) -> list[int]:
+        """The calling thread's ``[calls, reuses, cache_hits]``: only this thread adds to it."""
+        try:
+            return self._local.c  # type: ignore[no-any-return]
+        except AttributeError:
+            c = self._local.c = [0, 0, 0]
+            with self.lock:
+                self._lists.append(c)
+            return c
+
+    def _sums(self) -> list[int]:
+        """[calls, reuses, cache_hits] since the last reset."""
+        lists, base = self._lists, self._base
+        return [sum(c[i] for c in lists) - base[i] for i in range(3)]
 
     def reset(self) -> None:
         """Zero every counter."""
-        self.calls = 0
+        with self.lock:
+            self._reset()
+
+    def _reset(self) -> None:
+        lists = self._lists
+        self._base = [sum(c[i] for c in lists) for i in range(3)]
         self.plans = 0
-        self.cache_hits = 0
-        self.reuses = 0
-        self.hist: dict[int, int] = {}
+        self.hist = {}
 
     def planned(self, ex: Executor) -> None:
         """Count one phase-1 plan and log it when logging is on."""
@@ -77,13 +106,32 @@ class OpStats:
             logger.info("plan %s shapes=[%s] dtype=%s impl=%s workspace=%d bytes",
                         ex.op_name, shapes, dtypes, ex.impl, ex._ws)
 
-    def snapshot(self) -> dict[str, Any]:
-        """The counters as a dict (a copy)."""
+    def snapshot(self, *, reset: bool = False) -> dict[str, Any]:
+        """The counters as a dict (a copy); ``reset``: zero them in the same step."""
         with self.lock:
-            return {
-                "calls": self.calls, "plans": self.plans, "cache_hits": self.cache_hits,
-                "reuses": self.reuses, "workspace_hist": dict(sorted(self.hist.items())),
+            calls, reuses, hits = self._sums()
+            out = {
+                "calls": calls, "plans": self.plans, "cache_hits": hits,
+                "reuses": reuses, "workspace_hist": dict(sorted(self.hist.items())),
             }
+            if reset:
+                self._reset()
+        return out
+
+    @property
+    def calls(self) -> int:
+        """Phase-2 runs counted."""
+        return self._sums()[0]
+
+    @property
+    def reuses(self) -> int:
+        """Runs of an executor after its first."""
+        return self._sums()[1]
+
+    @property
+    def cache_hits(self) -> int:
+        """``ops.run`` calls served by an executor cache."""
+        return self._sums()[2]
 
 
 if env_flag("STREAMRT_OPS_LOG"):
