@@ -201,10 +201,12 @@ class GraphExec:
     def _launch_on(self, stream: Stream) -> None:
         """The launch itself: one operation of ``stream``."""
         with self._lock:
-            if self._mem_nodes:
-                self._check_memory()
+            mem_nodes = self._mem_nodes
+            if mem_nodes:
+                memory.check_launch(mem_nodes, self._allocs, self.auto_free_on_launch)
             plan = self._plan(stream)  # may refuse too (memory a node uses is gone)
-            auto_freed = self._auto_free() if self._allocs else []  # nothing can refuse now
+            # nothing can refuse the launch now
+            auto_freed = memory.auto_free(self._allocs) if self.auto_free_on_launch else []
             last = self._last
             if last is not None and last[0] is not stream:
                 other, pos, clock = last
@@ -216,7 +218,8 @@ class GraphExec:
             op = plan.runner.op_launch(stream._q)
             extra = None
             if plan.mem:  # an instrumented plan of a graph with memory
-                extra = {instrument.GRAPH_MEMORY: self._memory_events(plan, auto_freed)}
+                extra = {instrument.GRAPH_MEMORY: memory.launch_events(mem_nodes, plan.mem,
+                                                                       auto_freed)}
             label = self._label
             if label is None:  # a launch's label names its size; updates keep the topology
                 label = self._label = f"graph launch ({len(self._template._nodes)} nodes)"
@@ -224,14 +227,8 @@ class GraphExec:
             for n in self._event_nodes:
                 if n.type is NodeType.EVENT_RECORD:
                     stream.record(n._params["event"])
-            for n in self._mem_nodes:
-                t = n.type
-                if t is NodeType.MEM_ALLOC:
-                    a = n._params["alloc"]
-                    a.live = True
-                    memory._account(a.device, a.size)
-                elif t is NodeType.MEM_FREE:
-                    memory.freed(n._params["alloc"], stream, stream._pos)
+            if mem_nodes:
+                memory.launched(mem_nodes, stream)
             snap = stream._snapshot()  # position and clock of one moment (see Stream._snapshot)
             self._last = (stream, snap[stream.id], snap)
             self._last_box[0] = self._last[:2]
@@ -255,18 +252,6 @@ class GraphExec:
         return (stream, self._plans, gen, impl.memory_generation, op, append, q,
                 stream._clock.copy, stream.id)
 
-    def _memory_events(self, plan: Any, auto_freed: list[Any]) -> tuple:
-        """What this launch does to graph memory, for the sanitizer: ``auto_freed``, the
-        allocations the previous launch left live, are freed as it starts
-        (``auto_free_on_launch``), then each memory node acts where it lies in the DAG."""
-        auto = [("auto-free", a.ptr, a.nbytes, -1, 0, "") for a in auto_freed]
-        nodes = []
-        for n in self._mem_nodes:
-            a = n._params["alloc"]
-            what = "alloc" if n.type is NodeType.MEM_ALLOC else "free"
-            nodes.append((what, a.ptr, a.nbytes, *plan.mem[id(n)]))
-        return (*auto, *nodes)
-
     def _check(self, stream: Any) -> None:
         if self._destroyed:
             raise InvalidHandleError(f"{self!r} was destroyed")
@@ -281,34 +266,6 @@ class GraphExec:
                 event._check_recordable(stream)
             else:
                 event._check_alive()
-
-    def _check_memory(self) -> None:
-        """Refuse a launch that would reuse live graph memory."""
-        mine = {id(a) for a in self._allocs}
-        for n in self._mem_nodes:
-            if n.type is NodeType.MEM_ALLOC:
-                a = n._params["alloc"]
-                if a.live and not self.auto_free_on_launch:
-                    raise InvalidValueError(
-                        f"{a!r} from the previous launch was never freed: free it (s.free) or "
-                        "instantiate with auto_free_on_launch=True"
-                    )
-            elif n.type is NodeType.MEM_FREE:
-                a = n._params["alloc"]
-                if id(a) not in mine and not a.live:
-                    raise InvalidValueError(f"{n!r} frees {a!r}, which is not live")
-
-    def _auto_free(self) -> list[Any]:
-        """The allocations the previous launch left live, which ``auto_free_on_launch`` frees as
-        this one starts (the sanitizer ends their generation)."""
-        freed = []
-        if self.auto_free_on_launch:
-            for a in self._allocs:
-                if a.live:
-                    a.live = False
-                    memory._account(a.device, -a.size)
-                    freed.append(a)
-        return freed
 
     def upload(self, stream: Stream) -> None:
         """Prepare the replay plan for ``stream`` ahead of the first launch (``cudaGraphUpload``)."""

@@ -41,6 +41,7 @@ from ..errors import (
 )
 from ..pool.arena import ALIGN
 from ..sync import sync_listeners
+from .node import NodeType
 
 if TYPE_CHECKING:
     from ..device import Device
@@ -140,6 +141,59 @@ def freed(a: GraphAlloc, stream: Any, pos: int) -> None:
 
 def _account(device: Device, delta: int) -> None:
     device._count_graph_memory(used=delta)
+
+
+# -- a launch's graph memory, in its order: checked, auto-freed, reported, then acted on --------
+def check_launch(mem_nodes: list[Node], allocs: list[GraphAlloc], auto_free: bool) -> None:
+    """Refuse a launch that would reuse live graph memory, or free memory that is not live."""
+    mine = {id(a) for a in allocs}
+    for n in mem_nodes:
+        a = n._params["alloc"]
+        if n.type is NodeType.MEM_ALLOC:
+            if a.live and not auto_free:
+                raise InvalidValueError(
+                    f"{a!r} from the previous launch was never freed: free it (s.free) or "
+                    "instantiate with auto_free_on_launch=True"
+                )
+        elif id(a) not in mine and not a.live:
+            raise InvalidValueError(f"{n!r} frees {a!r}, which is not live")
+
+
+def auto_free(allocs: list[GraphAlloc]) -> list[GraphAlloc]:
+    """Free the allocations the previous launch left live (``auto_free_on_launch``, as the next
+    launch starts); returns them (the sanitizer ends their generation)."""
+    freed = []
+    for a in allocs:
+        if a.live:
+            a.live = False
+            _account(a.device, -a.size)
+            freed.append(a)
+    return freed
+
+
+def launch_events(mem_nodes: list[Node], where: dict[int, Any], auto_freed: list[GraphAlloc]
+                  ) -> tuple:
+    """What a launch does to graph memory, for the sanitizer: ``auto_freed`` are freed as it
+    starts, then each memory node acts where it lies in the DAG (``where``: the plan's
+    position of each node, by id)."""
+    auto = [("auto-free", a.ptr, a.nbytes, -1, 0, "") for a in auto_freed]
+    nodes = []
+    for n in mem_nodes:
+        a = n._params["alloc"]
+        what = "alloc" if n.type is NodeType.MEM_ALLOC else "free"
+        nodes.append((what, a.ptr, a.nbytes, *where[id(n)]))
+    return (*auto, *nodes)
+
+
+def launched(mem_nodes: list[Node], stream: Any) -> None:
+    """After a launch is enqueued: its allocations are live, its frees stream-ordered frees."""
+    for n in mem_nodes:
+        a = n._params["alloc"]
+        if n.type is NodeType.MEM_ALLOC:
+            a.live = True
+            _account(a.device, a.size)
+        elif n.type is NodeType.MEM_FREE:
+            freed(a, stream, stream._pos)
 
 
 def order(nodes: list[Node], mem: list[Node]) -> tuple[list[Node], list[int]]:
