@@ -143,6 +143,44 @@ def transformer_trace(
     return ops
 
 
+def streams_trace(
+    n_allocs: int = 20000,
+    *,
+    seed: int = 0,
+    streams: int = 4,
+    lo: int = 512,
+    hi: int = 4 * MiB,
+    target_live: int = 48,
+    lifo: float = 0.8,
+    cross: float = 0.2,
+) -> list[tuple]:
+    """The mixed-size trace over ``streams`` streams: each step one stream, drawn at random,
+    allocates or frees (its live set random-walks around ``target_live / streams``; 80% of its
+    frees release its newest block, the rest a random one of its own); ``cross`` of the frees
+    are made on another stream (``(FREE, id, stream)``: the replay orders that stream after the
+    owner with an event first, as a correct program must)."""
+    rng = np.random.default_rng(seed)
+    sizes = np.exp(rng.uniform(math.log(lo), math.log(hi), n_allocs)).astype(np.int64)
+    per = max(1, target_live // streams)
+    ops: list[tuple] = []
+    live: list[list[int]] = [[] for _ in range(streams)]
+    nxt = 0
+    while nxt < n_allocs or any(live):
+        i = int(rng.integers(streams))
+        mine = live[i]
+        p_alloc = 0.6 if len(mine) < per else 0.4
+        if nxt < n_allocs and (not mine or rng.random() < p_alloc):
+            ops.append((ALLOC, nxt, int(sizes[nxt]), i))
+            mine.append(nxt)
+            nxt += 1
+        elif mine:
+            r = rng.random()
+            k = len(mine) - 1 if r < lifo else int(rng.integers(len(mine)))
+            via = i if rng.random() >= cross else int((i + 1 + rng.integers(streams - 1)) % streams)
+            ops.append((FREE, mine.pop(k), via))
+    return ops
+
+
 TRACES = {"mixed": mixed_trace, "transformer": transformer_trace}
 
 
@@ -162,21 +200,33 @@ def peak_live(ops: list[tuple], align: int = 1) -> int:
 
 
 def replay(ops: list[tuple], *, release_threshold: int = 0) -> dict:
-    """Replay ``ops`` on one non-blocking stream against a fresh pool; return its figures."""
-    s = srt.Stream(non_blocking=True)
+    """Replay ``ops`` against a fresh pool, on one non-blocking stream or on as many as the ops
+    name (an op's last field); return its figures."""
+    n = 1 + max((op[3] if op[0] == ALLOC else op[2]) for op in ops if op[0] != SYNC and len(op) > 2
+                and (op[0] == FREE or len(op) > 3)) if any(
+        len(op) > 3 or (op[0] == FREE and len(op) > 2) for op in ops) else 1
+    ss = [srt.Stream(non_blocking=True) for _ in range(n)]
     pool = srt.MemPool(release_threshold=release_threshold)
     ptrs: dict[int, int] = {}
-    malloc, free, sync = s.malloc, s.free, s.synchronize
+    owner: dict[int, int] = {}
     t0 = time.perf_counter()
     for op in ops:
         kind = op[0]
         if kind == ALLOC:
-            ptrs[op[1]] = malloc(op[2], pool)
+            i = op[3] if len(op) > 3 else 0
+            ptrs[op[1]] = ss[i].malloc(op[2], pool)
+            owner[op[1]] = i
         elif kind == FREE:
-            free(ptrs.pop(op[1]))
+            i = owner.pop(op[1])
+            via = op[2] if len(op) > 2 else i
+            if via != i:  # the freeing stream follows the owner's work
+                ss[via].wait(ss[i].record())
+            ss[via].free(ptrs.pop(op[1]))
         else:
-            sync()
-    sync()
+            for s in ss:
+                s.synchronize()
+    for s in ss:
+        s.synchronize()
     elapsed = time.perf_counter() - t0
     assert not ptrs
     st = pool.stats()

@@ -186,7 +186,8 @@ class ArenaPool(MemPool):
         else:
             block, step = reuse.find(self, stream, size, nbytes)
         if block.size > size:
-            if size <= SMALL_REQUEST:  # small: the high end (see arena.landing)
+            high = self._arena.place_high(block, size, size <= SMALL_REQUEST)
+            if high:
                 rest = block
                 block = split(self._blocks, rest, rest.size - size)
             else:

@@ -5,10 +5,12 @@ State and invariants:
 - ``bins``: size -> FIFO queue of blocks (oldest first: best fit's tie-break); ``sizes``: the
   sorted keys of ``bins`` (a plain list: best fit is a ``bisect``, a new or emptied size one
   ``insort``/``del``). An entry is *valid* while its block's ``fl`` is this list and its size is
-  the bin's; removing a block from the middle of a bin only clears ``fl`` (the entry goes stale
-  and is dropped when a search reaches it, or by a compaction once stale entries outnumber the
-  blocks), so every change is O(log n) whatever the bin's length. A bin may hold only stale
-  entries until a search passes over it.
+  the bin's. Removing a block from the front or the back of a bin, or from a short bin, drops
+  its entry; from the middle of a long bin it only clears ``fl`` (the entry goes stale and is
+  dropped when a search reaches it, or by a compaction once stale entries outnumber the blocks),
+  so every change is O(log n) whatever the bin's length. (A block that comes back to such a bin
+  before its stale entry is dropped is found at the older entry: a tie-break among equal sizes
+  only.) A bin may hold only stale entries until a search passes over it.
 - ``count``: the valid blocks; ``big``: those of at least ``big_min`` bytes (the ready list's:
   the only blocks that can hold a whole granule, what a release looks at).
 - ``order`` (pending lists only): ``(pos, block)`` in non-decreasing ``pos`` (frees come in
@@ -92,6 +94,10 @@ class FreeList:
             if not lst:
                 del self.bins[size]
                 del self.sizes[bisect_left(self.sizes, size)]
+        elif lst[-1] is b:
+            lst.pop()
+        elif len(lst) <= 16:  # a short bin: removed at once (a stale entry could come back valid
+            lst.remove(b)  # if b returned to this bin, and make it look older than it is)
         else:
             self.stale += 1
             if self.stale > self.count + 64:
