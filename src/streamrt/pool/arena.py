@@ -110,24 +110,10 @@ class Arena:
         return all(g in self.mapped for g in range(first, b.addr + b.size - base, gr))
 
     def mappable(self, b: Block, size: int) -> bool:
-        """Whether an allocation of ``size`` placed in ``b`` (see ``place_high``) can map what it
-        lands on under the limit (a block over unmapped granules is usable only if it can)."""
+        """Whether an allocation of ``size`` placed in ``b`` can map what it lands on under the
+        limit (a block over unmapped granules is usable only if it can)."""
         off = b.addr - self.base
-        end = off + b.size
-        if len(self.missing(end - size, end)) < len(self.missing(off, off + size)):
-            return self.fits(end - size, end)
-        return self.fits(off, off + size)
-
-    def place_high(self, b: Block, size: int, prefer: bool) -> bool:
-        """Whether an allocation of ``size`` in free block ``b`` takes its high end: the end that
-        lands on fewer unmapped granules (reserved memory is mapped memory: an allocation that
-        can stay on mapped granules does), else ``prefer``."""
-        if not self.holes:
-            return prefer
-        off = b.addr - self.base
-        end = off + b.size
-        hi, lo = len(self.missing(end - size, end)), len(self.missing(off, off + size))
-        return prefer if hi == lo else hi < lo
+        return self.fits(*landing(off, off + b.size, size))
 
     def fits(self, lo: int, hi: int) -> bool:
         """Whether the unmapped granules under offsets ``[lo, hi)`` can be mapped under the limit."""

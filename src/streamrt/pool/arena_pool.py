@@ -186,8 +186,7 @@ class ArenaPool(MemPool):
         else:
             block, step = reuse.find(self, stream, size, nbytes)
         if block.size > size:
-            high = self._arena.place_high(block, size, size <= SMALL_REQUEST)
-            if high:
+            if size <= SMALL_REQUEST:  # small: the high end (see arena.landing)
                 rest = block
                 block = split(self._blocks, rest, rest.size - size)
             else:
