@@ -99,13 +99,12 @@ def _grow(pool: ArenaPool, a: Stream, size: int) -> Block | None:
     return b
 
 
-def _merge_for(pool: ArenaPool, a: Stream, size: int) -> Block | None:
-    """Before growing: merge the smallest run of adjacent blocks, each ready or freed on ``a``,
-    that fits ``size`` (the lowest such run among equals). Both kinds are usable by ``a`` (steps
-    1-2), so the merged block is tagged as freed on ``a`` (it must not become usable by other
-    streams). Free neighbours of one kind are coalesced, so a run of two or more holds a ready
-    block next to one freed on ``a``: the runs are found from ``pool._seams[a.id]``, without
-    looking at any other block."""
+def merge_run(pool: ArenaPool, a: Stream, size: int) -> list[Block] | None:
+    """The smallest run of two or more adjacent free blocks, each ready or freed on ``a``, that
+    fits ``size`` (the lowest such run among equals), or None. Free neighbours of one kind are
+    coalesced, so such a run holds a ready block next to one freed on ``a``: the runs are found
+    from ``pool._seams[a.id]`` (pruned of what no longer qualifies), without looking at any
+    other block."""
     seams = pool._seams.get(a.id)
     if not seams:
         return None
@@ -136,6 +135,14 @@ def _merge_for(pool: ArenaPool, a: Stream, size: int) -> Block | None:
             if total >= size and len(run) > 1 and (best is None or total < best_size):
                 best, best_size = list(run), total
             b = b.next
+    return best
+
+
+def _merge_for(pool: ArenaPool, a: Stream, size: int) -> Block | None:
+    """Before growing: merge :func:`merge_run` into one block for ``a``. Both kinds are usable by
+    ``a`` (steps 1-2), so the merged block is tagged as freed on ``a`` (it must not become usable
+    by other streams)."""
+    best = merge_run(pool, a, size)
     if best is None:
         return None
     arena = pool._arena
