@@ -49,7 +49,7 @@ from .arena import ALIGN, SMALL_REQUEST, Arena
 from .attrs import OPTIONS, MemPoolAttr
 from .attrs import parse as parse_attr
 from .block import Block, BlockList, coalesce, merged_dirty, settled_runs, split
-from .freelist import FreeList
+from .freelist import PendingList, ReadyList
 from .mempool import MemPool
 from .registry import _busy, _owners, _pools
 
@@ -71,8 +71,8 @@ class ArenaPool(MemPool):
         self._arena = Arena(self.device._impl, self.max_size)
         self._blocks = BlockList(self._arena.granule)  # live and free, in address order
         self._dirty: set[Block] = set()  # fast-path frees not yet merged with ready neighbours
-        self._ready = FreeList(big_min=self._arena.granule)
-        self._pending: dict[int, FreeList] = {}
+        self._ready = ReadyList(self._arena.granule)
+        self._pending: dict[int, PendingList] = {}
         self._pstream: dict[int, Stream] = {}  # stream id -> stream, for pending lists
         self._seams: dict[int, set[Block]] = {}
         self._used = self._used_high = 0
@@ -236,13 +236,15 @@ class ArenaPool(MemPool):
         sid = b.stream.id
         fl = self._pending.get(sid)
         if fl is None:
-            fl = self._pending[sid] = FreeList(ordered=True)
+            fl = self._pending[sid] = PendingList()
             self._pstream[sid] = b.stream
             _busy.add(self)  # work may still use its memory: not collectable until proven
         fl.add(b)
-        for nb in (p, n):
-            if nb is not None and nb.stream is None and not nb.live:
-                self._seam(sid, nb)
+        if (p is not None and p.stream is None and not p.live) or (
+                n is not None and n.stream is None and not n.live):
+            for nb in (p, n):
+                if nb is not None and nb.stream is None and not nb.live:
+                    self._seam(sid, nb)
 
     def _seam(self, sid: int, ready: Block) -> None:
         seams = self._seams.get(sid)
@@ -294,7 +296,7 @@ class ArenaPool(MemPool):
                         fl = self._pending.get(stream.id)
                         if fl is None:
                             self._insert_free(b)
-                        else:  # FreeList.add and track, inline
+                        else:  # PendingList.add, inline
                             b.fl = fl
                             size = b.size
                             lst = fl.bins.get(size)
@@ -423,7 +425,7 @@ class ArenaPool(MemPool):
         """A destroyed pool with nothing left: give its address range back."""
         self._arena.drop()
         self._blocks.clear()
-        self._ready = FreeList(big_min=self._arena.granule)
+        self._ready = ReadyList(self._arena.granule)
         self._seams.clear()
 
     def _reset(self) -> None:
@@ -435,7 +437,7 @@ class ArenaPool(MemPool):
             self._arena.forget()  # the device reset released the arena
             self._blocks.clear()
             self._dirty.clear()
-            self._ready = FreeList(big_min=self._arena.granule)
+            self._ready = ReadyList(self._arena.granule)
             self._pending.clear()
             self._pstream.clear()
             self._seams.clear()

@@ -123,8 +123,13 @@ class BlockList:
             nxt.prev = lo
         else:
             self.last = lo
-        del self.by_addr[hi.addr]
-        self._unindex(hi.addr)
+        addr = hi.addr
+        del self.by_addr[addr]
+        lst = self.starts[addr >> self.shift]
+        if len(lst) > 1:  # (_unindex's common case, inline)
+            lst.remove(addr)
+        else:
+            self._unindex(addr)
         hi.stream = None
 
     def holding(self, ptr: int) -> Block | None:

@@ -1,6 +1,7 @@
 """Free lists: best fit with exact-size bins, and the order in which pending frees are proven.
 
-A :class:`FreeList` holds free blocks (a pool's ready blocks, or those pending on one stream).
+A :class:`FreeList` holds free blocks: a :class:`ReadyList` a pool's ready blocks, a
+:class:`PendingList` those pending on one stream.
 State and invariants:
 - ``bins``: size -> FIFO queue of blocks (oldest first: best fit's tie-break); ``sizes``: the
   sorted keys of ``bins`` (a plain list: best fit is a ``bisect``, a new or emptied size one
@@ -11,9 +12,9 @@ State and invariants:
   so every change is O(log n) whatever the bin's length. (A block that comes back to such a bin
   before its stale entry is dropped is found at the older entry: a tie-break among equal sizes
   only.) A bin may hold only stale entries until a search passes over it.
-- ``count``: the valid blocks; ``big``: those of at least ``big_min`` bytes (the ready list's:
-  the only blocks that can hold a whole granule, what a release looks at).
-- ``order`` (pending lists only): ``(pos, block)`` in non-decreasing ``pos`` (frees come in
+- ``count``: the valid blocks; ``big`` (the ready list's): those of at least ``big_min`` bytes,
+  the only blocks that can hold a whole granule (what a release looks at).
+- ``order`` (a pending list's): ``(pos, block)`` in non-decreasing ``pos`` (frees come in
   stream order), and ``late`` a heap of the entries that came out of order (split remainders
   keep their free's position): a synchronize proving position ``host`` pops what lies at or
   below it, O(log n) per block proven. An entry is valid while its block is in this list at
@@ -32,7 +33,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .block import Block
 
-__all__ = ["FreeList"]
+__all__ = ["FreeList", "PendingList", "ReadyList"]
 
 _seq = itertools.count()  # heap tie-break: blocks do not compare
 
@@ -40,18 +41,13 @@ _seq = itertools.count()  # heap tie-break: blocks do not compare
 class FreeList:
     """Free blocks binned by exact size, with a sorted list of the sizes for best fit."""
 
-    __slots__ = ("bins", "sizes", "count", "stale", "big", "big_min", "ordered", "order", "late")
+    __slots__ = ("bins", "sizes", "count", "stale")
 
-    def __init__(self, big_min: int = 0, ordered: bool = False) -> None:
+    def __init__(self) -> None:
         self.bins: dict[int, deque[Block]] = {}
         self.sizes: list[int] = []
         self.count = 0
         self.stale = 0
-        self.big: set[Block] = set()
-        self.big_min = big_min
-        self.ordered = ordered
-        self.order: deque[tuple[int, Block]] = deque()
-        self.late: list[tuple[int, int, Block]] = []
 
     def add(self, b: Block) -> None:
         """Put free ``b`` into its bin (the newest of its size)."""
@@ -64,27 +60,9 @@ class FreeList:
         else:
             lst.append(b)
         self.count += 1
-        if self.big_min and size >= self.big_min:
-            self.big.add(b)
-        if self.ordered:  # track(b), its common case inline
-            order = self.order
-            if order and order[-1][0] > b.pos or len(order) >= 2 * self.count + 64:
-                self.track(b)
-            else:
-                order.append((b.pos, b))
-
-    def track(self, b: Block) -> None:
-        """Index pending ``b`` by its free's position (see ``proven``)."""
-        order, pos = self.order, b.pos
-        if not order or order[-1][0] <= pos:
-            order.append((pos, b))
-        else:
-            heappush(self.late, (pos, next(_seq), b))
-        if len(order) + len(self.late) > 2 * self.count + 64:
-            self._reorder()
 
     def remove(self, b: Block) -> None:
-        """Take ``b`` out (O(1): an entry in the middle of a bin goes stale)."""
+        """Take ``b`` out (O(1): an entry in the middle of a long bin goes stale)."""
         b.fl = None
         self.count -= 1
         size = b.size
@@ -102,8 +80,6 @@ class FreeList:
             self.stale += 1
             if self.stale > self.count + 64:
                 self._compact()
-        if self.big_min and size >= self.big_min:
-            self.big.discard(b)
 
     def _front(self, lst: deque[Block], size: int) -> Block | None:
         """The oldest valid block of a bin (stale entries before it are dropped)."""
@@ -134,6 +110,8 @@ class FreeList:
         while i < len(sizes):
             s = sizes[i]
             lst = bins[s]
+            if ok is None and lst and (b := lst[0]).fl is self and b.size == s:
+                return b  # (the common case of _pick, inline)
             b = self._pick(lst, s, ok)
             if b is not None:
                 return b
@@ -163,6 +141,79 @@ class FreeList:
         return list(dict.fromkeys(b for s, lst in self.bins.items() for b in lst
                                   if b.fl is self and b.size == s))
 
+    def _compact(self) -> None:
+        """Drop every stale entry (amortized O(1) per removal)."""
+        bins: dict[int, deque[Block]] = {}
+        for s, lst in self.bins.items():
+            keep = deque(dict.fromkeys(b for b in lst if b.fl is self and b.size == s))
+            if keep:
+                bins[s] = keep
+        self.bins = bins
+        self.sizes = sorted(bins)
+        self.stale = 0
+
+
+class ReadyList(FreeList):
+    """The ready blocks, with ``big``: those of at least ``big_min`` bytes."""
+
+    __slots__ = ("big", "big_min")
+
+    def __init__(self, big_min: int) -> None:
+        super().__init__()
+        self.big: set[Block] = set()
+        self.big_min = big_min
+
+    def add(self, b: Block) -> None:
+        """Put free ``b`` into its bin (the newest of its size)."""
+        FreeList.add(self, b)
+        if b.size >= self.big_min:
+            self.big.add(b)
+
+    def remove(self, b: Block) -> None:
+        """Take ``b`` out."""
+        FreeList.remove(self, b)
+        if b.size >= self.big_min:
+            self.big.discard(b)
+
+
+class PendingList(FreeList):
+    """The blocks pending on one stream, with ``order``/``late``: their frees' positions."""
+
+    __slots__ = ("order", "late")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.order: deque[tuple[int, Block]] = deque()
+        self.late: list[tuple[int, int, Block]] = []
+
+    def add(self, b: Block) -> None:
+        """Put free ``b`` into its bin and index its position (:meth:`track`'s common case
+        inline: frees come in position order)."""
+        b.fl = self
+        size = b.size
+        lst = self.bins.get(size)
+        if lst is None:
+            self.bins[size] = deque((b,))
+            insort(self.sizes, size)
+        else:
+            lst.append(b)
+        self.count += 1
+        order = self.order
+        if order and order[-1][0] > b.pos or len(order) >= 2 * self.count + 64:
+            self.track(b)
+        else:
+            order.append((b.pos, b))
+
+    def track(self, b: Block) -> None:
+        """Index pending ``b`` by its free's position (see ``proven``)."""
+        order, pos = self.order, b.pos
+        if not order or order[-1][0] <= pos:
+            order.append((pos, b))
+        else:
+            heappush(self.late, (pos, next(_seq), b))
+        if len(order) + len(self.late) > 2 * self.count + 64:
+            self._reorder()
+
     def proven(self, host: int) -> Iterator[Block]:
         """Take out and yield the pending blocks freed at or before position ``host``."""
         order, late = self.order, self.late
@@ -176,17 +227,6 @@ class FreeList:
             if b.fl is self and b.pos <= host:
                 self.remove(b)
                 yield b
-
-    def _compact(self) -> None:
-        """Drop every stale entry (amortized O(1) per removal)."""
-        bins: dict[int, deque[Block]] = {}
-        for s, lst in self.bins.items():
-            keep = deque(dict.fromkeys(b for b in lst if b.fl is self and b.size == s))
-            if keep:
-                bins[s] = keep
-        self.bins = bins
-        self.sizes = sorted(bins)
-        self.stale = 0
 
     def _reorder(self) -> None:
         """Rebuild the position index from the valid blocks (amortized O(log n) per free)."""
