@@ -110,11 +110,11 @@ class FreeList:
         while i < len(sizes):
             s = sizes[i]
             lst = bins[s]
-            if ok is None and lst and (b := lst[0]).fl is self and b.size == s:
-                return b  # (the common case of _pick, inline)
-            b = self._pick(lst, s, ok)
-            if b is not None:
-                return b
+            if ok is None and lst and (first := lst[0]).fl is self and first.size == s:
+                return first  # (the common case of _pick, inline)
+            found = self._pick(lst, s, ok)
+            if found is not None:
+                return found
             if lst:
                 i += 1
             else:  # only stale entries were left

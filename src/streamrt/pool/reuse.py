@@ -87,10 +87,10 @@ def _grow(pool: ArenaPool, a: Stream, size: int) -> Block | None:
     last = blocks.last
     extend = (last is not None and not last.live and last.addr + last.size == arena.base + arena.top
               and (last.stream is None or last.stream is a))
-    start = last.addr - arena.base if extend else arena.top
+    start = last.addr - arena.base if extend and last is not None else arena.top
     if not arena.extend(start, size):
         return None
-    if extend:
+    if extend and last is not None:
         pool._remove_free(last)
         last.size = arena.base + arena.top - last.addr
         return last
@@ -200,5 +200,5 @@ def _best_of(pool: ArenaPool, others: list, size: int, limit_of: Any) -> Block |
         if b is not None and (best is None or b.size < best.size):
             best = b
     if best is not None:
-        pool._pending[best.stream.id].remove(best)
+        best.fl.remove(best)
     return best
