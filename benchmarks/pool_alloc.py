@@ -148,33 +148,33 @@ def growth(counts: tuple[int, ...], k: int, rounds: int) -> dict[int, list[float
 
 
 def sync_cost(counts: tuple[int, ...], k: int, rounds: int) -> dict[int, list[float]]:
-    """µs per free + synchronize above the release threshold, per count of free blocks."""
-    pools = {}
-    for n in counts:
-        pool = srt.MemPool(release_threshold=0)  # every synchronize checks what to release
-        s = srt.Stream(non_blocking=True)
-        ptrs = [s.malloc(512, pool) for _ in range(2 * n + 2 * k * rounds + 2)]
-        for p in ptrs[1:2 * n:2]:
-            s.free(p)  # n free blocks, each between two live ones
-        s.synchronize()
-        pools[n] = (pool, s, ptrs[2 * n + 1::2])
+    """µs per free + synchronize above the release threshold, per count of free blocks; each
+    round builds its pool afresh (a synchronize reaches every pool of the process: the pool of
+    the other count must not be there)."""
 
     def one(n: int) -> Callable[[], float]:
-        pool, s, spare = pools[n]
-
         def run() -> float:
+            pool = srt.MemPool(release_threshold=0)  # every synchronize checks what to release
+            s = srt.Stream(non_blocking=True)
+            ptrs = [s.malloc(512, pool) for _ in range(2 * n + 2 * k + 2)]
+            for p in ptrs[1:2 * n:2]:
+                s.free(p)  # n free blocks, each between two live ones
+            s.synchronize()
+            spare = ptrs[2 * n + 1::2]
             t0 = time.perf_counter()
             for _ in range(k):
                 s.free(spare.pop())
                 s.synchronize()
-            return (time.perf_counter() - t0) / k * 1e6
+            dt = (time.perf_counter() - t0) / k * 1e6
+            assert pool.stats()["release_count"] == 0
+            for p in ptrs[0:2 * n:2] + ptrs[2 * n::2] + spare:
+                s.free(p)
+            s.synchronize()
+            pool.destroy()
+            return dt
         return run
 
-    got = interleaved({n: one(n) for n in counts}, rounds)
-    for pool, _s, _ in pools.values():
-        assert pool.stats()["release_count"] == 0
-        pool.destroy()
-    return got
+    return interleaved({n: one(n) for n in counts}, rounds)
 
 
 def _scale_row(claim: str, got: dict[int, list[float]], many: int, few: int) -> dict:

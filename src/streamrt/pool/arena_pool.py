@@ -180,10 +180,14 @@ class ArenaPool(MemPool):
         if self._dirty:
             self._settle()
         own = self._pending.get(stream.id)
-        block = own.take(size) if own is not None and own.count and not self._arena.holes else None
-        if block is not None:  # step 1, as reuse.find would take it, without its set-up
-            step = "reuse_same_stream"
-        else:
+        block = None
+        if own is not None and own.count and not self._arena.holes:
+            # step 1 as reuse.find would take it, without its set-up
+            block = own.best(size)
+            if block is not None:
+                own.remove(block)
+                step = "reuse_same_stream"
+        if block is None:
             block, step = reuse.find(self, stream, size, nbytes)
         if block.size > size:
             if size <= SMALL_REQUEST:  # small: the high end (see arena.landing)
@@ -197,7 +201,7 @@ class ArenaPool(MemPool):
                 self._arena.map_range(block.addr, block.size)
             except OutOfMemoryError:  # the device itself is full (max_size was checked)
                 block.live = False
-                self._insert_free(coalesce(self._blocks, block, self._remove_free))
+                self._insert_free(coalesce(self._blocks, block))
                 raise reuse.oom(self, nbytes, size) from None
         block.live = True
         block.stream = None
@@ -253,20 +257,14 @@ class ArenaPool(MemPool):
         else:
             seams.add(ready)
 
-    def _remove_free(self, b: Block) -> None:
-        if b.stream is None:
-            self._ready.remove(b)
-        else:
-            self._pending[b.stream.id].remove(b)
-
     def _settle(self) -> None:
         """Merge the blocks the fast free path left next to ready neighbours (before any
         decision that looks at block sizes: best fit, statistics, release)."""
         dirty, self._dirty = self._dirty, set()
         for b in sorted(dirty, key=lambda x: x.addr):  # address order: who absorbs a shared one
             if not b.live and b.stream is not None and self._blocks.get(b.addr) is b:
-                self._remove_free(b)
-                self._insert_free(coalesce(self._blocks, b, self._remove_free))
+                b.fl.remove(b)
+                self._insert_free(coalesce(self._blocks, b))
 
     # -- free -----------------------------------------------------------------------------------
     def _free(self, stream: Stream, ptr: int) -> None:
@@ -298,21 +296,18 @@ class ArenaPool(MemPool):
                             self._insert_free(b)
                         else:  # PendingList.add, inline
                             b.fl = fl
-                            size = b.size
-                            lst = fl.bins.get(size)
+                            lst = fl.bins.get(b.size)
                             if lst is None:
-                                fl.bins[size] = deque((b,))
-                                insort(fl.sizes, size)
+                                fl.bins[b.size] = deque((b,))
+                                insort(fl.sizes, b.size)
                             else:
                                 lst.append(b)
                             fl.count += 1
                             order = fl.order
-                            if order and order[-1][0] > b.pos:
-                                fl.track(b)
-                            else:
-                                order.append((b.pos, b))
-                                if len(order) > 2 * fl.count + 64:
-                                    fl._reorder()
+                            # in position order: no block of this list was freed after b
+                            order.append((b.pos, b))
+                            if len(order) > 2 * fl.count + 64:
+                                fl._reorder()
                         return
                     # a neighbour freed on this stream: coalesce now (the general path)
                     self._free_block(b, ptr, stream, stream._pos)
@@ -356,7 +351,7 @@ class ArenaPool(MemPool):
         b.clock = clock
         self._used -= b.size
         self._stats["free_count"] += 1
-        self._insert_free(coalesce(self._blocks, b, self._remove_free))
+        self._insert_free(coalesce(self._blocks, b))
 
     # -- lookups --------------------------------------------------------------------------------
     def _usable(self, ptr: int) -> int | None:
@@ -384,7 +379,7 @@ class ArenaPool(MemPool):
                 fl = self._pending[sid]
                 for b in fl.proven(self._pstream[sid]._host):  # O(log n) per block proven
                     b.stream = None
-                    self._insert_free(coalesce(self._blocks, b, self._remove_free))
+                    self._insert_free(coalesce(self._blocks, b))
                 if not fl.count:
                     del self._pending[sid], self._pstream[sid]
                     self._seams.pop(sid, None)

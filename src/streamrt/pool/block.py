@@ -17,7 +17,7 @@ so is every merge of free neighbours (:func:`coalesce`).
 from __future__ import annotations
 
 from bisect import bisect_right, insort
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from sortedcontainers import SortedList
@@ -174,9 +174,9 @@ def absorbs(b: Block, nb: Block) -> bool:
     return not nb.live and (nb.stream is None or nb.stream is b.stream)
 
 
-def coalesce(blocks: BlockList, b: Block, unindex: Callable[[Block], None]) -> Block:
+def coalesce(blocks: BlockList, b: Block) -> Block:
     """Merge ``b`` (free, in no free list) with the free neighbours it may absorb, each taken off
-    its free list by ``unindex``. Coalescing never loses ordering knowledge: a block freed on
+    its free list. Coalescing never loses ordering knowledge: a block freed on
     stream F takes ready neighbours and those freed on F (the whole stays pending on F at the
     later position: other streams lose nothing they could prove); a ready block takes ready
     neighbours. Repeated until no neighbour qualifies: a ready neighbour taken may have one
@@ -188,7 +188,7 @@ def coalesce(blocks: BlockList, b: Block, unindex: Callable[[Block], None]) -> B
             nb = b.next
             if nb is None or nb.live or (nb.stream is not None and nb.stream is not stream):
                 return b
-        unindex(nb)
+        nb.fl.remove(nb)
         lo, hi = (nb, b) if nb.addr < b.addr else (b, nb)
         # one stream: the later free's position and clock know more (ties: the lower block's)
         if lo.stream is None:

@@ -91,7 +91,7 @@ def _grow(pool: ArenaPool, a: Stream, size: int) -> Block | None:
     if not arena.extend(start, size):
         return None
     if extend and last is not None:
-        pool._remove_free(last)
+        last.fl.remove(last)
         last.size = arena.base + arena.top - last.addr
         return last
     b = Block(arena.base + start, arena.top - start)
@@ -151,7 +151,7 @@ def _merge_for(pool: ArenaPool, a: Stream, size: int) -> Block | None:
         return None  # it could not map what it would land on
     pieces = [(b.addr, b.size, b.stream, b.pos) for b in best]
     for b in best:
-        pool._remove_free(b)
+        b.fl.remove(b)
     lo = best[0]
     lo.pos = max((b.pos for b in best if b.stream is a), default=0)
     lo.stream = a
@@ -181,7 +181,7 @@ def _merge_for(pool: ArenaPool, a: Stream, size: int) -> Block | None:
     assert tail.addr + tail.size == end
     lo.live = True  # taken: the pieces must not coalesce back into it
     for r in created:
-        pool._insert_free(coalesce(pool._blocks, r, pool._remove_free))
+        pool._insert_free(coalesce(pool._blocks, r))
     return lo
 
 
