@@ -37,8 +37,6 @@ State and invariants (all guarded by ``_lock``):
 
 from __future__ import annotations
 
-from bisect import insort
-from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from .. import instrument, legacy
@@ -141,14 +139,17 @@ class ArenaPool(MemPool):
             lock.acquire()  # not ``with``: its enter/exit lookups double the cost of this path
             try:
                 fl = self._pending.get(stream.id)
-                lst = fl.bins.get(size) if fl is not None else None
-                if lst:  # fast path of step 1: an exact-size block freed on this stream
-                    b = lst[0]
-                    if b.fl is fl and b.size == size and (
+                if fl is not None:  # fast path of step 1: an exact-size block freed on this stream
+                    lst = fl.bins.get(size)
+                    b = lst[0] if lst else fl.newest  # (a binned one is older than the newest)
+                    if b is not None and b.fl is fl and b.size == size and (
                             not self._arena.holes or self._arena.fully_mapped(b)):
                         # (with unmapped granules in the arena, a block may need mapping first;
                         # a block left in _dirty is skipped by _settle once it is live)
-                        lst.popleft()
+                        if b is fl.newest:
+                            fl.newest = None
+                        else:
+                            lst.popleft()  # type: ignore[union-attr]
                         b.fl = None
                         fl.count -= 1
                         b.live = True
@@ -296,12 +297,9 @@ class ArenaPool(MemPool):
                             self._insert_free(b)
                         else:  # PendingList.add, inline
                             b.fl = fl
-                            lst = fl.bins.get(b.size)
-                            if lst is None:
-                                fl.bins[b.size] = deque((b,))
-                                insort(fl.sizes, b.size)
-                            else:
-                                lst.append(b)
+                            if fl.newest is not None:
+                                fl._bin(fl.newest)
+                            fl.newest = b
                             fl.count += 1
                             order = fl.order
                             # in position order: no block of this list was freed after b

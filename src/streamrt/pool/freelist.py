@@ -12,6 +12,10 @@ State and invariants:
   so every change is O(log n) whatever the bin's length. (A block that comes back to such a bin
   before its stale entry is dropped is found at the older entry: a tie-break among equal sizes
   only.) A bin may hold only stale entries until a search passes over it.
+- ``newest``: the block added last, kept out of the bins (the one before it goes into its bin
+  when another comes): a split's remainder and the block its free merges back are usually it,
+  so a split and a coalesce in a row touch no bin and no size index. Every bin entry is older
+  than it: best fit takes it only when it is strictly smaller than the best of the bins.
 - ``count``: the valid blocks; ``big`` (the ready list's): those of at least ``big_min`` bytes,
   the only blocks that can hold a whole granule (what a release looks at).
 - ``order`` (a pending list's): ``(pos, block)`` in non-decreasing ``pos`` (frees come in
@@ -41,30 +45,39 @@ _seq = itertools.count()  # heap tie-break: blocks do not compare
 class FreeList:
     """Free blocks binned by exact size, with a sorted list of the sizes for best fit."""
 
-    __slots__ = ("bins", "sizes", "count", "stale")
+    __slots__ = ("bins", "sizes", "count", "stale", "newest")
 
     def __init__(self) -> None:
         self.bins: dict[int, deque[Block]] = {}
         self.sizes: list[int] = []
         self.count = 0
         self.stale = 0
+        self.newest: Block | None = None
 
     def add(self, b: Block) -> None:
-        """Put free ``b`` into its bin (the newest of its size)."""
+        """Put free ``b`` into the list (the newest of all)."""
         b.fl = self
-        size = b.size
-        lst = self.bins.get(size)
+        if self.newest is not None:
+            self._bin(self.newest)
+        self.newest = b
+        self.count += 1
+
+    def _bin(self, b: Block) -> None:
+        """Put ``b`` at the back of its bin."""
+        lst = self.bins.get(b.size)
         if lst is None:
-            self.bins[size] = deque((b,))
-            insort(self.sizes, size)
+            self.bins[b.size] = deque((b,))
+            insort(self.sizes, b.size)
         else:
             lst.append(b)
-        self.count += 1
 
     def remove(self, b: Block) -> None:
         """Take ``b`` out (O(1): an entry in the middle of a long bin goes stale)."""
         b.fl = None
         self.count -= 1
+        if b is self.newest:
+            self.newest = None
+            return
         size = b.size
         lst = self.bins[size]
         if lst[0] is b:
@@ -105,6 +118,14 @@ class FreeList:
         it stays in the list."""
         if not self.count:
             return None
+        found = self._best_binned(size, ok) if self.sizes else None
+        v = self.newest
+        if v is not None and v.size >= size and (found is None or v.size < found.size) and (
+                ok is None or ok(v)):
+            return v
+        return found
+
+    def _best_binned(self, size: int, ok: Callable[[Block], bool] | None) -> Block | None:
         bins, sizes = self.bins, self.sizes
         i = bisect_left(sizes, size)
         while i < len(sizes):
@@ -131,15 +152,20 @@ class FreeList:
     def largest(self) -> int:
         """The size of the largest block (0: none)."""
         bins, sizes = self.bins, self.sizes
+        top = 0
         for s in reversed(sizes):
             if self._front(bins[s], s) is not None:
-                return s
-        return 0
+                top = s
+                break
+        return max(top, self.newest.size) if self.newest is not None else top
 
     def blocks(self) -> list[Block]:
         """Every block, once each."""
-        return list(dict.fromkeys(b for s, lst in self.bins.items() for b in lst
-                                  if b.fl is self and b.size == s))
+        found = dict.fromkeys(b for s, lst in self.bins.items() for b in lst
+                              if b.fl is self and b.size == s)
+        if self.newest is not None:
+            found[self.newest] = None
+        return list(found)
 
     def _compact(self) -> None:
         """Drop every stale entry (amortized O(1) per removal)."""
@@ -187,16 +213,12 @@ class PendingList(FreeList):
         self.late: list[tuple[int, int, Block]] = []
 
     def add(self, b: Block) -> None:
-        """Put free ``b`` into its bin and index its position (:meth:`track`'s common case
+        """Put free ``b`` into the list and index its position (:meth:`track`'s common case
         inline: frees come in position order)."""
         b.fl = self
-        size = b.size
-        lst = self.bins.get(size)
-        if lst is None:
-            self.bins[size] = deque((b,))
-            insort(self.sizes, size)
-        else:
-            lst.append(b)
+        if self.newest is not None:
+            self._bin(self.newest)
+        self.newest = b
         self.count += 1
         order = self.order
         if order and order[-1][0] > b.pos or len(order) >= 2 * self.count + 64:
