@@ -307,8 +307,21 @@ class ArenaPool(MemPool):
                             if len(order) > 2 * fl.count + 64:
                                 fl._reorder()
                         return
-                    # a neighbour freed on this stream: coalesce now (the general path)
-                    self._free_block(b, ptr, stream, stream._pos)
+                    # a neighbour freed on this stream: coalesce now (the general path;
+                    # _free_block, inline)
+                    if self._dirty:
+                        self._settle()
+                    del _owners[ptr]
+                    b.live = False
+                    b.stream = stream
+                    if instrument.listeners:
+                        b.clock = clock = stream._snapshot()
+                        b.pos = clock[stream.id]
+                    else:
+                        b.pos, b.clock = stream._pos, None
+                    self._used -= b.size
+                    self._stats["free_count"] += 1
+                    self._insert_free(coalesce(self._blocks, b))
                     return
             finally:
                 lock.release()

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Block", "BlockList", "coalesce", "split"]
 
+_new = object.__new__
+
 
 class Block:
     """A piece of an arena: live, pending (freed on ``stream`` at ``pos``) or ready."""
@@ -148,10 +150,12 @@ class BlockList:
 def split(blocks: BlockList, b: Block, size: int) -> Block:
     """Cut ``b`` after its first ``size`` bytes; returns the rest, a new block with b's tags."""
     addr = b.addr + size
-    rest = Block(addr, b.size - size)
-    rest.stream, rest.pos, rest.clock = b.stream, b.pos, b.clock
+    rest = _new(Block)  # every slot set here (Block.__init__ and link_after, inline: this is
+    rest.addr = addr  # the path of every allocation that splits)
+    rest.size = b.size - size
+    rest.live = False
+    rest.stream, rest.pos, rest.clock, rest.fl = b.stream, b.pos, b.clock, None
     b.size = size
-    # link_after(b, rest), inline: this is the path of every allocation that splits
     nxt = rest.next = b.next
     rest.prev = b
     b.next = rest
