@@ -31,8 +31,8 @@ State and invariants (all guarded by ``_lock``):
   the current value. The step counters move only once an allocation succeeded (no copy of
   them to restore); ``live_allocations`` is ``alloc_count - free_count``.
 - The release threshold is applied only at synchronize points, after promoting the frees the
-  synchronize proved (:meth:`ArenaPool._on_sync`); ``trim_to`` releases down to its argument,
-  whatever the threshold.
+  synchronize proved; ``trim_to`` releases down to its argument, whatever the threshold
+  (release.py).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from .. import instrument, legacy
 from ..device import Device
 from ..errors import InvalidAddressError, OutOfMemoryError
-from . import reuse
+from . import release, reuse
 from .arena import ALIGN, SMALL_REQUEST, Arena
 from .attrs import OPTIONS, MemPoolAttr
 from .attrs import parse as parse_attr
@@ -376,50 +376,20 @@ class ArenaPool(MemPool):
             end = b.addr + b.size if b is not None and b.live else ptr
             return end - ptr if end > ptr else None
 
-    # -- synchronize points, threshold, trim, destroy ---------------------------------------------
+    # -- synchronize points, threshold, trim, destroy (release.py) --------------------------------
     def _on_sync(self) -> None:
         """Promote the frees a host synchronize proved, then apply the release threshold."""
-        arena = self._arena
-        if not (self._pending or self._destroyed
-                or arena.reserved - arena.granule >= self._opts.release_threshold):
-            return  # nothing to promote or release (read without the lock: a hint)
-        with self._lock:
-            if self._dirty:
-                self._settle()
-            for sid in list(self._pending):
-                fl = self._pending[sid]
-                for b in fl.proven(self._pstream[sid]._host):  # O(log n) per block proven
-                    b.stream = None
-                    self._insert_free(coalesce(self._blocks, b))
-                if not fl.count:
-                    del self._pending[sid], self._pstream[sid]
-                    self._seams.pop(sid, None)
-            if not self._pending:
-                _busy.discard(self)
-            self._release(0 if self._destroyed else self._opts.release_threshold)
+        release.on_sync(self)
 
     def _release(self, keep: int) -> None:
         """Unmap granules of ready free blocks while ``reserved - granule >= keep``."""
         self._stats["release_count"] += self._arena.release(keep, self._ready.big)
 
     def _trim(self, keep: int) -> None:
-        with self._lock:
-            if self._dirty:
-                self._settle()
-            self._release(keep)
-        if instrument.listeners:  # the trace's reserved counter
-            instrument.notify("freed", None, self)
+        release.trim(self, keep)
 
     def _destroy(self) -> None:
-        with self._lock:
-            self._destroyed = True
-            self.device._forget_pool(self)
-            self._settle()
-            self._release(0)
-            if self._arena.base and self._idle():
-                self._drop_arena()
-        if instrument.listeners:
-            instrument.notify("freed", None, self)
+        release.destroy(self)
 
     def _idle(self) -> bool:
         """No live block and no free still pending on a stream: the arena can go."""
@@ -435,18 +405,4 @@ class ArenaPool(MemPool):
         self._seams.clear()
 
     def _reset(self) -> None:
-        with self._lock:
-            for b in self._blocks.values():
-                if b.live:
-                    _owners.pop(b.addr, None)
-                    self._gone += 1
-            self._arena.forget()  # the device reset released the arena
-            self._blocks.clear()
-            self._dirty.clear()
-            self._ready = ReadyList(self._arena.granule)
-            self._pending.clear()
-            self._pstream.clear()
-            self._seams.clear()
-            _busy.discard(self)
-            self._used = 0
-            self._destroyed = True
+        release.reset(self)
