@@ -188,3 +188,33 @@ def test_pool_merge_runs_match_a_scan_of_every_block(dev, seed):
     dev.synchronize()
     pool.destroy()
     assert checked, "no run to merge was ever found: the program does not reach that step"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_pool_block_lookup_matches_a_scan(dev, seed):
+    """The block list's index (exact starts, per-granule start lists, granules with starts) finds
+    the block holding any address, as a walk of the list in address order does."""
+    rng = random.Random(seed)
+    pool = srt.MemPool(dev, release_threshold=rng.choice([0, BIG]))
+    s = stream(dev)
+    live: list[int] = []
+    sizes = [512, 4096, 65536, 1 << 20, (1 << 20) + 512, 5 << 20]
+    for step in range(300):
+        if rng.random() < 0.55 or not live:
+            live.append(s.malloc(rng.choice(sizes), pool))
+        else:
+            s.free(live.pop(rng.randrange(len(live))))
+        if step % 50 == 49:
+            s.synchronize()
+            with pool._lock:
+                blocks = list(pool._blocks.values())
+                assert [b.addr for b in blocks] == sorted(b.addr for b in blocks)
+                assert all(x.addr + x.size == y.addr for x, y in zip(blocks, blocks[1:]))
+                lo, hi = blocks[0].addr, blocks[-1].addr + blocks[-1].size
+                for ptr in [rng.randrange(lo, hi) for _ in range(200)] + [b.addr for b in blocks]:
+                    want = next(b for b in blocks if b.addr <= ptr < b.addr + b.size)
+                    assert pool._blocks.holding(ptr) is want, hex(ptr)
+    for p in live:
+        s.free(p)
+    s.synchronize()
+    pool.destroy()

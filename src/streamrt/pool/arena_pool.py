@@ -302,10 +302,12 @@ class ArenaPool(MemPool):
                             fl.newest = b
                             fl.count += 1
                             order = fl.order
-                            # in position order: no block of this list was freed after b
-                            order.append((b.pos, b))
-                            if len(order) > 2 * fl.count + 64:
-                                fl._reorder()
+                            if order and order[-1][0] > b.pos:
+                                fl.track(b)
+                            else:  # the common case: frees come in stream order
+                                order.append((b.pos, b))
+                                if len(order) > 2 * fl.count + 64:
+                                    fl._reorder()
                         return
                     # a neighbour freed on this stream: coalesce now (the general path;
                     # _free_block, inline)
