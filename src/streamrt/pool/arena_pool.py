@@ -184,9 +184,16 @@ class ArenaPool(MemPool):
         block = None
         if own is not None and own.count and not self._arena.holes:
             # step 1 as reuse.find would take it, without its set-up
-            block = own.best(size)
+            v = own.newest
+            if not own.sizes and v is not None and v.size >= size:  # the only block
+                block = v
+                own.newest = v.fl = None
+                own.count -= 1
+            else:
+                block = own.best(size)
+                if block is not None:
+                    own.remove(block)
             if block is not None:
-                own.remove(block)
                 step = "reuse_same_stream"
         if block is None:
             block, step = reuse.find(self, stream, size, nbytes)
