@@ -68,6 +68,7 @@ class ArenaPool(MemPool):
         super().__init__(device, **options)
         self._arena = Arena(self.device._impl, self.max_size)
         self._blocks = BlockList(self._arena.granule)  # live and free, in address order
+        self._by_addr = self._blocks.by_addr  # (one dict for the pool's life: cleared in place)
         self._dirty: set[Block] = set()  # fast-path frees not yet merged with ready neighbours
         self._ready = ReadyList(self._arena.granule)
         self._pending: dict[int, PendingList] = {}
@@ -280,7 +281,7 @@ class ArenaPool(MemPool):
             lock = self._lock
             lock.acquire()  # see _malloc
             try:
-                b = self._blocks.by_addr.get(ptr)
+                b = self._by_addr.get(ptr)
                 if b is not None and b.live:
                     prev, nxt = b.prev, b.next
                     if ((prev is None or prev.live or prev.stream is not stream)
