@@ -305,17 +305,12 @@ class ArenaPool(MemPool):
                             self._insert_free(b)
                         else:  # PendingList.add, inline
                             b.fl = fl
-                            if fl.newest is not None:
-                                fl._bin(fl.newest)
+                            v = fl.newest
+                            if v is not None:
+                                fl._bin(v)
+                                fl.track(v)
                             fl.newest = b
                             fl.count += 1
-                            order = fl.order
-                            if order and order[-1][0] > b.pos:
-                                fl.track(b)
-                            else:  # the common case: frees come in stream order
-                                order.append((b.pos, b))
-                                if len(order) > 2 * fl.count + 64:
-                                    fl._reorder()
                         return
                     # a neighbour freed on this stream: coalesce now (the general path;
                     # _free_block, inline)

@@ -18,11 +18,13 @@ State and invariants:
   than it: best fit takes it only when it is strictly smaller than the best of the bins.
 - ``count``: the valid blocks; ``big`` (the ready list's): those of at least ``big_min`` bytes,
   the only blocks that can hold a whole granule (what a release looks at).
-- ``order`` (a pending list's): ``(pos, block)`` in non-decreasing ``pos`` (frees come in
-  stream order), and ``late`` a heap of the entries that came out of order (split remainders
-  keep their free's position): a synchronize proving position ``host`` pops what lies at or
-  below it, O(log n) per block proven. An entry is valid while its block is in this list at
-  that position (a merge moves a block to a later position with a new entry).
+- ``order`` (a pending list's): ``(pos, block)`` of its binned blocks, in non-decreasing
+  ``pos`` (frees come in stream order), and ``late`` a heap of the entries that came out of
+  order (split remainders keep their free's position): a synchronize proving position ``host``
+  pops what lies at or below it, O(log n) per block proven, and looks at ``newest`` apart (a
+  block gets its entry when it goes into a bin: one freed and taken again never has one). An
+  entry is valid while its block is in this list at or below that position (a merge moves a
+  block to a later position, with a new entry once binned).
 """
 
 from __future__ import annotations
@@ -213,18 +215,15 @@ class PendingList(FreeList):
         self.late: list[tuple[int, int, Block]] = []
 
     def add(self, b: Block) -> None:
-        """Put free ``b`` into the list and index its position (:meth:`track`'s common case
-        inline: frees come in position order)."""
+        """Put free ``b`` into the list (the newest of all); the block it displaces into the
+        bins is indexed by its position (the newest is looked at apart by ``proven``)."""
         b.fl = self
-        if self.newest is not None:
-            self._bin(self.newest)
+        v = self.newest
+        if v is not None:
+            self._bin(v)
+            self.track(v)
         self.newest = b
         self.count += 1
-        order = self.order
-        if order and order[-1][0] > b.pos or len(order) >= 2 * self.count + 64:
-            self.track(b)
-        else:
-            order.append((b.pos, b))
 
     def track(self, b: Block) -> None:
         """Index pending ``b`` by its free's position (see ``proven``)."""
@@ -245,10 +244,14 @@ class PendingList(FreeList):
             elif late and late[0][0] <= host:
                 pos, _, b = heappop(late)
             else:
-                return
+                break
             if b.fl is self and b.pos <= host:
                 self.remove(b)
                 yield b
+        v = self.newest
+        if v is not None and v.pos <= host:
+            self.remove(v)
+            yield v
 
     def _reorder(self) -> None:
         """Rebuild the position index from the valid blocks (amortized O(log n) per free)."""
