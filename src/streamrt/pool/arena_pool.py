@@ -263,8 +263,15 @@ class ArenaPool(MemPool):
         seams = self._seams.get(sid)
         if seams is None:
             self._seams[sid] = {ready}
-        else:
-            seams.add(ready)
+            return
+        seams.add(ready)
+        n = len(seams)
+        if n >= 64 and not n & (n - 1):  # at each power of two: drop what no longer qualifies
+            # (only growth on that stream looks at them: without this they would pile up)
+            rl = self._ready
+            seams -= {r for r in seams if r.fl is not rl or not any(
+                nb is not None and not nb.live and nb.stream is not None and nb.stream.id == sid
+                for nb in (r.prev, r.next))}
 
     def _settle(self) -> None:
         """Merge the blocks the fast free path left next to ready neighbours (before any
