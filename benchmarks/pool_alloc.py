@@ -13,7 +13,8 @@ machine's noise hits both alike); the range over the rounds is printed beside it
   another stream and the pool may not reuse them before a synchronize) with 10, 10k and 100k
   live 512 B blocks; the peer is the same at 10 live blocks (target: O(log n), a small factor);
 - synchronize above the release threshold: one free and a ``synchronize`` of its stream with
-  50k free blocks in the pool (each between two live ones: nothing can be released) vs with 10.
+  50k free blocks in the pool (each between two live ones: nothing can be released) vs with 10,
+  in pools of as many blocks.
 
 Targets: pairs <= 10x ``np.empty``; growth and synchronize at 100k / 50k blocks <= 2x the
 cost at 10.
@@ -148,26 +149,28 @@ def growth(counts: tuple[int, ...], k: int, rounds: int) -> dict[int, list[float
 
 
 def sync_cost(counts: tuple[int, ...], k: int, rounds: int) -> dict[int, list[float]]:
-    """µs per free + synchronize above the release threshold, per count of free blocks; each
-    round builds its pool afresh (a synchronize reaches every pool of the process: the pool of
-    the other count must not be there)."""
+    """µs per free + synchronize above the release threshold, per count of free blocks, in pools
+    of as many blocks (only how many are free differs); each round builds its pool afresh (a
+    synchronize reaches every pool of the process: the pool of the other count must not be
+    there)."""
+    total = max(counts)
 
     def one(n: int) -> Callable[[], float]:
         def run() -> float:
             pool = srt.MemPool(release_threshold=0)  # every synchronize checks what to release
             s = srt.Stream(non_blocking=True)
-            ptrs = [s.malloc(512, pool) for _ in range(2 * n + 2 * k + 2)]
+            ptrs = [s.malloc(512, pool) for _ in range(2 * total + 2 * k + 2)]
             for p in ptrs[1:2 * n:2]:
                 s.free(p)  # n free blocks, each between two live ones
             s.synchronize()
-            spare = ptrs[2 * n + 1::2]
+            spare = ptrs[2 * total + 1::2]
             t0 = time.perf_counter()
             for _ in range(k):
                 s.free(spare.pop())
                 s.synchronize()
             dt = (time.perf_counter() - t0) / k * 1e6
             assert pool.stats()["release_count"] == 0
-            for p in ptrs[0:2 * n:2] + ptrs[2 * n::2] + spare:
+            for p in ptrs[0:2 * n:2] + ptrs[2 * n:2 * total + 1] + ptrs[2 * total + 2::2] + spare:
                 s.free(p)
             s.synchronize()
             pool.destroy()
