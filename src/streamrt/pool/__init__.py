@@ -3,8 +3,10 @@
 - ``mempool.py``: ``MemPool``, the interface every kind implements and the factory that makes
   the kind a device calls for;
 - ``arena_pool.py``: ``ArenaPool``, the frontend's pool: blocks, frees, synchronize points;
-  ``arena.py`` (its address range and mapped granules), ``freelist.py`` (blocks, the block
-  list's splices, free lists), ``reuse.py`` (the reuse steps, functions over its state);
+  ``arena.py`` (its address range and mapped granules), ``block.py`` (blocks, the block list's
+  splices and index, coalescing), ``freelist.py`` (free lists: best fit, proof order),
+  ``reuse.py`` (the reuse steps) and ``release.py`` (synchronize, trim, destroy, reset),
+  functions over its state;
 - ``native.py``: ``NativePool``, on the backend's own pools (``cudaMemPool_t``);
 - ``attrs.py``: ``MemPoolAttr``, ``PoolOptions``, attribute parsing and properties;
 - ``registry.py``: which pool owns what (live pointers, arenas), the synchronize hook.

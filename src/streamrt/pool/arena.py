@@ -29,7 +29,7 @@ from . import registry
 
 if TYPE_CHECKING:
     from .arena_pool import ArenaPool
-    from .freelist import Block
+    from .block import Block
 
 ALIGN = 512  # every block size is a multiple of this, every address aligned to it
 GRANULE = 2 << 20  # physical memory is mapped into a pool's arena in granules of this size
@@ -140,14 +140,15 @@ class Arena:
             self.reserved_high = self.reserved
 
     def release(self, keep: int, ready: Iterable[Block]) -> int:
-        """Unmap mapped granules lying wholly inside the ``ready`` free blocks, from the top of
-        the arena down, while ``reserved - granule >= keep``; returns how many. The blocks stay
-        free: an allocation landing on an unmapped granule maps it again."""
-        if self.reserved <= keep or not self.base:
+        """Unmap mapped granules lying wholly inside the ``ready`` free blocks (those of at least
+        a granule), from the top of the arena down, while ``reserved - granule >= keep``; returns
+        how many. The blocks stay free: an allocation landing on an unmapped granule maps it
+        again."""
+        if self.reserved - self.granule < keep or not self.base:
             return 0
         base, mapped, gr = self.base, self.mapped, self.granule
         released = 0
-        for b in sorted(ready, key=lambda x: -x.addr):
+        for b in sorted(ready, key=lambda x: -x.addr):  # (only blocks of a granule or more)
             g0 = (b.addr - base + gr - 1) // gr * gr
             g = (b.addr + b.size - base) // gr * gr - gr
             while g >= g0:

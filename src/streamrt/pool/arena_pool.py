@@ -6,7 +6,7 @@ its mapped granules, ``reserved`` being the mapped bytes) and the blocks that ti
 decision is :func:`streamrt.pool.reuse.find` over this state.
 
 State and invariants (all guarded by ``_lock``):
-- ``_blocks`` (addr -> :class:`~streamrt.pool.freelist.Block`) tiles ``[arena.base,
+- ``_blocks`` (a :class:`~streamrt.pool.block.BlockList`) tiles ``[arena.base,
   arena.base + arena.top)``, each block linked to its neighbours. Free blocks may cross
   granule boundaries, so free space never stays split at a reservation edge.
 - A block is live (allocated, in the registry's ``_owners``) or free. A free block is either
@@ -16,35 +16,38 @@ State and invariants (all guarded by ``_lock``):
   None``), indexed in ``_ready``. A synchronize promotes the pending blocks it proved. Live and
   pending blocks lie on mapped granules, except that a free may absorb a ready neighbour whose
   granules went back to the device (``arena.holes``); an allocation maps what it lands on.
-- Frees coalesce (:func:`~streamrt.pool.freelist.coalesce`, which never loses ordering
+- Frees coalesce (:func:`~streamrt.pool.block.coalesce`, which never loses ordering
   knowledge), but the fast free path defers absorbing ready neighbours (``_dirty``) until a
   decision looks at sizes (``_settle``); an exact-size reuse on the fast path takes the block
   as it is, and ``stats()`` counts the deferred merges without making them, so observing the
   pool never changes where a later block goes.
 - Placement: a request of at most 1 MiB takes the high end of its block, a larger one the low
   end, which keeps small and large blocks apart (:func:`~streamrt.pool.arena.landing`).
+- ``_seams[F.id]``: ready blocks that may lie next to a block pending on F (recorded whenever a
+  ready or pending block is put into a free list next to the other kind; checked when used):
+  the only places where a run of blocks F may merge before growing can start (reuse.py).
 - ``_used`` is the bytes of live blocks (rounded to 512), as CUDA's USED_MEM_CURRENT ("in use by
   the application"); ``used <= reserved`` always. High watermarks only grow, and reset only to
-  the current value.
+  the current value. The step counters move only once an allocation succeeded (no copy of
+  them to restore); ``live_allocations`` is ``alloc_count - free_count``.
 - The release threshold is applied only at synchronize points, after promoting the frees the
-  synchronize proved (:meth:`ArenaPool._on_sync`); ``trim_to`` releases down to its argument,
-  whatever the threshold.
+  synchronize proved; ``trim_to`` releases down to its argument, whatever the threshold
+  (release.py).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sortedcontainers import SortedDict
-
 from .. import instrument, legacy
 from ..device import Device
 from ..errors import InvalidAddressError, OutOfMemoryError
-from . import reuse
+from . import release, reuse
 from .arena import ALIGN, SMALL_REQUEST, Arena
 from .attrs import OPTIONS, MemPoolAttr
 from .attrs import parse as parse_attr
-from .freelist import Block, FreeList, by_addr, coalesce, holding, merged_dirty, settled_runs, split
+from .block import Block, BlockList, coalesce, merged_dirty, settled_runs, split
+from .freelist import PendingList, ReadyList
 from .mempool import MemPool
 from .registry import _busy, _owners, _pools
 
@@ -64,14 +67,17 @@ class ArenaPool(MemPool):
     def __init__(self, device: Any = None, **options: Any) -> None:
         super().__init__(device, **options)
         self._arena = Arena(self.device._impl, self.max_size)
-        self._blocks: SortedDict = SortedDict()  # addr -> block (live and free)
+        self._blocks = BlockList(self._arena.granule)  # live and free, in address order
+        self._by_addr = self._blocks.by_addr  # (one dict for the pool's life: cleared in place)
         self._dirty: set[Block] = set()  # fast-path frees not yet merged with ready neighbours
-        self._ready = FreeList()
-        self._pending: dict[int, FreeList] = {}
+        self._ready = ReadyList(self._arena.granule)
+        self._pending: dict[int, PendingList] = {}
         self._pstream: dict[int, Stream] = {}  # stream id -> stream, for pending lists
+        self._seams: dict[int, set[Block]] = {}
         self._used = self._used_high = 0
         self._stats = dict.fromkeys(_COUNTERS, 0)
         self._fast_allocs = self._fast_frees = 0  # counted apart: the fast paths stay short
+        self._gone = 0  # live allocations forgotten by a device reset
         self.device._pools.add(self)
         _pools.add(self)
 
@@ -121,33 +127,41 @@ class ArenaPool(MemPool):
                 arena.largest_mapped(settled_runs(blocks, dirty)) if arena.holes else max(
                     [self._ready.largest(), *(size for _, size in merged_dirty(blocks, dirty)[0]),
                      *(fl.largest() for fl in self._pending.values())]))
-            out["live_allocations"] = sum(1 for b in blocks.values() if b.live)
+            out["live_allocations"] = out["alloc_count"] - out["free_count"] - self._gone
             out["chunks"] = len(arena.mapped)  # mapped granules
         return out
 
     # -- allocation -----------------------------------------------------------------------------
     def _malloc(self, stream: Stream, nbytes: int) -> int:
         if not stream._slow and not self._destroyed and stream.device is self.device:
-            # fast path of step 1: an exact-size block freed on this (non-blocking) stream
+            # a non-blocking stream, not capturing: no legacy ordering, no capture to ask
             size = (nbytes + ALIGN - 1) // ALIGN * ALIGN or ALIGN
             lock = self._lock
             lock.acquire()  # not ``with``: its enter/exit lookups double the cost of this path
             try:
                 fl = self._pending.get(stream.id)
-                lst = fl.bins.get(size) if fl is not None else None
-                if lst and (not self._arena.holes or self._arena.fully_mapped(lst[0])):
-                    # (with unmapped granules in the arena, a block may need mapping first;
-                    # a block left in _dirty is skipped by _settle once it is live)
-                    b = lst.popleft()
-                    fl.count -= 1
-                    b.live = True
-                    b.stream = None
-                    _owners[b.addr] = self
-                    used = self._used = self._used + size
-                    if used > self._used_high:
-                        self._used_high = used
-                    self._fast_allocs += 1  # alloc_count and reuse_same_stream, see stats()
-                    return b.addr
+                if fl is not None:  # fast path of step 1: an exact-size block freed on this stream
+                    lst = fl.bins.get(size)
+                    b = lst[0] if lst else fl.newest  # (a binned one is older than the newest)
+                    if b is not None and b.fl is fl and b.size == size and (
+                            not self._arena.holes or self._arena.fully_mapped(b)):
+                        # (with unmapped granules in the arena, a block may need mapping first;
+                        # a block left in _dirty is skipped by _settle once it is live)
+                        if b is fl.newest:
+                            fl.newest = None
+                        else:
+                            lst.popleft()  # type: ignore[union-attr]
+                        b.fl = None
+                        fl.count -= 1
+                        b.live = True
+                        b.stream = None
+                        _owners[b.addr] = self
+                        used = self._used = self._used + size
+                        if used > self._used_high:
+                            self._used_high = used
+                        self._fast_allocs += 1  # alloc_count and reuse_same_stream, see stats()
+                        return b.addr
+                return self._alloc(stream, size, nbytes)
             finally:
                 lock.release()
         self._check_alive()
@@ -158,42 +172,61 @@ class ArenaPool(MemPool):
         size = (max(nbytes, 1) + ALIGN - 1) // ALIGN * ALIGN
         if not stream.non_blocking:
             # The allocation is a stream operation, as the free is (see ``_free``): legacy
-            # default-stream ordering applies before it. Without this, a block freed on the other
-            # side of the implicit barrier looked unordered (clock not yet merged) and the pool
-            # grew instead of reusing it by the event-dependency rule (DESIGN.md §2, §3 step 3).
+            # default-stream ordering applies before it (DESIGN.md §2, §3 step 3).
             legacy.order(stream)
         with self._lock:
-            if self._dirty:
-                self._settle()
-            counts = dict(self._stats)  # restored if the device cannot back the block
-            block = reuse.find(self, stream, size, nbytes)
-            if block.size - size >= ALIGN:
-                if size <= SMALL_REQUEST:  # small: the high end (see arena.landing)
-                    rest = block
-                    block = split(self._blocks, rest, rest.size - size)
-                else:
-                    rest = split(self._blocks, block, size)
-                self._insert_free(rest)
+            return self._alloc(stream, size, nbytes)
+
+    def _alloc(self, stream: Stream, size: int, nbytes: int) -> int:
+        """Allocate ``size`` bytes for ``stream`` by the reuse steps (the lock held)."""
+        if self._dirty:
+            self._settle()
+        own = self._pending.get(stream.id)
+        block = None
+        if own is not None and own.count and not self._arena.holes:
+            # step 1 as reuse.find would take it, without its set-up
+            v = own.newest
+            if not own.sizes and v is not None and v.size >= size:  # the only block
+                block = v
+                own.newest = v.fl = None
+                own.count -= 1
+            else:
+                block = own.best(size)
+                if block is not None:
+                    own.remove(block)
+            if block is not None:
+                step = "reuse_same_stream"
+        if block is None:
+            block, step = reuse.find(self, stream, size, nbytes)
+        if block.size > size:
+            if size <= SMALL_REQUEST:  # small: the high end (see arena.landing)
+                rest = block
+                block = split(self._blocks, rest, rest.size - size)
+            else:
+                rest = split(self._blocks, block, size)
+            self._insert_free(rest)
+        if self._arena.holes:
             try:
                 self._arena.map_range(block.addr, block.size)
             except OutOfMemoryError:  # the device itself is full (max_size was checked)
                 block.live = False
-                self._insert_free(self._coalesce(block))
-                self._stats = counts
+                self._insert_free(coalesce(self._blocks, block))
                 raise reuse.oom(self, nbytes, size) from None
-            block.live = True
-            block.stream = None
-            _owners[block.addr] = self
-            self._used += block.size
-            if self._used > self._used_high:
-                self._used_high = self._used
-            self._stats["alloc_count"] += 1
+        block.live = True
+        block.stream = None
+        _owners[block.addr] = self
+        used = self._used = self._used + size
+        if used > self._used_high:
+            self._used_high = used
+        st = self._stats
+        st[step] += 1
+        st["alloc_count"] += 1
         return block.addr
 
     def _check_range(self, ptr: int, nbytes: int) -> None:
         """The arena's ``check``: ``[ptr, ptr + nbytes)`` must lie in one live block."""
         with self._lock:
-            b = holding(self._blocks, ptr)
+            b = self._blocks.holding(ptr)
             if b is None or not b.live or ptr + nbytes > b.addr + b.size:
                 where = (f"its block [{hex(b.addr)}, {hex(b.addr + b.size)})" if b is not None
                          and b.live else "no live stream-ordered allocation")
@@ -204,34 +237,50 @@ class ArenaPool(MemPool):
 
     # -- free lists and coalescing ----------------------------------------------------------------
     def _insert_free(self, b: Block) -> None:
+        """Put free ``b`` into its list; note the seams it makes (see the module docstring)."""
+        p, n = b.prev, b.next
         if b.stream is None:
             self._ready.add(b)
-        else:
-            sid = b.stream.id
-            fl = self._pending.get(sid)
-            if fl is None:
-                fl = self._pending[sid] = FreeList()
-                self._pstream[sid] = b.stream
-                _busy.add(self)  # work may still use its memory: not collectable until proven
-            fl.add(b)
+            if self._pending:
+                for nb in (p, n):
+                    if nb is not None and nb.stream is not None and not nb.live:
+                        self._seam(nb.stream.id, b)
+            return
+        sid = b.stream.id
+        fl = self._pending.get(sid)
+        if fl is None:
+            fl = self._pending[sid] = PendingList()
+            self._pstream[sid] = b.stream
+            _busy.add(self)  # work may still use its memory: not collectable until proven
+        fl.add(b)
+        if (p is not None and p.stream is None and not p.live) or (
+                n is not None and n.stream is None and not n.live):
+            for nb in (p, n):
+                if nb is not None and nb.stream is None and not nb.live:
+                    self._seam(sid, nb)
 
-    def _remove_free(self, b: Block) -> None:
-        if b.stream is None:
-            self._ready.remove(b)
-        else:
-            self._pending[b.stream.id].remove(b)
+    def _seam(self, sid: int, ready: Block) -> None:
+        seams = self._seams.get(sid)
+        if seams is None:
+            self._seams[sid] = {ready}
+            return
+        seams.add(ready)
+        n = len(seams)
+        if n >= 64 and not n & (n - 1):  # at each power of two: drop what no longer qualifies
+            # (only growth on that stream looks at them: without this they would pile up)
+            rl = self._ready
+            seams -= {r for r in seams if r.fl is not rl or not any(
+                nb is not None and not nb.live and nb.stream is not None and nb.stream.id == sid
+                for nb in (r.prev, r.next))}
 
     def _settle(self) -> None:
         """Merge the blocks the fast free path left next to ready neighbours (before any
         decision that looks at block sizes: best fit, statistics, release)."""
         dirty, self._dirty = self._dirty, set()
-        for b in sorted(dirty, key=by_addr):  # in address order: who absorbs a shared neighbour
+        for b in sorted(dirty, key=lambda x: x.addr):  # address order: who absorbs a shared one
             if not b.live and b.stream is not None and self._blocks.get(b.addr) is b:
-                self._remove_free(b)
-                self._insert_free(self._coalesce(b))
-
-    def _coalesce(self, b: Block) -> Block:
-        return coalesce(self._blocks, b, self._remove_free)
+                b.fl.remove(b)
+                self._insert_free(coalesce(self._blocks, b))
 
     # -- free -----------------------------------------------------------------------------------
     def _free(self, stream: Stream, ptr: int) -> None:
@@ -239,32 +288,52 @@ class ArenaPool(MemPool):
             lock = self._lock
             lock.acquire()  # see _malloc
             try:
-                b = self._blocks.get(ptr)
-                prev, nxt = (b.prev, b.next) if b is not None else (None, None)
-                if (b is not None and b.live and (prev is None or prev.live
-                        or prev.stream is not stream) and (nxt is None or nxt.live
-                        or nxt.stream is not stream)):
-                    # fast path: no free neighbour freed on this stream. Ready neighbours are
-                    # absorbed later, by _settle: the next exact-size malloc takes b as it is
-                    if (prev is not None and not prev.live and prev.stream is None) or (
-                            nxt is not None and not nxt.live and nxt.stream is None):
-                        self._dirty.add(b)
+                b = self._by_addr.get(ptr)
+                if b is not None and b.live:
+                    prev, nxt = b.prev, b.next
+                    if ((prev is None or prev.live or prev.stream is not stream)
+                            and (nxt is None or nxt.live or nxt.stream is not stream)):
+                        # fast path: no free neighbour freed on this stream. Ready neighbours are
+                        # absorbed later, by _settle: the next exact-size malloc takes b as it is
+                        if (prev is not None and not prev.live and prev.stream is None) or (
+                                nxt is not None and not nxt.live and nxt.stream is None):
+                            self._dirty.add(b)
+                        del _owners[ptr]
+                        b.live = False
+                        b.stream = stream
+                        b.pos = stream._pos
+                        if instrument.listeners:  # the clock's own position (see _release_block)
+                            b.clock = clock = stream._snapshot()
+                            b.pos = clock[stream.id]
+                        self._used -= b.size
+                        self._fast_frees += 1  # free_count, see stats()
+                        fl = self._pending.get(stream.id)
+                        if fl is None:
+                            self._insert_free(b)
+                        else:  # PendingList.add, inline
+                            b.fl = fl
+                            v = fl.newest
+                            if v is not None:
+                                fl._bin(v)
+                                fl.track(v)
+                            fl.newest = b
+                            fl.count += 1
+                        return
+                    # a neighbour freed on this stream: coalesce now (the general path;
+                    # _free_block, inline)
+                    if self._dirty:
+                        self._settle()
                     del _owners[ptr]
                     b.live = False
                     b.stream = stream
-                    b.pos = stream._pos
-                    if instrument.listeners:  # the clock's own position (see _release_block)
+                    if instrument.listeners:
                         b.clock = clock = stream._snapshot()
                         b.pos = clock[stream.id]
+                    else:
+                        b.pos, b.clock = stream._pos, None
                     self._used -= b.size
-                    self._fast_frees += 1  # free_count, see stats()
-                    fl = self._pending.get(stream.id)
-                    lst = fl.bins.get(b.size) if fl is not None else None
-                    if lst is None:
-                        self._insert_free(b)
-                    else:  # the bin exists: append, as FreeList.add would
-                        lst.append(b)
-                        fl.count += 1
+                    self._stats["free_count"] += 1
+                    self._insert_free(coalesce(self._blocks, b))
                     return
             finally:
                 lock.release()
@@ -282,26 +351,30 @@ class ArenaPool(MemPool):
 
     def _release_block(self, ptr: int, stream: Stream | None, pos: int) -> None:
         with self._lock:
-            if self._dirty:
-                self._settle()
             b = self._blocks.get(ptr)
             if b is None or not b.live or _owners.get(ptr) is not self:
                 raise InvalidAddressError(f"free of {hex(ptr)}: not a live allocation of {self!r}")
-            del _owners[ptr]
-            b.live = False
-            b.stream = stream
-            clock = stream._snapshot() if stream is not None and instrument.listeners else None
-            # with a clock, the position is the clock's own (a later one: the free waits no less);
-            # ``pos`` read apart may precede a wait the clock already merged (see Stream._snapshot)
-            b.pos = pos if clock is None else clock[stream.id]
-            b.clock = clock
-            self._used -= b.size
-            self._stats["free_count"] += 1
-            self._insert_free(self._coalesce(b))
+            self._free_block(b, ptr, stream, pos)
             if self._destroyed:
                 self._release(0)
                 if self._idle():
                     self._drop_arena()
+
+    def _free_block(self, b: Block, ptr: int, stream: Stream | None, pos: int) -> None:
+        """Free live ``b`` on ``stream`` at ``pos`` (None: ready), coalesced (the lock held)."""
+        if self._dirty:
+            self._settle()
+        del _owners[ptr]
+        b.live = False
+        b.stream = stream
+        clock = stream._snapshot() if stream is not None and instrument.listeners else None
+        # with a clock, the position is the clock's own (a later one: the free waits no less);
+        # ``pos`` read apart may precede a wait the clock already merged (see Stream._snapshot)
+        b.pos = pos if clock is None else clock[stream.id]  # type: ignore[union-attr]
+        b.clock = clock
+        self._used -= b.size
+        self._stats["free_count"] += 1
+        self._insert_free(coalesce(self._blocks, b))
 
     # -- lookups --------------------------------------------------------------------------------
     def _usable(self, ptr: int) -> int | None:
@@ -311,76 +384,37 @@ class ArenaPool(MemPool):
     def _room(self, ptr: int) -> int | None:
         """Bytes from ``ptr`` to the end of the live block holding it (None: in no live block)."""
         with self._lock:
-            b = holding(self._blocks, ptr)
+            b = self._blocks.holding(ptr)
             end = b.addr + b.size if b is not None and b.live else ptr
             return end - ptr if end > ptr else None
 
-    # -- synchronize points, threshold, trim, destroy ---------------------------------------------
+    # -- synchronize points, threshold, trim, destroy (release.py) --------------------------------
     def _on_sync(self) -> None:
         """Promote the frees a host synchronize proved, then apply the release threshold."""
-        if not (self._pending or self._destroyed
-                or self._arena.reserved > self._opts.release_threshold):
-            return  # nothing to promote or release (read without the lock: a hint)
-        with self._lock:
-            if self._dirty:
-                self._settle()
-            for sid in list(self._pending):
-                fl = self._pending[sid]
-                host = self._pstream[sid]._host
-                for b in [b for b in fl.blocks() if b.pos <= host]:
-                    fl.remove(b)
-                    b.stream = None
-                    self._ready.add(self._coalesce(b))
-                if not fl.count:
-                    del self._pending[sid], self._pstream[sid]
-            if not self._pending:
-                _busy.discard(self)
-            self._release(0 if self._destroyed else self._opts.release_threshold)
+        release.on_sync(self)
 
     def _release(self, keep: int) -> None:
         """Unmap granules of ready free blocks while ``reserved - granule >= keep``."""
-        self._stats["release_count"] += self._arena.release(keep, self._ready.blocks())
+        self._stats["release_count"] += self._arena.release(keep, self._ready.big)
 
     def _trim(self, keep: int) -> None:
-        with self._lock:
-            if self._dirty:
-                self._settle()
-            self._release(keep)
-        if instrument.listeners:  # the trace's reserved counter
-            instrument.notify("freed", None, self)
+        release.trim(self, keep)
 
     def _destroy(self) -> None:
-        with self._lock:
-            self._destroyed = True
-            self.device._forget_pool(self)
-            self._settle()
-            self._release(0)
-            if self._arena.base and self._idle():
-                self._drop_arena()
-        if instrument.listeners:
-            instrument.notify("freed", None, self)
+        release.destroy(self)
 
     def _idle(self) -> bool:
         """No live block and no free still pending on a stream: the arena can go."""
-        return not any(x.live or x.stream is not None for x in self._blocks.values())
+        st = self._stats
+        live = st["alloc_count"] + self._fast_allocs - st["free_count"] - self._fast_frees
+        return not live and not any(fl.count for fl in self._pending.values())
 
     def _drop_arena(self) -> None:
         """A destroyed pool with nothing left: give its address range back."""
         self._arena.drop()
         self._blocks.clear()
-        self._ready = FreeList()
+        self._ready = ReadyList(self._arena.granule)
+        self._seams.clear()
 
     def _reset(self) -> None:
-        with self._lock:
-            for addr, b in self._blocks.items():
-                if b.live:
-                    _owners.pop(addr, None)
-            self._arena.forget()  # the device reset released the arena
-            self._blocks.clear()
-            self._dirty.clear()
-            self._ready = FreeList()
-            self._pending.clear()
-            self._pstream.clear()
-            _busy.discard(self)
-            self._used = 0
-            self._destroyed = True
+        release.reset(self)

@@ -1,209 +1,259 @@
-"""Pool blocks, the block list and free lists: best fit in O(log n) with exact-size bins.
+"""Free lists: best fit with exact-size bins, and the order in which pending frees are proven.
 
-A :class:`Block` is a 512-aligned piece of a pool's arena. The blocks of a pool tile its arena:
-a doubly linked list (``prev``/``next``) indexed by address (a ``SortedDict``, addr -> block);
-every change of that list is a splice made here (:func:`link_after`, :func:`absorb`,
-:func:`split`), so that the links and the index never disagree, and so is every merge of free
-neighbours (:func:`coalesce`). A :class:`FreeList` bins free
-blocks by exact size (a FIFO queue per size, so the common exact reuse is a dict lookup and a
-pop) and keeps a sorted index of the sizes for best fit; sizes whose bin emptied stay indexed
-until a search passes over them.
+A :class:`FreeList` holds free blocks: a :class:`ReadyList` a pool's ready blocks, a
+:class:`PendingList` those pending on one stream.
+State and invariants:
+- ``bins``: size -> FIFO queue of blocks (oldest first: best fit's tie-break); ``sizes``: the
+  sorted keys of ``bins`` (a plain list: best fit is a ``bisect``, a new or emptied size one
+  ``insort``/``del``). An entry is *valid* while its block's ``fl`` is this list and its size is
+  the bin's. Removing a block from the front or the back of a bin, or from a short bin, drops
+  its entry; from the middle of a long bin it only clears ``fl`` (the entry goes stale and is
+  dropped when a search reaches it, or by a compaction once stale entries outnumber the blocks),
+  so every change is O(log n) whatever the bin's length. (A block that comes back to such a bin
+  before its stale entry is dropped is found at the older entry: a tie-break among equal sizes
+  only.) A bin may hold only stale entries until a search passes over it.
+- ``newest``: the block added last, kept out of the bins (the one before it goes into its bin
+  when another comes): a split's remainder and the block its free merges back are usually it,
+  so a split and a coalesce in a row touch no bin and no size index. Every bin entry is older
+  than it: best fit takes it only when it is strictly smaller than the best of the bins.
+- ``count``: the valid blocks; ``big`` (the ready list's): those of at least ``big_min`` bytes,
+  the only blocks that can hold a whole granule (what a release looks at).
+- ``order`` (a pending list's): ``(pos, block)`` of its binned blocks, in non-decreasing
+  ``pos`` (frees come in stream order), and ``late`` a heap of the entries that came out of
+  order (split remainders keep their free's position): a synchronize proving position ``host``
+  pops what lies at or below it, O(log n) per block proven, and looks at ``newest`` apart (a
+  block gets its entry when it goes into a bin: one freed and taken again never has one). An
+  entry is valid while its block is in this list at or below that position (a merge moves a
+  block to a later position, with a new entry once binned).
 """
 
 from __future__ import annotations
 
+import itertools
+from bisect import bisect_left, insort
 from collections import deque
-from collections.abc import Callable
-from operator import attrgetter
+from collections.abc import Callable, Iterator
+from heapq import heappop, heappush
 from typing import TYPE_CHECKING
 
-from sortedcontainers import SortedList
-
 if TYPE_CHECKING:
-    from sortedcontainers import SortedDict
+    from .block import Block
 
-    from ..stream import Stream
+__all__ = ["FreeList", "PendingList", "ReadyList"]
 
-__all__ = ["Block", "FreeList"]
-
-by_addr = attrgetter("addr")
+_seq = itertools.count()  # heap tie-break: blocks do not compare
 
 
-class Block:
-    """A piece of an arena: live, pending (freed on ``stream`` at ``pos``) or ready."""
-
-    __slots__ = ("addr", "size", "prev", "next", "live", "stream", "pos", "clock")
-
-    def __init__(self, addr: int, size: int) -> None:
-        self.addr = addr
-        self.size = size
-        self.prev: Block | None = None
-        self.next: Block | None = None
-        self.live = False
-        self.stream: Stream | None = None  # pending free on this stream; None = ready
-        self.pos = 0
-        self.clock: dict[int, int] | None = None  # the freeing stream's clock (instrumented runs)
-
-
-# -- the block list -------------------------------------------------------------------------
-def link_after(blocks: SortedDict, prev: Block | None, b: Block) -> None:
-    """Put the new block ``b`` into the list right after ``prev`` (None: into an empty list)."""
-    assert prev is not None or not blocks
-    nxt = prev.next if prev is not None else None
-    b.prev, b.next = prev, nxt
-    if nxt is not None:
-        nxt.prev = b
-    if prev is not None:
-        prev.next = b
-    blocks[b.addr] = b
-
-
-def absorb(blocks: SortedDict, lo: Block, hi: Block) -> None:
-    """``lo`` takes the bytes of ``hi``, its next block, which leaves the list (dead: no tags)."""
-    lo.size += hi.size
-    lo.next = hi.next
-    if hi.next is not None:
-        hi.next.prev = lo
-    del blocks[hi.addr]
-    hi.stream = None
-
-
-def split(blocks: SortedDict, b: Block, size: int) -> Block:
-    """Cut ``b`` after its first ``size`` bytes; returns the rest, a new block with b's tags."""
-    rest = Block(b.addr + size, b.size - size)
-    rest.stream, rest.pos, rest.clock = b.stream, b.pos, b.clock
-    b.size = size
-    link_after(blocks, b, rest)
-    return rest
-
-
-def holding(blocks: SortedDict, ptr: int) -> Block | None:
-    """The block starting at ``ptr``, or else the one below it (``ptr`` may be inside it)."""
-    b = blocks.get(ptr)
-    if b is None:
-        i = blocks.bisect_right(ptr) - 1
-        b = blocks.peekitem(i)[1] if i >= 0 else None
-    return b
-
-
-def absorbs(b: Block, nb: Block) -> bool:
-    """Whether free ``b`` takes its neighbour ``nb`` when coalescing: a free one that is ready, or
-    pending on ``b``'s stream (a merged block never makes a later free look earlier)."""
-    return not nb.live and (nb.stream is None or nb.stream is b.stream)
-
-
-def coalesce(blocks: SortedDict, b: Block, unindex: Callable[[Block], None]) -> Block:
-    """Merge ``b`` (free, in no free list) with the free neighbours it may absorb, each taken off
-    its free list by ``unindex``. Coalescing never loses ordering knowledge: a block freed on
-    stream F takes ready neighbours and those freed on F (the whole stays pending on F at the
-    later position: other streams lose nothing they could prove); a ready block takes ready
-    neighbours. Repeated until no neighbour qualifies: a ready neighbour taken may have one
-    freed on F beyond it."""
-    while True:
-        for nb in (b.prev, b.next):
-            if nb is not None and absorbs(b, nb):
-                break
-        else:
-            return b
-        unindex(nb)
-        lo, hi = (nb, b) if nb.addr < b.addr else (b, nb)
-        pending = [x for x in (lo, hi) if x.stream is not None]
-        if pending:  # one stream: the later free's position and clock know more
-            latest = max(pending, key=lambda x: x.pos)
-            lo.stream, lo.pos, lo.clock = latest.stream, latest.pos, latest.clock
-        absorb(blocks, lo, hi)
-        b = lo
-
-
-def merged_dirty(blocks: SortedDict, dirty: set[Block]) -> tuple[list[tuple[int, int]], set[Block]]:
-    """``(addr, size)`` of each dirty block (a fast-path free whose merge with ready neighbours
-    is deferred) as the deferred merges would leave it, without making them: each takes the run
-    of free neighbours coalescing would merge, in the same order; and the blocks merged into them."""
-    runs: list[tuple[int, int]] = []
-    taken: set[Block] = set()
-    for b in sorted(dirty, key=by_addr):
-        if b in taken or b.live or b.stream is None or blocks.get(b.addr) is not b:
-            continue
-        lo, size = b.addr, b.size
-        for nb, step in ((b.prev, "prev"), (b.next, "next")):
-            while nb is not None and nb not in taken and absorbs(b, nb):
-                size += nb.size
-                lo = min(lo, nb.addr)
-                taken.add(nb)
-                nb = getattr(nb, step)
-        taken.add(b)
-        runs.append((lo, size))
-    return runs, taken
-
-
-def settled_runs(blocks: SortedDict, dirty: set[Block]) -> list[tuple[int, int]]:
-    """``(addr, size)`` of every free block as the deferred merges would leave them."""
-    runs, taken = merged_dirty(blocks, dirty)
-    return runs + [(b.addr, b.size) for b in blocks.values() if not b.live and b not in taken]
-
-
-# -- free lists ------------------------------------------------------------------------------
 class FreeList:
-    """Free blocks binned by exact size, with a sorted index of sizes for best fit."""
+    """Free blocks binned by exact size, with a sorted list of the sizes for best fit."""
 
-    __slots__ = ("bins", "sizes", "count")
+    __slots__ = ("bins", "sizes", "count", "stale", "newest")
 
     def __init__(self) -> None:
-        self.bins: dict[int, deque[Block]] = {}  # oldest free first: best fit's tie-break
-        self.sizes = SortedList()  # may keep sizes whose bin is empty; pruned while searching
+        self.bins: dict[int, deque[Block]] = {}
+        self.sizes: list[int] = []
         self.count = 0
+        self.stale = 0
+        self.newest: Block | None = None
 
     def add(self, b: Block) -> None:
+        """Put free ``b`` into the list (the newest of all)."""
+        b.fl = self
+        if self.newest is not None:
+            self._bin(self.newest)
+        self.newest = b
+        self.count += 1
+
+    def _bin(self, b: Block) -> None:
+        """Put ``b`` at the back of its bin."""
         lst = self.bins.get(b.size)
         if lst is None:
             self.bins[b.size] = deque((b,))
-            self.sizes.add(b.size)
+            insort(self.sizes, b.size)
         else:
             lst.append(b)
-        self.count += 1
 
     def remove(self, b: Block) -> None:
-        self.bins[b.size].remove(b)
+        """Take ``b`` out (O(1): an entry in the middle of a long bin goes stale)."""
+        b.fl = None
         self.count -= 1
+        if b is self.newest:
+            self.newest = None
+            return
+        size = b.size
+        lst = self.bins[size]
+        if lst[0] is b:
+            lst.popleft()
+            if not lst:
+                del self.bins[size]
+                del self.sizes[bisect_left(self.sizes, size)]
+        elif lst[-1] is b:
+            lst.pop()
+        elif len(lst) <= 16:  # a short bin: removed at once (a stale entry could come back valid
+            lst.remove(b)  # if b returned to this bin, and make it look older than it is)
+        else:
+            self.stale += 1
+            if self.stale > self.count + 64:
+                self._compact()
+
+    def _front(self, lst: deque[Block], size: int) -> Block | None:
+        """The oldest valid block of a bin (stale entries before it are dropped)."""
+        while lst:
+            b = lst[0]
+            if b.fl is self and b.size == size:
+                return b
+            lst.popleft()
+            self.stale -= 1
+        return None
+
+    def _pick(self, lst: deque[Block], size: int, ok: Callable[[Block], bool] | None) -> Block | None:
+        b = self._front(lst, size)
+        if ok is None or b is None:
+            return b
+        for b in lst:
+            if b.fl is self and b.size == size and ok(b):
+                return b
+        return None
 
     def best(self, size: int, ok: Callable[[Block], bool] | None = None) -> Block | None:
-        """The smallest block of at least ``size`` bytes accepted by ``ok`` (oldest free first)."""
+        """The smallest block of at least ``size`` bytes accepted by ``ok`` (oldest free first);
+        it stays in the list."""
         if not self.count:
             return None
-        lst = self.bins.get(size)
-        if lst:
-            found = pick(lst, ok)
-            if found is not None:
-                return found
-        empty = []
-        found = None
-        for s in self.sizes.irange(minimum=size):
-            lst = self.bins[s]
-            if not lst:
-                empty.append(s)
-                continue
-            found = pick(lst, ok)
-            if found is not None:
-                break
-        for s in empty:
-            self.sizes.remove(s)
-            del self.bins[s]
+        found = self._best_binned(size, ok) if self.sizes else None
+        v = self.newest
+        if v is not None and v.size >= size and (found is None or v.size < found.size) and (
+                ok is None or ok(v)):
+            return v
         return found
 
+    def _best_binned(self, size: int, ok: Callable[[Block], bool] | None) -> Block | None:
+        bins, sizes = self.bins, self.sizes
+        i = bisect_left(sizes, size)
+        while i < len(sizes):
+            s = sizes[i]
+            lst = bins[s]
+            if ok is None and lst and (first := lst[0]).fl is self and first.size == s:
+                return first  # (the common case of _pick, inline)
+            found = self._pick(lst, s, ok)
+            if found is not None:
+                return found
+            if lst:
+                i += 1
+            else:  # only stale entries were left
+                del bins[s], sizes[i]
+        return None
+
+    def take(self, size: int, ok: Callable[[Block], bool] | None = None) -> Block | None:
+        """``best``, taken out of the list."""
+        b = self.best(size, ok)
+        if b is not None:
+            self.remove(b)
+        return b
+
     def largest(self) -> int:
-        for s in reversed(self.sizes):
-            if self.bins[s]:
-                return s
-        return 0
+        """The size of the largest block (0: none)."""
+        bins, sizes = self.bins, self.sizes
+        top = 0
+        for s in reversed(sizes):
+            if self._front(bins[s], s) is not None:
+                top = s
+                break
+        return max(top, self.newest.size) if self.newest is not None else top
 
     def blocks(self) -> list[Block]:
-        return [b for lst in self.bins.values() for b in lst]
+        """Every block, once each."""
+        found = dict.fromkeys(b for s, lst in self.bins.items() for b in lst
+                              if b.fl is self and b.size == s)
+        if self.newest is not None:
+            found[self.newest] = None
+        return list(found)
+
+    def _compact(self) -> None:
+        """Drop every stale entry (amortized O(1) per removal)."""
+        bins: dict[int, deque[Block]] = {}
+        for s, lst in self.bins.items():
+            keep = deque(dict.fromkeys(b for b in lst if b.fl is self and b.size == s))
+            if keep:
+                bins[s] = keep
+        self.bins = bins
+        self.sizes = sorted(bins)
+        self.stale = 0
 
 
-def pick(lst: deque[Block], ok: Callable[[Block], bool] | None) -> Block | None:
-    if ok is None:
-        return lst[0]
-    for b in lst:
-        if ok(b):
-            return b
-    return None
+class ReadyList(FreeList):
+    """The ready blocks, with ``big``: those of at least ``big_min`` bytes."""
+
+    __slots__ = ("big", "big_min")
+
+    def __init__(self, big_min: int) -> None:
+        super().__init__()
+        self.big: set[Block] = set()
+        self.big_min = big_min
+
+    def add(self, b: Block) -> None:
+        """Put free ``b`` into its bin (the newest of its size)."""
+        FreeList.add(self, b)
+        if b.size >= self.big_min:
+            self.big.add(b)
+
+    def remove(self, b: Block) -> None:
+        """Take ``b`` out."""
+        FreeList.remove(self, b)
+        if b.size >= self.big_min:
+            self.big.discard(b)
+
+
+class PendingList(FreeList):
+    """The blocks pending on one stream, with ``order``/``late``: their frees' positions."""
+
+    __slots__ = ("order", "late")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.order: deque[tuple[int, Block]] = deque()
+        self.late: list[tuple[int, int, Block]] = []
+
+    def add(self, b: Block) -> None:
+        """Put free ``b`` into the list (the newest of all); the block it displaces into the
+        bins is indexed by its position (the newest is looked at apart by ``proven``)."""
+        b.fl = self
+        v = self.newest
+        if v is not None:
+            self._bin(v)
+            self.track(v)
+        self.newest = b
+        self.count += 1
+
+    def track(self, b: Block) -> None:
+        """Index pending ``b`` by its free's position (see ``proven``)."""
+        order, pos = self.order, b.pos
+        if not order or order[-1][0] <= pos:
+            order.append((pos, b))
+        else:
+            heappush(self.late, (pos, next(_seq), b))
+        if len(order) + len(self.late) > 2 * self.count + 64:
+            self._reorder()
+
+    def proven(self, host: int) -> Iterator[Block]:
+        """Take out and yield the pending blocks freed at or before position ``host``."""
+        order, late = self.order, self.late
+        while True:
+            if order and order[0][0] <= host:
+                pos, b = order.popleft()
+            elif late and late[0][0] <= host:
+                pos, _, b = heappop(late)
+            else:
+                break
+            if b.fl is self and b.pos <= host:
+                self.remove(b)
+                yield b
+        v = self.newest
+        if v is not None and v.pos <= host:
+            self.remove(v)
+            yield v
+
+    def _reorder(self) -> None:
+        """Rebuild the position index from the valid blocks (amortized O(log n) per free)."""
+        self.order = deque((b.pos, b) for b in sorted(self.blocks(), key=lambda x: x.pos))
+        self.late = []

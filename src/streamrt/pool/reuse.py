@@ -12,62 +12,56 @@ granules cannot be mapped under ``max_size`` is skipped. The flags switch off st
 
 from __future__ import annotations
 
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from ..errors import OutOfMemoryError
 from .arena import ALIGN
-from .freelist import Block, absorb, link_after
+from .block import Block, coalesce
 
 if TYPE_CHECKING:
     from ..stream import Stream
     from .arena_pool import ArenaPool
 
 
-def find(pool: ArenaPool, a: Stream, size: int, requested: int) -> Block:
-    """The free block ``a`` may take for ``size`` bytes (taken off its free list), by the first
-    step that has one; raises :class:`OutOfMemoryError` when none has."""
-    st, opts, arena = pool._stats, pool._opts, pool._arena
+def find(pool: ArenaPool, a: Stream, size: int, requested: int) -> tuple[Block, str]:
+    """The free block ``a`` may take for ``size`` bytes (taken off its free list) and the counter
+    of the step that found it, by the first step that has one; raises
+    :class:`OutOfMemoryError` when none has. Counters move only once the caller succeeded."""
+    opts, arena = pool._opts, pool._arena
     own = pool._pending.get(a.id)
     ok = (lambda blk: arena.mappable(blk, size)) if arena.holes else None
     if own is not None:
-        b = own.best(size, ok)
+        b = own.take(size, ok)
         if b is not None:
-            own.remove(b)
-            st["reuse_same_stream"] += 1
-            return b
-    b = pool._ready.best(size, ok)
+            return b, "reuse_same_stream"
+    b = pool._ready.take(size, ok)
     if b is not None:
-        pool._ready.remove(b)
-        st["reuse_after_sync"] += 1
-        return b
+        return b, "reuse_after_sync"
     others = [(sid, fl) for sid, fl in pool._pending.items() if sid != a.id and fl.count]
     if others and opts.reuse_follow_event_dependencies:
         clock = a._clock
         b = _best_of(pool, others, size, lambda sid: clock.get(sid, 0))
         if b is not None:
-            st["reuse_event_dependency"] += 1
-            return b
+            return b, "reuse_event_dependency"
     if others and opts.reuse_allow_opportunistic:
         b = _best_of(pool, others, size, lambda sid: pool._pstream[sid]._q.done)
         if b is not None:
-            st["reuse_opportunistic"] += 1
-            return b
+            return b, "reuse_opportunistic"
     b = _merge_for(pool, a, size)
     if b is not None:
-        st["reuse_merged"] += 1
-        return b
+        return b, "reuse_merged"
     b = _grow(pool, a, size)
     if b is not None:
-        st["grow_count"] += 1
-        return b
+        return b, "grow_count"
     if others and opts.reuse_allow_internal_dependencies:
         b = _best_of(pool, others, size, None)
         if b is not None:
             f = b.stream
+            assert f is not None
             # a real wait: later work on A follows the free (and what the free followed)
             a._order_after(f, b.pos, b.clock or {f.id: b.pos})
-            st["reuse_internal_dependency"] += 1
-            return b
+            return b, "reuse_internal_dependency"
     raise oom(pool, requested, size)
 
 
@@ -90,39 +84,65 @@ def _grow(pool: ArenaPool, a: Stream, size: int) -> Block | None:
     arena, blocks = pool._arena, pool._blocks
     if not arena.base:
         arena.reserve(pool)
-    last = blocks.peekitem(-1)[1] if blocks else None
+    last = blocks.last
     extend = (last is not None and not last.live and last.addr + last.size == arena.base + arena.top
               and (last.stream is None or last.stream is a))
-    start = last.addr - arena.base if extend else arena.top
+    start = last.addr - arena.base if extend and last is not None else arena.top
     if not arena.extend(start, size):
         return None
-    if extend:
-        pool._remove_free(last)
+    if extend and last is not None:
+        last.fl.remove(last)
         last.size = arena.base + arena.top - last.addr
         return last
     b = Block(arena.base + start, arena.top - start)
-    link_after(blocks, last, b)
+    blocks.link_after(last, b)
     return b
 
 
-def _merge_for(pool: ArenaPool, a: Stream, size: int) -> Block | None:
-    """Before growing: merge the smallest run of adjacent blocks, each ready or freed on ``a``,
-    that fits ``size``. Both kinds are usable by ``a`` (steps 1-2), so the merged block is tagged
-    as freed on ``a`` (it must not become usable by other streams)."""
+def merge_run(pool: ArenaPool, a: Stream, size: int) -> list[Block] | None:
+    """The smallest run of two or more adjacent free blocks, each ready or freed on ``a``, that
+    fits ``size`` (the lowest such run among equals), or None. Free neighbours of one kind are
+    coalesced, so such a run holds a ready block next to one freed on ``a``: the runs are found
+    from ``pool._seams[a.id]`` (pruned of what no longer qualifies), without looking at any
+    other block."""
+    seams = pool._seams.get(a.id)
+    if not seams:
+        return None
+    ready = pool._ready
+    starts: dict[int, Block] = {}
+    for r in list(seams):
+        p, n = r.prev, r.next
+        if r.fl is not ready or not (
+                (p is not None and not p.live and p.stream is a)
+                or (n is not None and not n.live and n.stream is a)):
+            seams.discard(r)  # taken, merged, or no longer next to a block freed on a
+            continue
+        x = r
+        while (q := x.prev) is not None and not q.live and (q.stream is None or q.stream is a):
+            x = q
+        starts[x.addr] = x
     best: list[Block] | None = None
     best_size = 0
-    run: list[Block] = []
-    total = 0
-    for b in pool._blocks.values():  # address order; a live block ends a run
-        if not b.live and (b.stream is None or b.stream is a):
+    for addr in sorted(starts):  # address order, as a scan of every block would go
+        run: deque[Block] = deque()
+        total = 0
+        b: Block | None = starts[addr]
+        while b is not None and not b.live and (b.stream is None or b.stream is a):
             run.append(b)
             total += b.size
             while total - run[0].size >= size:  # shortest run ending here
-                total -= run.pop(0).size
+                total -= run.popleft().size
             if total >= size and len(run) > 1 and (best is None or total < best_size):
                 best, best_size = list(run), total
-        else:
-            run, total = [], 0
+            b = b.next
+    return best
+
+
+def _merge_for(pool: ArenaPool, a: Stream, size: int) -> Block | None:
+    """Before growing: merge :func:`merge_run` into one block for ``a``. Both kinds are usable by
+    ``a`` (steps 1-2), so the merged block is tagged as freed on ``a`` (it must not become usable
+    by other streams)."""
+    best = merge_run(pool, a, size)
     if best is None:
         return None
     arena = pool._arena
@@ -131,12 +151,12 @@ def _merge_for(pool: ArenaPool, a: Stream, size: int) -> Block | None:
         return None  # it could not map what it would land on
     pieces = [(b.addr, b.size, b.stream, b.pos) for b in best]
     for b in best:
-        pool._remove_free(b)
+        b.fl.remove(b)
     lo = best[0]
     lo.pos = max((b.pos for b in best if b.stream is a), default=0)
     lo.stream = a
     for hi in best[1:]:
-        absorb(pool._blocks, lo, hi)
+        pool._blocks.absorb(lo, hi)
     # give the part past the request back with its original tags (ready stays ready)
     end = lo.addr + lo.size
     lo.size = size
@@ -155,13 +175,13 @@ def _merge_for(pool: ArenaPool, a: Stream, size: int) -> Block | None:
     for start, psize, stream, pos in parts:
         rest = Block(start, psize)
         rest.stream, rest.pos = stream, pos
-        link_after(pool._blocks, tail, rest)
+        pool._blocks.link_after(tail, rest)
         created.append(rest)
         tail = rest
     assert tail.addr + tail.size == end
     lo.live = True  # taken: the pieces must not coalesce back into it
     for r in created:
-        pool._insert_free(pool._coalesce(r))
+        pool._insert_free(coalesce(pool._blocks, r))
     return lo
 
 
@@ -180,5 +200,5 @@ def _best_of(pool: ArenaPool, others: list, size: int, limit_of: Any) -> Block |
         if b is not None and (best is None or b.size < best.size):
             best = b
     if best is not None:
-        pool._pending[best.stream.id].remove(best)
+        best.fl.remove(best)
     return best
