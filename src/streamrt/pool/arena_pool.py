@@ -356,9 +356,7 @@ class ArenaPool(MemPool):
                 raise InvalidAddressError(f"free of {hex(ptr)}: not a live allocation of {self!r}")
             self._free_block(b, ptr, stream, pos)
             if self._destroyed:
-                self._release(0)
-                if self._idle():
-                    self._drop_arena()
+                release.destroyed_free(self)
 
     def _free_block(self, b: Block, ptr: int, stream: Stream | None, pos: int) -> None:
         """Free live ``b`` on ``stream`` at ``pos`` (None: ready), coalesced (the lock held)."""
@@ -402,19 +400,6 @@ class ArenaPool(MemPool):
 
     def _destroy(self) -> None:
         release.destroy(self)
-
-    def _idle(self) -> bool:
-        """No live block and no free still pending on a stream: the arena can go."""
-        st = self._stats
-        live = st["alloc_count"] + self._fast_allocs - st["free_count"] - self._fast_frees
-        return not live and not any(fl.count for fl in self._pending.values())
-
-    def _drop_arena(self) -> None:
-        """A destroyed pool with nothing left: give its address range back."""
-        self._arena.drop()
-        self._blocks.clear()
-        self._ready = ReadyList(self._arena.granule)
-        self._seams.clear()
 
     def _reset(self) -> None:
         release.reset(self)

@@ -63,10 +63,33 @@ def destroy(pool: ArenaPool) -> None:
         pool.device._forget_pool(pool)
         pool._settle()
         pool._release(0)
-        if pool._arena.base and pool._idle():
-            pool._drop_arena()
+        if pool._arena.base and _idle(pool):
+            _drop_arena(pool)
     if instrument.listeners:
         instrument.notify("freed", None, pool)
+
+
+def destroyed_free(pool: ArenaPool) -> None:
+    """A block of a destroyed pool was freed (the lock held): release, and give the arena
+    back once nothing is live or pending."""
+    pool._release(0)
+    if _idle(pool):
+        _drop_arena(pool)
+
+
+def _idle(pool: ArenaPool) -> bool:
+    """No live block and no free still pending on a stream: the arena can go."""
+    st = pool._stats
+    live = st["alloc_count"] + pool._fast_allocs - st["free_count"] - pool._fast_frees
+    return not live and not any(fl.count for fl in pool._pending.values())
+
+
+def _drop_arena(pool: ArenaPool) -> None:
+    """A destroyed pool with nothing left: give its address range back."""
+    pool._arena.drop()
+    pool._blocks.clear()
+    pool._ready = ReadyList(pool._arena.granule)
+    pool._seams.clear()
 
 
 def reset(pool: ArenaPool) -> None:
