@@ -240,8 +240,12 @@ class Stream:
         # the hottest path of the runtime: a non-blocking stream with no capture or hooks
         q = self._q
         if self._inline:  # the queue's operations are the work: append it (InlineQueue)
+            try:  # the body bound to the context: no tuple made per launch holds the context
+                run = ctx._runs[kernel.fn]
+            except (KeyError, TypeError):
+                run = ctx._runner(kernel.fn)
             self._pos += 1
-            q.ops.append((kernel.fn, (ctx,) + args))  # type: ignore[attr-defined]
+            q.ops.extend((run, args))  # type: ignore[attr-defined]
             if q.idle:  # type: ignore[attr-defined]
                 q.wake()  # type: ignore[attr-defined]
             return
