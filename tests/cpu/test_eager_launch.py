@@ -124,6 +124,56 @@ def test_kernel_failure_names_the_kernel():
     assert "broken" in str(info.value) and isinstance(info.value.__cause__, ValueError)
 
 
+def test_a_view_made_while_its_memory_is_freed_is_not_cached(monkeypatch):
+    """Before: a view made on a worker while another thread freed its memory went into the
+    caches after the free cleared them: the freed address kept a view of the memory that had
+    gone (or that a later allocation at that address did not have) instead of raising."""
+    from streamrt.backends import cpu
+
+    s = srt.Stream(non_blocking=True)
+    ctx = _ctx(s)
+    p = srt.malloc(64)
+    real = cpu.SPACE.span
+
+    def span_then_free(ptr, nbytes, **kw):  # the free lands between the lookup and the caching
+        view = real(ptr, nbytes, **kw)
+        monkeypatch.setattr(cpu.SPACE, "span", real)
+        srt.free(p)
+        return view
+
+    monkeypatch.setattr(cpu.SPACE, "span", span_then_free)
+    ctx.array(p, (16,), np.float32)
+    with pytest.raises(srt.InvalidAddressError):
+        ctx.array(p, (16,), np.float32)
+
+
+def test_a_cached_view_found_while_its_memory_is_freed_is_not_made_last(monkeypatch):
+    # the same race one level down: found in the cache, then recorded as the address's last
+    # view after the free cleared both
+    from streamrt.backends import cpu
+
+    s = srt.Stream(non_blocking=True)
+    ctx = _ctx(s)
+    p = srt.malloc(64)
+    ctx.array(p, (16,), np.float32, readonly=True)
+    ctx.array(p, (16,), np.float32)  # the last view at p: the next read-only one is looked up
+
+    class FreeOnHit(dict):
+        armed = True
+
+        def get(self, key, default=None):
+            view = super().get(key, default)
+            if view is not None and self.armed:
+                self.armed = False
+                srt.free(p)
+            return view
+
+    monkeypatch.setattr(cpu.SPACE, "_views", FreeOnHit(cpu.SPACE._views))
+    ctx.array(p, (16,), np.float32, readonly=True)
+    with pytest.raises(srt.InvalidAddressError):
+        ctx.array(p, (16,), np.float32, readonly=True)
+
+
 def test_views_after_a_free_are_made_again_and_checked():
     s = srt.Stream(non_blocking=True)
     ctx = _ctx(s)

@@ -12,6 +12,8 @@ State and invariants:
   keeps the last one made at each address in ``last`` (the kernel context's fast path); both
   are cleared in place whenever memory goes away or is remapped, and ``generation`` is bumped,
   so a cached view never outlives its memory and holders of older views know to remake them.
+  Both caches change only under ``_lock``, and an entry goes in only if ``generation`` has not
+  moved since its view was looked up (a worker making a view while another thread frees).
 """
 
 from __future__ import annotations
@@ -197,8 +199,12 @@ class AddressSpace:
         except TypeError:  # unhashable shape (a list): normalise, no caching
             key, view = None, None
         if view is not None:
-            self.last[ptr] = (shape, dtype, readonly, view)
+            with self._lock:  # still cached: no change cleared it since the lookup
+                if self._views.get(key) is view:
+                    self.last[ptr] = (shape, dtype, readonly, view)
+            self.reclaim.drain()
             return view
+        gen = self.generation  # before span finds the allocation: memory gone since is not cached
         dt = np.dtype(dtype)
         shp = (shape,) if isinstance(shape, int | np.integer) else tuple(int(d) for d in shape)
         count = 1
@@ -211,11 +217,17 @@ class AddressSpace:
         if readonly:
             view.flags.writeable = False
         if key is not None:
-            if len(self._views) > 8192:
-                self._views.clear()
-                self.last.clear()
-            self._views[key] = view
-            self.last[ptr] = (shape, dtype, readonly, view)
+            # cached only if no memory went away since ``gen``: a free on another thread
+            # between the lookup and here left the view of memory that is gone (or whose
+            # address a later allocation takes), and its cache entry would outlive the clear
+            with self._lock:
+                if self.generation == gen:
+                    if len(self._views) > 8192:
+                        self._views.clear()
+                        self.last.clear()
+                    self._views[key] = view
+                    self.last[ptr] = (shape, dtype, readonly, view)
+            self.reclaim.drain()
         return view
 
     def allocations(self, device: int | None = None) -> list[Allocation]:
