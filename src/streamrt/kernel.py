@@ -175,10 +175,10 @@ class KernelContext:
     def _fast_array(self, ptr: int, shape: Any, dtype: Any, *, readonly: bool = False) -> np.ndarray:
         """A numpy view of device memory; read-only views declare a read, writable ones a write."""
         try:  # hot path: the view last made at this address, if it matches
-            e = _last_get(ptr)
-        except TypeError:
-            e = None
-        if e is not None and e[0] == shape and e[1] is dtype and e[2] is readonly:
+            e = _last[ptr]
+        except (KeyError, TypeError):  # none there, or an unhashable pointer (refused below)
+            return self._view(ptr, shape, dtype, readonly)
+        if e[0] == shape and e[1] is dtype and e[2] is readonly:
             return e[3]  # type: ignore[no-any-return]
         return self._view(ptr, shape, dtype, readonly)
 
@@ -186,4 +186,4 @@ class KernelContext:
     array = _fast_array
 
 
-_last_get = LAST_VIEWS.get  # the views made last (see backends/base.py), without an attribute load
+_last = LAST_VIEWS  # the views made last (see backends/base.py), a module global: no attribute load

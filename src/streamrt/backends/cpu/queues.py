@@ -159,7 +159,7 @@ class CpuQueue(InlineQueue):
                 self.errors.append((done + 1, exc, _label(fn, args, exc)))
             done += 1
             self.done = done
-            if done >= self._wake_at:
+            if self._targets and done >= self._wake_at:  # (an empty list: no one waits)
                 with self._progress:
                     self._wake_at = min((t for t in self._targets if t > done), default=_NEVER)
                     self._progress.notify_all()

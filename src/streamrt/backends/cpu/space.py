@@ -12,8 +12,11 @@ State and invariants:
   keeps the last one made at each address in ``last`` (the kernel context's fast path); both
   are cleared in place whenever memory goes away or is remapped, and ``generation`` is bumped,
   so a cached view never outlives its memory and holders of older views know to remake them.
-  Both caches change only under ``_lock``, and an entry goes in only if ``generation`` has not
-  moved since its view was looked up (a worker making a view while another thread frees).
+  A view made (or found in ``_views``) while another thread frees memory must not stay cached
+  after that free's clear: the maker reads ``generation`` before looking, adds the entry, and
+  takes it out again if ``generation`` moved meanwhile; a change bumps ``generation`` before it
+  clears (and again after), so an entry added before the bump is cleared and one added after
+  it is taken out. No lock: each step is one dict operation, atomic under the GIL.
 """
 
 from __future__ import annotations
@@ -115,7 +118,11 @@ class AddressSpace:
 
     def _changed(self) -> None:
         """Memory went away or was remapped (caller holds the lock): drop every cached view.
-        Cleared in place: kernel contexts hold the bound ``get`` of ``last``."""
+        Cleared in place: the kernel context's fast path holds ``last`` itself."""
+        # bumped before the clear (a view maker adding an entry after it takes it out again)
+        # and after it (whoever reads the final count, as a graph exec deciding to remake its
+        # views, finds the caches cleared)
+        self.generation += 1
         self._views.clear()
         self.last.clear()
         self.generation += 1
@@ -193,41 +200,34 @@ class AddressSpace:
 
     def array(self, ptr: int, shape: Any, dtype: Any, readonly: bool) -> np.ndarray:
         """A numpy view of device memory (cached); bounds-checked against its allocation."""
+        gen = self.generation  # before looking: a change after it takes out what is added below
         try:
             key = (ptr, shape, dtype, readonly)
             view = self._views.get(key)
         except TypeError:  # unhashable shape (a list): normalise, no caching
             key, view = None, None
-        if view is not None:
-            with self._lock:  # still cached: no change cleared it since the lookup
-                if self._views.get(key) is view:
-                    self.last[ptr] = (shape, dtype, readonly, view)
-            self.reclaim.drain()
-            return view
-        gen = self.generation  # before span finds the allocation: memory gone since is not cached
-        dt = np.dtype(dtype)
-        shp = (shape,) if isinstance(shape, int | np.integer) else tuple(int(d) for d in shape)
-        count = 1
-        for d in shp:
-            if d < 0:
-                raise InvalidValueError(f"negative dimension in shape {shp}")
-            count *= d
-        raw = self.span(ptr, count * dt.itemsize, strict=False)
-        view = raw.view(dt).reshape(shp)
-        if readonly:
-            view.flags.writeable = False
-        if key is not None:
-            # cached only if no memory went away since ``gen``: a free on another thread
-            # between the lookup and here left the view of memory that is gone (or whose
-            # address a later allocation takes), and its cache entry would outlive the clear
-            with self._lock:
-                if self.generation == gen:
-                    if len(self._views) > 8192:
-                        self._views.clear()
-                        self.last.clear()
-                    self._views[key] = view
-                    self.last[ptr] = (shape, dtype, readonly, view)
-            self.reclaim.drain()
+        if view is None:
+            dt = np.dtype(dtype)
+            shp = (shape,) if isinstance(shape, int | np.integer) else tuple(int(d) for d in shape)
+            count = 1
+            for d in shp:
+                if d < 0:
+                    raise InvalidValueError(f"negative dimension in shape {shp}")
+                count *= d
+            raw = self.span(ptr, count * dt.itemsize, strict=False)
+            view = raw.view(dt).reshape(shp)
+            if readonly:
+                view.flags.writeable = False
+            if key is None:
+                return view
+            if len(self._views) > 8192:
+                self._views.clear()
+                self.last.clear()
+            self._views[key] = view
+        self.last[ptr] = (shape, dtype, readonly, view)
+        if self.generation != gen:  # memory went away meanwhile: this view may be of it
+            self._views.pop(key, None)
+            self.last.pop(ptr, None)
         return view
 
     def allocations(self, device: int | None = None) -> list[Allocation]:
