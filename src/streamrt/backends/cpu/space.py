@@ -10,13 +10,11 @@ State and invariants:
   ``_lock`` (finalizers' releases wait in ``reclaim`` while it is held).
 - Views: :meth:`AddressSpace.array` caches numpy views by ``(ptr, shape, dtype, readonly)`` and
   keeps the last one made at each address in ``last`` (the kernel context's fast path); both
-  are cleared in place whenever memory goes away or is remapped, and ``generation`` is bumped,
-  so a cached view never outlives its memory and holders of older views know to remake them.
-  A view made (or found in ``_views``) while another thread frees memory must not stay cached
-  after that free's clear: the maker reads ``generation`` before looking, adds the entry, and
-  takes it out again if ``generation`` moved meanwhile; a change bumps ``generation`` before it
-  clears (and again after), so an entry added before the bump is cleared and one added after
-  it is taken out. No lock: each step is one dict operation, atomic under the GIL.
+  are cleared in place whenever memory goes away or is remapped, and ``generation`` is bumped
+  before and after, so a cached view never outlives its memory and holders of older views know
+  to remake them. A view maker (no lock: each step is one dict operation) reads ``generation``
+  before looking and takes its entry out again if it moved: a view made while another thread
+  frees is cleared (added before the bump) or taken out (added after it), never left cached.
 """
 
 from __future__ import annotations
