@@ -5,13 +5,13 @@ State and invariants (per queue):
   then ``args``, run as ``fn(*args)`` (a kernel's ``fn`` is its body bound to its context, so
   ``args`` is the launch's own argument tuple). Each operation goes in with one ``extend`` of a
   pair: a C call that runs no Python code, so neither the worker nor another submitter ever
-  sees half of one. No tuple per operation holds ``fn`` or the context: a backlog of launches
-  whose arguments are numbers is nothing the collector keeps tracking, and its cost per
-  operation stays flat in the backlog's length.
+  sees half of one. No tuple per operation holds ``fn`` or the context: the collector untracks
+  a launch's tuple of numbers at its first pass, so a backlog never grows its old generations
+  (whose collections would traverse the whole backlog, again and again as it grows).
 - The worker pops operations in order and
   counts ``done`` after each (only the worker writes it). It sleeps only when ``ops`` is
   empty, with ``idle`` set first; a submitter wakes it only when ``idle`` is set (the common
-  enqueue is one deque append). The bell is a ``SimpleQueue``: ringing takes no lock, so a
+  enqueue is one deque extend). The bell is a ``SimpleQueue``: ringing takes no lock, so a
   stream's finalizer closing the queue on any thread, even inside this queue's lock, never
   deadlocks.
 - Host threads blocked in ``wait_done`` register their target positions; the worker notifies
