@@ -146,10 +146,10 @@ class InlineQueue(Queue):
     """A queue whose operations are the work itself, run by a host thread (the cpu backend).
 
     :attr:`ops` (never rebound) holds two items per operation, ``fn`` then ``args`` (run as
-    ``fn(*args)``), each pair added by one ``extend``. The eager launch adds the kernel's body bound to its
-    context and the launch's arguments itself, and calls :meth:`wake` when :attr:`idle` is
-    set, without a call into the queue: both fields are part of the contract. Such a queue
-    never blocks in :meth:`submit`."""
+    ``fn(*args)``), each pair added by one ``extend``. The eager launch adds the kernel's body
+    bound to its context and the launch's arguments itself, and calls :meth:`wake` when
+    :attr:`idle` is set, without a call into the queue: both fields are part of the contract.
+    Such a queue never blocks in :meth:`submit`."""
 
     ops: deque[Any]  # submitted, not yet started: ``fn, args, fn, args, ...``
     idle: bool  # the worker sleeps: the next submit must call wake()
