@@ -224,6 +224,7 @@ class AddressSpace:
             self._views[key] = view
         self.last[ptr] = (shape, dtype, readonly, view)
         if self.generation != gen:  # memory went away meanwhile: this view may be of it
+            assert key is not None  # (an uncached view returned above)
             self._views.pop(key, None)
             self.last.pop(ptr, None)
         return view
