@@ -178,8 +178,10 @@ class KernelContext:
             e = _last[ptr]
         except (KeyError, TypeError):  # none there, or an unhashable pointer (refused below)
             return self._view(ptr, shape, dtype, readonly)
-        if e[0] == shape and e[1] is dtype and e[2] is readonly:
-            return e[3]  # type: ignore[no-any-return]
+        if e[0] == shape and e[1] is dtype:
+            view = e[3] if readonly else e[2]  # a read-only and a writable view kept side by side
+            if view is not None:
+                return view  # type: ignore[no-any-return]
         return self._view(ptr, shape, dtype, readonly)
 
     # the sanitizer swaps in a checking version while it is on (zero cost when off)

@@ -30,11 +30,12 @@ Flat = list[tuple["Node | None", list[int], bool]]
 NodeOp = tuple[Callable[..., Any], tuple] | None
 
 
-# ptr -> (shape, dtype, readonly, view): the kernel view made last at each address, by whichever
-# backend makes views (:meth:`DeviceImpl.view`); one dict for the process, read by the kernel
-# context's fast path without a call or an attribute load. Backends' addresses never collide,
-# and a backend clears it in place whenever memory goes away or is remapped.
-LAST_VIEWS: dict[int, tuple[Any, Any, bool, Any]] = {}
+# ptr -> (shape, dtype, writable view, read-only view): the kernel views of the shape and dtype
+# made last at each address (either view None until one is made), by whichever backend makes
+# views (:meth:`DeviceImpl.view`); one dict for the process, read by the kernel context's fast
+# path without a call or an attribute load. Backends' addresses never collide, and a backend
+# clears it in place whenever memory goes away or is remapped.
+LAST_VIEWS: dict[int, tuple[Any, Any, Any, Any]] = {}
 
 
 class MemRange(NamedTuple):

@@ -19,6 +19,7 @@ State and invariants:
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -82,7 +83,7 @@ class AddressSpace:
         self._allocs: SortedDict = SortedDict()
         self._next: dict[int, int] = {}
         self._views: dict[tuple, np.ndarray] = {}
-        self.last = LAST_VIEWS  # ptr -> (shape, dtype, readonly, view) made last (see base)
+        self.last = LAST_VIEWS  # ptr -> (shape, dtype, writable, read-only) made last (see base)
         self.generation = 0  # bumped whenever memory goes away or is remapped
 
     def allocate(self, device: int, nbytes: int, kind: str = "malloc", *,
@@ -115,11 +116,10 @@ class AddressSpace:
         raise OutOfMemoryError(f"no {need} bytes of addresses left in the window at {hex_(start)}")
 
     def _changed(self) -> None:
-        """Memory went away or was remapped (caller holds the lock): drop every cached view.
-        Cleared in place: the kernel context's fast path holds ``last`` itself."""
-        # bumped before the clear (a view maker adding an entry after it takes it out again)
-        # and after it (whoever reads the final count, as a graph exec deciding to remake its
-        # views, finds the caches cleared)
+        """Memory went away or was remapped (caller holds the lock): drop every cached view, in
+        place (the kernel context's fast path holds ``last`` itself)."""
+        # bumped before (a view maker adding an entry after it takes it out again) and after
+        # (whoever reads the final count, as a graph exec remaking its views, finds them gone)
         self.generation += 1
         self._views.clear()
         self.last.clear()
@@ -207,12 +207,9 @@ class AddressSpace:
         if view is None:
             dt = np.dtype(dtype)
             shp = (shape,) if isinstance(shape, int | np.integer) else tuple(int(d) for d in shape)
-            count = 1
-            for d in shp:
-                if d < 0:
-                    raise InvalidValueError(f"negative dimension in shape {shp}")
-                count *= d
-            raw = self.span(ptr, count * dt.itemsize, strict=False)
+            if any(d < 0 for d in shp):
+                raise InvalidValueError(f"negative dimension in shape {shp}")
+            raw = self.span(ptr, math.prod(shp) * dt.itemsize, strict=False)
             view = raw.view(dt).reshape(shp)
             if readonly:
                 view.flags.writeable = False
@@ -222,7 +219,10 @@ class AddressSpace:
                 self._views.clear()
                 self.last.clear()
             self._views[key] = view
-        self.last[ptr] = (shape, dtype, readonly, view)
+        last = self.last.get(ptr)  # kept beside it: the other kind of the same shape and dtype
+        if last is None or last[1] is not dtype or last[0] != shape:
+            last = (shape, dtype, None, None)
+        self.last[ptr] = (shape, dtype, last[2], view) if readonly else (shape, dtype, view, last[3])
         if self.generation != gen:  # memory went away meanwhile: this view may be of it
             assert key is not None  # (an uncached view returned above)
             self._views.pop(key, None)
