@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import MethodType
 from typing import TYPE_CHECKING, Any, NamedTuple, overload
 
 import numpy as np
@@ -138,7 +139,7 @@ def kernel(
 class KernelContext:
     """What a kernel body sees: launch dimensions, device, stream, and bounds-checked memory views."""
 
-    __slots__ = ("grid", "block", "device", "stream", "_view")
+    __slots__ = ("grid", "block", "device", "stream", "_view", "_runs")
 
     def __init__(self, grid: Dim3, block: Dim3, device: Device, stream: Stream) -> None:
         self.grid = grid
@@ -146,19 +147,45 @@ class KernelContext:
         self.device = device
         self.stream = stream
         self._view = device._impl.view
+        # kernel body -> the body bound to this context (``run(*args)`` is ``body(ctx, *args)``):
+        # an eager launch queues that and its own argument tuple, and makes no tuple holding the
+        # context per launch (see backends/cpu/queues.py); keyed by the body, not the Kernel, so
+        # a Kernel whose ``fn`` was replaced runs the new one
+        self._runs: dict[Any, Callable[..., Any]] = {}
+
+    def _runner(self, fn: Any) -> Callable[..., Any]:
+        """``fn`` bound to this context (made once per body; at most 256 kept)."""
+        runs = self._runs
+        try:
+            return runs[fn]
+        except KeyError:
+            pass
+        except TypeError:  # an unhashable callable: bound, not kept
+            return self._bind(fn)
+        if len(runs) >= 256:  # kernels made on the fly do not pile up
+            runs.clear()
+        run = runs[fn] = self._bind(fn)
+        return run
+
+    def _bind(self, fn: Any) -> Callable[..., Any]:
+        # a bound method calls ``fn(self, *args)`` without making a tuple; something not
+        # callable fails where the body runs, as its call there would
+        return MethodType(fn, self) if callable(fn) else (lambda *args: fn(self, *args))
 
     def _fast_array(self, ptr: int, shape: Any, dtype: Any, *, readonly: bool = False) -> np.ndarray:
         """A numpy view of device memory; read-only views declare a read, writable ones a write."""
         try:  # hot path: the view last made at this address, if it matches
-            e = _last_get(ptr)
-        except TypeError:
-            e = None
-        if e is not None and e[0] == shape and e[1] is dtype and e[2] is readonly:
-            return e[3]  # type: ignore[no-any-return]
+            e = _last[ptr]
+        except (KeyError, TypeError):  # none there, or an unhashable pointer (refused below)
+            return self._view(ptr, shape, dtype, readonly)
+        if e[0] == shape and e[1] is dtype:
+            view = e[3] if readonly else e[2]  # a read-only and a writable view kept side by side
+            if view is not None:
+                return view  # type: ignore[no-any-return]
         return self._view(ptr, shape, dtype, readonly)
 
     # the sanitizer swaps in a checking version while it is on (zero cost when off)
     array = _fast_array
 
 
-_last_get = LAST_VIEWS.get  # the views made last (see backends/base.py), without an attribute load
+_last = LAST_VIEWS  # the views made last (see backends/base.py), a module global: no attribute load

@@ -63,7 +63,7 @@ class Stream:
     __slots__ = (
         "device", "id", "priority", "non_blocking", "_legacy", "_q", "_pos", "_clock", "_host",
         "_destroyed", "_ctxs", "_ctx1", "_target", "_slow", "_lock", "_inline", "_recorded",
-        "__weakref__",
+        "_push", "__weakref__",
     )
 
     def __init__(
@@ -95,6 +95,8 @@ class Stream:
         )
         # read on every launch: a slot, not an isinstance call
         self._inline = isinstance(self._q, InlineQueue)
+        # an InlineQueue's ``ops.extend`` (its ``ops`` is never rebound), for the eager launch
+        self._push = self._q.ops.extend if self._inline else None  # type: ignore[attr-defined]
         self._pos = 0
         self._recorded = -1  # position of the latest event record (see free)
         self._clock: dict[int, int] = {}
@@ -238,13 +240,19 @@ class Stream:
         if self._slow or _global_slow or type(kernel) is not Kernel:
             return self._launch_slow(kernel, ctx, args)
         # the hottest path of the runtime: a non-blocking stream with no capture or hooks
-        q = self._q
-        if self._inline:  # the queue's operations are the work: append it (InlineQueue)
+        push = self._push
+        if push is not None:  # the queue's operations are the work: add it (InlineQueue)
+            try:  # the body bound to the context: no tuple made per launch holds the context
+                run = ctx._runs[kernel.fn]
+            except (KeyError, TypeError):
+                run = ctx._runner(kernel.fn)
             self._pos += 1
-            q.ops.append((kernel.fn, (ctx,) + args))  # type: ignore[attr-defined]
+            push((run, args))
+            q = self._q
             if q.idle:  # type: ignore[attr-defined]
                 q.wake()  # type: ignore[attr-defined]
             return
+        q = self._q
         fn, a = q.op_launch(kernel, ctx, args)  # a refused argument raises before counting
         self._pos += 1
         q.submit(fn, a)

@@ -30,11 +30,12 @@ Flat = list[tuple["Node | None", list[int], bool]]
 NodeOp = tuple[Callable[..., Any], tuple] | None
 
 
-# ptr -> (shape, dtype, readonly, view): the kernel view made last at each address, by whichever
-# backend makes views (:meth:`DeviceImpl.view`); one dict for the process, read by the kernel
-# context's fast path without a call or an attribute load. Backends' addresses never collide,
-# and a backend clears it in place whenever memory goes away or is remapped.
-LAST_VIEWS: dict[int, tuple[Any, Any, bool, Any]] = {}
+# ptr -> (shape, dtype, writable view, read-only view): the kernel views of the shape and dtype
+# made last at each address (either view None until one is made), by whichever backend makes
+# views (:meth:`DeviceImpl.view`); one dict for the process, read by the kernel context's fast
+# path without a call or an attribute load. Backends' addresses never collide, and a backend
+# clears it in place whenever memory goes away or is remapped.
+LAST_VIEWS: dict[int, tuple[Any, Any, Any, Any]] = {}
 
 
 class MemRange(NamedTuple):
@@ -145,11 +146,13 @@ class Queue(ABC):
 class InlineQueue(Queue):
     """A queue whose operations are the work itself, run by a host thread (the cpu backend).
 
-    The eager launch appends ``(kernel.fn, (ctx, *args))`` to :attr:`ops` itself and calls
-    :meth:`wake` when :attr:`idle` is set, without a call into the queue: both fields are part
-    of the contract. Such a queue never blocks in :meth:`submit`."""
+    :attr:`ops` (never rebound) holds two items per operation, ``fn`` then ``args`` (run as
+    ``fn(*args)``), each pair added by one ``extend``. The eager launch adds the kernel's body
+    bound to its context and the launch's arguments itself, and calls :meth:`wake` when
+    :attr:`idle` is set, without a call into the queue: both fields are part of the contract.
+    Such a queue never blocks in :meth:`submit`."""
 
-    ops: deque[tuple[Callable[..., Any], tuple]]  # submitted, not yet started
+    ops: deque[Any]  # submitted, not yet started: ``fn, args, fn, args, ...``
     idle: bool  # the worker sleeps: the next submit must call wake()
 
     @abstractmethod

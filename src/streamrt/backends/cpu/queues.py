@@ -1,10 +1,17 @@
 """The cpu backend's queues: one worker thread per stream, running ``(fn, args)`` in order.
 
 State and invariants (per queue):
-- ``ops`` holds submitted operations not yet started; the worker pops them in order and
+- ``ops`` holds submitted operations not yet started, flat: two items per operation, ``fn``
+  then ``args``, run as ``fn(*args)`` (a kernel's ``fn`` is its body bound to its context, so
+  ``args`` is the launch's own argument tuple). Each operation goes in with one ``extend`` of a
+  pair: a C call that runs no Python code, so neither the worker nor another submitter ever
+  sees half of one. No tuple per operation holds ``fn`` or the context: the collector untracks
+  a launch's tuple of numbers at its first pass, so a backlog never grows its old generations
+  (whose collections would traverse the whole backlog, again and again as it grows).
+- The worker pops operations in order and
   counts ``done`` after each (only the worker writes it). It sleeps only when ``ops`` is
   empty, with ``idle`` set first; a submitter wakes it only when ``idle`` is set (the common
-  enqueue is one deque append). The bell is a ``SimpleQueue``: ringing takes no lock, so a
+  enqueue is one deque extend). The bell is a ``SimpleQueue``: ringing takes no lock, so a
   stream's finalizer closing the queue on any thread, even inside this queue's lock, never
   deadlocks.
 - Host threads blocked in ``wait_done`` register their target positions; the worker notifies
@@ -28,6 +35,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from types import MethodType
 from typing import Any
 
 import numpy as np
@@ -37,7 +45,7 @@ from ...labels import describe, host_call
 from ...validate import env_int, is_int
 from ..base import InlineQueue, Queue
 
-_NEVER = float("inf")
+_NEVER = 1 << 62  # past any position: an int, so the worker's test compares two ints
 _delay_us = env_int("STREAMRT_CPU_DELAY_US", 0)
 in_operations = threading.local()
 
@@ -74,14 +82,14 @@ class CpuQueue(InlineQueue):
         self._progress = threading.Condition(threading.Lock())
         self.idle = False
         self._targets: list[int] = []  # positions host threads wait for in wait_done
-        self._wake_at: float = _NEVER  # the smallest of them
+        self._wake_at = _NEVER  # the smallest of them
         self._closed = False
         self.errors: list[tuple[int, BaseException, str]] = []
         self._thread = threading.Thread(target=self._run, name=f"streamrt-{name}", daemon=True)
         self._thread.start()
 
     def submit(self, fn: Callable[..., Any], args: tuple) -> None:
-        self.ops.append((fn, args))
+        self.ops.extend((fn, args))  # one operation, atomically (see the module docstring)
         if self.idle:
             self.wake()
 
@@ -130,7 +138,7 @@ class CpuQueue(InlineQueue):
         done = self.done  # only this thread writes ``done``; keep it in a local too
         while True:
             try:
-                fn, args = pop()
+                fn = pop()
             except IndexError:
                 fn = args = None  # the last operation's arguments may be all that keeps its stream
                 # idle first, then look again: a submit either lands before the look or sees
@@ -142,15 +150,16 @@ class CpuQueue(InlineQueue):
                     self._bell.get()
                 self.idle = False
                 continue
+            args = pop()  # there: it came in with ``fn``, in one extend
             if _delay_us:
                 delay()
             try:
                 fn(*args)
             except BaseException as exc:  # reported at the next synchronize, never lost
-                self.errors.append((done + 1, exc, describe(fn, args, exc)))
+                self.errors.append((done + 1, exc, _label(fn, args, exc)))
             done += 1
             self.done = done
-            if done >= self._wake_at:
+            if self._targets and done >= self._wake_at:  # (an empty list: no one waits)
                 with self._progress:
                     self._wake_at = min((t for t in self._targets if t > done), default=_NEVER)
                     self._progress.notify_all()
@@ -186,6 +195,14 @@ class CpuQueue(InlineQueue):
     def close(self) -> None:
         self._closed = True  # before the ring: the worker looks at it once the queue is empty
         self._bell.put(None)
+
+
+def _label(fn: Callable[..., Any], args: tuple, exc: BaseException) -> str:
+    """The label of a failed operation: a kernel's body bound to its context (a method of a
+    kernel context, which has ``array``) is labelled as the body's call."""
+    if type(fn) is MethodType and hasattr(fn.__self__, "array"):
+        return describe(fn.__func__, (fn.__self__, *args), exc)
+    return describe(fn, args, exc)
 
 
 def copy_op(dst: np.ndarray, src: Any) -> None:

@@ -10,12 +10,16 @@ State and invariants:
   ``_lock`` (finalizers' releases wait in ``reclaim`` while it is held).
 - Views: :meth:`AddressSpace.array` caches numpy views by ``(ptr, shape, dtype, readonly)`` and
   keeps the last one made at each address in ``last`` (the kernel context's fast path); both
-  are cleared in place whenever memory goes away or is remapped, and ``generation`` is bumped,
-  so a cached view never outlives its memory and holders of older views know to remake them.
+  are cleared in place whenever memory goes away or is remapped, and ``generation`` is bumped
+  before and after, so a cached view never outlives its memory and holders of older views know
+  to remake them. A view maker (no lock: each step is one dict operation) reads ``generation``
+  before looking and takes its entry out again if it moved: a view made while another thread
+  frees is cleared (added before the bump) or taken out (added after it), never left cached.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -79,7 +83,7 @@ class AddressSpace:
         self._allocs: SortedDict = SortedDict()
         self._next: dict[int, int] = {}
         self._views: dict[tuple, np.ndarray] = {}
-        self.last = LAST_VIEWS  # ptr -> (shape, dtype, readonly, view) made last (see base)
+        self.last = LAST_VIEWS  # ptr -> (shape, dtype, writable, read-only) made last (see base)
         self.generation = 0  # bumped whenever memory goes away or is remapped
 
     def allocate(self, device: int, nbytes: int, kind: str = "malloc", *,
@@ -112,8 +116,11 @@ class AddressSpace:
         raise OutOfMemoryError(f"no {need} bytes of addresses left in the window at {hex_(start)}")
 
     def _changed(self) -> None:
-        """Memory went away or was remapped (caller holds the lock): drop every cached view.
-        Cleared in place: kernel contexts hold the bound ``get`` of ``last``."""
+        """Memory went away or was remapped (caller holds the lock): drop every cached view, in
+        place (the kernel context's fast path holds ``last`` itself)."""
+        # bumped before (a view maker adding an entry after it takes it out again) and after
+        # (whoever reads the final count, as a graph exec remaking its views, finds them gone)
+        self.generation += 1
         self._views.clear()
         self.last.clear()
         self.generation += 1
@@ -191,31 +198,35 @@ class AddressSpace:
 
     def array(self, ptr: int, shape: Any, dtype: Any, readonly: bool) -> np.ndarray:
         """A numpy view of device memory (cached); bounds-checked against its allocation."""
+        gen = self.generation  # before looking: a change after it takes out what is added below
         try:
             key = (ptr, shape, dtype, readonly)
             view = self._views.get(key)
         except TypeError:  # unhashable shape (a list): normalise, no caching
             key, view = None, None
-        if view is not None:
-            self.last[ptr] = (shape, dtype, readonly, view)
-            return view
-        dt = np.dtype(dtype)
-        shp = (shape,) if isinstance(shape, int | np.integer) else tuple(int(d) for d in shape)
-        count = 1
-        for d in shp:
-            if d < 0:
+        if view is None:
+            dt = np.dtype(dtype)
+            shp = (shape,) if isinstance(shape, int | np.integer) else tuple(int(d) for d in shape)
+            if any(d < 0 for d in shp):
                 raise InvalidValueError(f"negative dimension in shape {shp}")
-            count *= d
-        raw = self.span(ptr, count * dt.itemsize, strict=False)
-        view = raw.view(dt).reshape(shp)
-        if readonly:
-            view.flags.writeable = False
-        if key is not None:
+            raw = self.span(ptr, math.prod(shp) * dt.itemsize, strict=False)
+            view = raw.view(dt).reshape(shp)
+            if readonly:
+                view.flags.writeable = False
+            if key is None:
+                return view
             if len(self._views) > 8192:
                 self._views.clear()
                 self.last.clear()
             self._views[key] = view
-            self.last[ptr] = (shape, dtype, readonly, view)
+        last = self.last.get(ptr)  # kept beside it: the other kind of the same shape and dtype
+        if last is None or last[1] is not dtype or last[0] != shape:
+            last = (shape, dtype, None, None)
+        self.last[ptr] = (shape, dtype, last[2], view) if readonly else (shape, dtype, view, last[3])
+        if self.generation != gen:  # memory went away meanwhile: this view may be of it
+            assert key is not None  # (an uncached view returned above)
+            self._views.pop(key, None)
+            self.last.pop(ptr, None)
         return view
 
     def allocations(self, device: int | None = None) -> list[Allocation]:
