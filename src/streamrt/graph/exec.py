@@ -152,7 +152,7 @@ class GraphExec:
 
     # -- launch --------------------------------------------------------------------------------
     # the launch record (see _record): (stream, plans, generation, generation getter, op,
-    # the queue's ops.append or None, the queue, the stream's clock.copy, the stream's id)
+    # the queue's ops.extend or None, the queue, the stream's clock.copy, the stream's id)
     _rec: tuple | None = None
     _label: str | None = None  # the launch's label for observers (made once)
 
@@ -172,9 +172,9 @@ class GraphExec:
                 if self._rec is rec and self._plans is rec[1] and not self._destroyed and (
                         rec[2] is None or rec[3]() == rec[2]):
                     stream._pos += 1
-                    append = rec[5]
-                    if append is not None:  # an InlineQueue: its ops deque (see Stream.launch)
-                        append(rec[4])
+                    push = rec[5]
+                    if push is not None:  # an InlineQueue: fn, args onto its ops (Stream.launch)
+                        push(rec[4])
                         if rec[6].idle:
                             rec[6].wake()
                     else:
@@ -247,9 +247,9 @@ class GraphExec:
         impl = stream.device._impl
         gen = self._bound_at if impl.runner_per_stream and self._binds() else None
         q = stream._q
-        append = q.ops.append if stream._inline else None  # type: ignore[attr-defined]
+        push = stream._push  # an InlineQueue's ops.extend: one operation is its two items
         # (a stream's queue, its ops deque, its clock dict and its id never change)
-        return (stream, self._plans, gen, impl.memory_generation, op, append, q,
+        return (stream, self._plans, gen, impl.memory_generation, op, push, q,
                 stream._clock.copy, stream.id)
 
     def _check(self, stream: Any) -> None:
