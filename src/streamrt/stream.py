@@ -63,7 +63,7 @@ class Stream:
     __slots__ = (
         "device", "id", "priority", "non_blocking", "_legacy", "_q", "_pos", "_clock", "_host",
         "_destroyed", "_ctxs", "_ctx1", "_target", "_slow", "_lock", "_inline", "_recorded",
-        "_push", "__weakref__",
+        "_push", "_cv", "__weakref__",
     )
 
     def __init__(
@@ -100,6 +100,7 @@ class Stream:
         self._pos = 0
         self._recorded = -1  # position of the latest event record (see free)
         self._clock: dict[int, int] = {}
+        self._cv = 0  # the clock's version: counts changes of _clock (a copy of it stays valid)
         self._host = 0
         self._destroyed = False
         self._ctxs: dict[Any, KernelContext] = {}
@@ -193,6 +194,7 @@ class Stream:
             self._merge(merge)
 
     def _merge(self, clock: dict[int, int]) -> None:
+        self._cv += 1
         mine = self._clock
         for sid, p in clock.items():
             if p > mine.get(sid, 0):

@@ -182,6 +182,7 @@ def _forget_gone(s: Stream, proven: dict[int, int]) -> None:
         return
     with s._lock:  # instrumented enqueues merge waits into the clock under it
         mine = s._clock
+        s._cv += 1
         for sid in gone:
             if mine.get(sid) == proven[sid]:  # not raised by a wait another thread enqueued
                 del mine[sid]

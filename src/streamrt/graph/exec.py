@@ -152,7 +152,8 @@ class GraphExec:
 
     # -- launch --------------------------------------------------------------------------------
     # the launch record (see _record): (stream, plans, generation, generation getter, op,
-    # the queue's ops.extend or None, the queue, the stream's clock.copy, the stream's id)
+    # the queue's ops.extend or None, the queue, the stream's clock version and clock copy then;
+    # a launch's ``_last`` clock may lack the stream's own entry: its position is beside it)
     _rec: tuple | None = None
     _label: str | None = None  # the launch's label for observers (made once)
 
@@ -179,9 +180,10 @@ class GraphExec:
                             rec[6].wake()
                     else:
                         rec[6].submit(*rec[4])
-                    snap = rec[7]()  # the clock copied, then the position (Stream._snapshot)
-                    snap[rec[8]] = pos = stream._pos
-                    self._last = (stream, pos, snap)
+                    # the clock copied when the record was made, while the stream's clock is
+                    # unchanged since (a copy never newer than the position: Stream._snapshot)
+                    clock = rec[8] if stream._cv == rec[7] else stream._clock.copy()
+                    self._last = (stream, stream._pos, clock)
                     return
             finally:
                 lock.release()
@@ -210,8 +212,8 @@ class GraphExec:
             last = self._last
             if last is not None and last[0] is not stream:
                 other, pos, clock = last
-                if stream._clock.get(other.id, 0) < pos:
-                    stream._order_after(other, pos, clock)
+                if stream._clock.get(other.id, 0) < pos:  # (the clock may lack other's entry)
+                    stream._order_after(other, pos, {**clock, other.id: pos})
             for n in self._event_nodes:
                 if n.type is NodeType.WAIT_EVENT:
                     stream.wait(n._params["event"])
@@ -249,8 +251,9 @@ class GraphExec:
         q = stream._q
         push = stream._push  # an InlineQueue's ops.extend: one operation is its two items
         # (a stream's queue, its ops deque, its clock dict and its id never change)
-        return (stream, self._plans, gen, impl.memory_generation, op, push, q,
-                stream._clock.copy, stream.id)
+        cv = stream._cv  # read before the copy: a change meanwhile makes the copy look stale
+        return (stream, self._plans, gen, impl.memory_generation, op, push, q, cv,
+                stream._clock.copy())
 
     def _check(self, stream: Any) -> None:
         if self._destroyed:

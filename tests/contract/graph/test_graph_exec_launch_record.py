@@ -117,3 +117,37 @@ def test_graph_launch_record_synchronous_under_launch_blocking(s, dev):
         sync.set_launch_blocking(prev)
     s.synchronize()
     assert _read(a)[0] == 3
+
+
+def test_graph_launch_record_carries_what_the_stream_learnt_since(s, s2, dev, gate):
+    """A launch after the stream waited on an event passes that ordering on.
+
+    The record keeps a copy of the launch stream's clock; a wait merged into the stream after
+    the record was made must reach the next launch's ordering: a later launch of the exec on a
+    third stream is ordered after this one, and through it after the event, so a block freed
+    before that event is reusable there by the event-dependency rule (no opportunistic or
+    internal-dependency reuse allowed).
+    """
+    cpu_only(dev, PY_KERNELS)
+    pool = srt.MemPool(dev, reuse_allow_opportunistic=False,
+                       reuse_allow_internal_dependencies=False)
+    s3 = srt.Stream(dev, non_blocking=True)
+    g = srt.Graph()
+    g.add_empty_node()
+    ge = g.instantiate()
+    for _ in range(3):  # the record is made, then used
+        ge.launch(s)
+    hold = gate(s2)  # s2's free stays pending: only ordering can make it reusable
+    p = s2.malloc(4096, pool)
+    s2.free(p)
+    s.wait(s2.record())  # s learns s2's free, after the record was made
+    ge.launch(s)  # the record's path: it must pass s's new clock on
+    ge.launch(s3)  # ordered after that launch, hence after s2's free
+    before = pool.stats()["reuse_event_dependency"]
+    q = s3.malloc(4096, pool)
+    assert q == p and pool.stats()["reuse_event_dependency"] == before + 1
+    hold.open()
+    s3.free(q)
+    s3.synchronize()
+    ge.destroy()
+    pool.destroy()
