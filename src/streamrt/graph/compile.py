@@ -162,7 +162,8 @@ def flatten(template: Graph, disabled: set[int]) -> list[tuple[Node | None, list
     flat: list[tuple[Node | None, list[int], bool]] = []
 
     def inline(graph: Graph, entry_deps: list[int], top: bool) -> list[int]:
-        index: dict[int, int] = {}
+        start = len(flat)
+        index = [0] * len(graph._nodes)  # node.index -> its position in flat
         for n in topo(graph):
             deps = [index[d.index] for d in n._deps] or list(entry_deps)
             if n.type is NodeType.GRAPH:
@@ -171,30 +172,32 @@ def flatten(template: Graph, disabled: set[int]) -> list[tuple[Node | None, list
             else:
                 flat.append((n, deps, not (top and n.index in disabled)))
             index[n.index] = len(flat) - 1
-        dependents = {d for _, deps, _ in flat for d in deps}
-        return [i for i in index.values() if i not in dependents] or list(entry_deps)
+        # this graph's exits: its entries nothing added since ``start`` depends on
+        dependents = {d for _, deps, _ in flat[start:] for d in deps}
+        return [i for i in index if i not in dependents] or list(entry_deps)
 
     inline(template, [], True)
     return flat
 
 
 def topo(graph: Graph) -> list[Node]:
-    """Kahn's order, ties by creation order; the builder guarantees acyclicity."""
-    npred = {id(n): len(n._deps) for n in graph._nodes}
-    ready = [n for n in graph._nodes if not n._deps]
-    out: list[Node] = []
+    """Kahn's order, ties by creation order; the builder guarantees acyclicity. Indexed by
+    ``node.index``, which is the node's position in ``graph._nodes`` (nodes are only added)."""
+    nodes = graph._nodes
+    npred = [len(n._deps) for n in nodes]
+    ready = [n for n in nodes if not n._deps]
     i = 0
     while i < len(ready):
         n = ready[i]
         i += 1
-        out.append(n)
         for d in n._dependents:
-            npred[id(d)] -= 1
-            if npred[id(d)] == 0:
+            k = d.index
+            npred[k] -= 1
+            if not npred[k]:
                 ready.append(d)
-    if len(out) != len(graph._nodes):
+    if len(ready) != len(nodes):
         raise InvalidValueError(f"{graph!r} has a cycle")
-    return out
+    return ready
 
 
 def node_label(n: Node, top: Graph) -> str:
