@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from collections.abc import Callable
@@ -44,3 +45,20 @@ def best_us(fn: Callable[[int], Any], n: int, repeat: int,
         fn(n)
         best = min(best, time.perf_counter() - t0)
     return best / n * 1e6
+
+
+def interleaved(fns: dict[str, Callable[[], float]], rounds: int, *, collect: bool = False
+                ) -> dict[str, list[float]]:
+    """Run each of ``fns`` (each returns its time per item) once per round, the order rotating
+    from round to round (drift on a shared machine hits every contender alike); the figures.
+    ``collect``: a full garbage collection before each (the previous one's garbage is not the
+    next one's cost)."""
+    names = list(fns)
+    out: dict[str, list[float]] = {k: [] for k in names}
+    for r in range(rounds):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            if collect:
+                gc.collect()
+            out[name].append(fns[name]())
+    return out

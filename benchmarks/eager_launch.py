@@ -18,7 +18,6 @@ thread (its views, no queue) is information: it splits the gap to direct numpy. 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import queue
 import statistics
@@ -29,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
-from _common import smoke_size
+from _common import interleaved, smoke_size
 
 import streamrt as srt
 
@@ -90,17 +89,6 @@ def _stamp_after(gate: threading.Event | None, stamps: list[float]) -> None:
     if gate is not None:
         gate.wait()
     stamps.append(time.perf_counter())
-
-
-def _rounds(contenders: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
-    """Each contender's µs/op over ``rounds`` alternating rounds (the order rotates per round)."""
-    names = list(contenders)
-    out: dict[str, list[float]] = {k: [] for k in names}
-    for r in range(rounds):
-        for k in names[r % len(names):] + names[:r % len(names)]:
-            gc.collect()  # garbage of the previous contender is not this one's cost
-            out[k].append(contenders[k]())
-    return out
 
 
 def _row(claim: str, ours: list[float], peer: list[float], target: str, limit: float | None,
@@ -184,13 +172,14 @@ def run(n: int = 20000, rounds: int = 15, quick: bool = False) -> dict:
         return t / (k * batches) * 1e6
 
     ours(1000), floor(1000), inline(1000), direct(1000), threadpool(1000)  # warm up
-    eager = _rounds({"ours": timed(ours, n), "floor": timed(floor, n), "inline": timed(inline, n),
-                     "direct": timed(direct, n), "threadpool": timed(threadpool, n)}, rounds)
+    eager = interleaved({"ours": timed(ours, n), "floor": timed(floor, n),
+                         "inline": timed(inline, n), "direct": timed(direct, n),
+                         "threadpool": timed(threadpool, n)}, rounds, collect=True)
     small = min(1000, backlog)
     # the same number of launches either way: one backlog of ``backlog``, or many of ``small``
-    back = _rounds({"big": lambda: behind_gate(backlog, 1),
-                    "small": lambda: behind_gate(small, backlog // small)},
-                   3 if quick else 5)
+    back = interleaved({"big": lambda: behind_gate(backlog, 1),
+                        "small": lambda: behind_gate(small, backlog // small)},
+                       3 if quick else 5, collect=True)
     pool.shutdown()
     worker.close()
     assert np.allclose(srt.read(pc, (N_ELEMS,), np.float32), 2.0)

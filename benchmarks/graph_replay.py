@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
-from _common import smoke, smoke_size
+from _common import interleaved, smoke, smoke_size
 
 import streamrt as srt
 from streamrt.kernel import KernelContext, dim3
@@ -92,16 +92,9 @@ def rounds(ours: Callable[[], float], peer: Callable[[], float], n: int) -> tupl
                                                                                   list[float]]:
     """Median per-item times of ``ours`` and ``peer`` over ``n`` interleaved rounds, and the
     ratio of each round."""
-    a, b, r = [], [], []
-    for i in range(n):
-        if i % 2:  # alternate which goes first: drift on a shared machine hits both alike
-            y, x = peer(), ours()
-        else:
-            x, y = ours(), peer()
-        a.append(x)
-        b.append(y)
-        r.append(x / y)
-    return statistics.median(a), statistics.median(b), r
+    got = interleaved({"ours": ours, "peer": peer}, n)
+    a, b = got["ours"], got["peer"]
+    return statistics.median(a), statistics.median(b), [x / y for x, y in zip(a, b, strict=True)]
 
 
 def timed(fn: Callable[[], None], items: int) -> Callable[[], float]:

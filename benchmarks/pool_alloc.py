@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from _common import fmt_size, smoke, smoke_size
+from _common import fmt_size, interleaved, smoke, smoke_size
 
 import streamrt as srt
 
@@ -40,15 +40,6 @@ CYCLE = (4 << 10, 64 << 10, 1 << 20)
 TARGET = 10.0  # pairs vs np.empty
 SCALE_TARGET = 2.0  # growth / synchronize at many blocks vs at few
 NEVER_RELEASE = 1 << 50  # release threshold: a synchronize never returns memory to the device
-
-
-def interleaved(fns: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
-    """Run each of ``fns`` (each returns µs per item) once per round, alternating; the figures."""
-    out: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(rounds):
-        for k, fn in fns.items():
-            out[k].append(fn())
-    return out
 
 
 def _timed(loop: Callable[[int], Any], n: int, before: Callable[[], Any] | None = None
