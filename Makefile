@@ -26,6 +26,8 @@ test: $(VENV)/.installed-test
 	$(BIN)/ruff check .
 	@# the public API as a typed user program sees it (py.typed): mypy --strict on one
 	$(BIN)/mypy --strict --follow-imports=silent --no-incremental examples/typed_program.py
+	@# the layering (DESIGN.md §1): no module-level import cycle in the package
+	$(BIN)/python scripts/import_cycles.py src/streamrt
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 	@# the cuda backend's code and the cuda tests again, on the fake CUDA runtime (tests/cuda/fake)
 	@why=$$($(BIN)/python -c "from tests.cuda.fake import unavailable; print(unavailable() or '')"); \
