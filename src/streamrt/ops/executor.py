@@ -222,11 +222,10 @@ class Executor:
         """Refuse an output sharing memory with an input unless it is that very view (in place):
         kernels that read an input after writing part of the output (a scan's blocks, a norm's
         weights) gave silently wrong results. Conservative on byte ranges, as PyTorch's
-        partial-overlap check; addresses change per run (cache hits, set_*_addr): checked here,
-        whenever they differ from the last addresses checked (the spans are fixed at phase 1)."""
+        partial-overlap check; addresses change per run (cache hits, set_*_addr): callers check
+        again only when they differ from ``_checked``, the last addresses that passed (the spans
+        are fixed at phase 1)."""
         addrs, ins = self._addrs, self._ins
-        if addrs == self._checked:
-            return
         for o, lo, hi, key in self._outs:
             a = addrs[o]
             lo += a
