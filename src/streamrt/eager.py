@@ -48,8 +48,7 @@ class Eager:
     def kernel(self, s: Stream, kernel: Kernel, ctx: KernelContext, args: tuple) -> None:
         """Launch ``kernel``."""
         fn, a = s._q.op_launch(kernel, ctx, args)
-        s._submit(fn, a, "kernel", kernel.name,
-                  extra={"grid": tuple(ctx.grid), "block": tuple(ctx.block)})
+        s._submit(fn, a, "kernel", kernel.name, extra=ctx._info)
 
     def memcpy(self, s: Stream, dst: Any, src: Any, n: int) -> None:
         """Copy ``n`` bytes; a pageable host end is staged (source) or waited for (destination)."""

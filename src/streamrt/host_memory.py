@@ -14,7 +14,7 @@ from .device import Device, current_device, devices
 from .errors import InvalidAddressError, InvalidTypeError, InvalidValueError, OutOfMemoryError
 from .graph import memory as graph_memory
 from .graph.capture import check_unsafe
-from .pool import device_of, find_pool
+from .pool import device_of, find_pool, registry
 from .stream import current_stream
 from .sync import synchronize_device
 from .validate import check_ptr, check_size, host_array, is_int
@@ -25,6 +25,7 @@ def malloc(nbytes: int, device: Any = None) -> int:
     check_unsafe("srt.malloc")
     n = check_size(nbytes)
     ptr = Device(device)._impl.malloc(n)
+    registry._requested[ptr] = n  # what may be used (the backend rounds the range up)
     if instrument.listeners:
         instrument.notify("alloc", None, ptr, n)
     return ptr
@@ -55,6 +56,8 @@ def free(ptr: int) -> None:
     if instrument.listeners:
         instrument.notify("free", None, ptr)
     release(ptr)
+    if pool is None and graph_alloc is None:
+        registry._requested.pop(ptr, None)
 
 
 def malloc_host(nbytes: int) -> int:

@@ -14,6 +14,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
@@ -33,44 +34,90 @@ on_change: list[Callable[[], None]] = []
 # key of a graph launch's ``OpInfo.args``: what its memory nodes do (keys starting with "_" are
 # for listeners, not shown in traces)
 GRAPH_MEMORY = "_graph_memory"
+# what the host has seen complete: stream id -> position (host synchronizes, copies into
+# pageable memory). Replaced, never mutated, on each change (``prove``): an OpInfo keeps the
+# one current at its enqueue, so work enqueued later is ordered after what the host saw then.
+host_seen: dict[int, int] = {}
+_host_lock = threading.Lock()
+
+
+def prove(sid: int, pos: int, clock: dict[int, int]) -> None:
+    """The host saw stream ``sid`` complete ``pos``, and so what ``clock`` covers: work enqueued
+    from now on is ordered after it (one new ``host_seen`` for all of it)."""
+    global host_seen
+    with _host_lock:
+        seen = host_seen
+        new = None
+        for k, v in ((sid, pos), *clock.items()):
+            if (seen if new is None else new).get(k, 0) < v:  # (a key may come twice)
+                if new is None:
+                    new = dict(seen)
+                new[k] = v
+        if new is not None:
+            host_seen = new
 
 
 class OpInfo:
-    """One enqueued operation, as the sanitizer and the tracer see it."""
+    """One enqueued operation, as the sanitizer and the tracer see it.
+
+    The stream is held weakly (``stream``: None once it is gone): a checker remembering the
+    operation does not keep the stream, or its worker thread, alive; the queued work holds it
+    while the operation runs. ``site`` is formatted when read (findings, traces), not at enqueue.
+    """
 
     __slots__ = (
-        "stream", "pos", "seq", "kind", "name", "site", "clock", "accesses", "t0", "t1", "args",
-        "parent", "index", "ancestors", "node", "thread", "stamps",
+        "_sref", "sid", "sname", "device", "pos", "seq", "kind", "name", "_site", "clock", "host",
+        "accesses", "t0", "t1", "args", "parent", "index", "ancestors", "node", "thread", "stamps",
     )
 
     def __init__(self, stream: Any, kind: str, name: str, clock: dict[int, int],
-                 accesses: tuple = (), args: dict | None = None, site: str | None = None) -> None:
-        self.stream = stream
-        self.pos = stream._pos if stream is not None else 0  # 1-based position of this op
+                 accesses: tuple = (), args: dict | None = None, site: Any = None) -> None:
+        if stream is not None:
+            self._sref: Any = weakref.ref(stream)
+            self.sid = stream.id
+            self.sname = stream.name
+            self.device = stream.device
+            self.pos = stream._pos  # 1-based position of this op
+        else:
+            self._sref = None
+            self.sid, self.sname, self.device, self.pos = 0, "", None, 0
         self.seq = next(_seq)  # global enqueue order (host-ordered events compare with it)
         self.kind = kind
         self.name = name
-        self.site = site if site is not None else (user_site() if _want_sites() else "")
+        self._site = site if site is not None else (_raw_site() if _sites else "")
         self.clock = clock  # what is ordered before this op: stream id -> position
+        self.host = host_seen  # what the host had seen complete when it was enqueued
         self.accesses = accesses  # declared (ptr, nbytes, write) ranges (copies, memsets)
         self.args = args or {}
         self.t0 = self.t1 = 0.0
         self.parent: OpInfo | None = None  # the graph launch of a graph node
-        self.index = -1  # node index within its launch (topological: ancestor bitsets use it)
+        self.index = -1  # node index within its launch (topological)
         self.node = ""  # the node as the program knows it: "#3" (creation order in its graph)
-        self.ancestors = 0  # bitset of node indices ordered before it within the launch
+        self.ancestors: Any = None  # the node's place in its launch's DAG (graph.compile.reach)
         self.thread = ""
         self.stamps: tuple | None = None  # (queue, start, end) timing stamps on an enqueuing backend
+
+    @property
+    def stream(self) -> Any:
+        """The stream (None for a graph node, or once the stream is gone)."""
+        return None if self._sref is None else self._sref()
+
+    @property
+    def site(self) -> str:
+        """``file:line`` where the program enqueued it ("" when unknown)."""
+        s = self._site
+        return s if isinstance(s, str) else format_site(s)
 
     def where(self) -> str:
         """``stream@pos`` (and the node within its graph launch)."""
         if self.parent is not None:
             return f"{self.parent.where()} node {self.node or f'#{self.index}'}"
-        return f"{self.stream.name}@{self.pos}" if self.stream is not None else "host"
+        return f"{self.sname}@{self.pos}" if self.sname else "host"
 
     def describe(self) -> str:
         """``kernel 'scale' on cpu:0/3@7 (enqueued at file.py:12)``."""
-        site = f" (enqueued at {self.site})" if self.site else ""
+        site = self.site
+        site = f" (enqueued at {site})" if site else ""
         return f"{self.kind} {self.name!r} on {self.where()}{site}"
 
     def __repr__(self) -> str:
@@ -82,27 +129,55 @@ def active() -> bool:
     return bool(listeners)
 
 
-def _want_sites() -> bool:
-    return any(getattr(lst, "wants_sites", False) for lst in listeners)
+# recomputed whenever a listener comes or goes (``_changed``): read on every enqueue
+_sites = False  # some listener wants each operation's call site
+_on_enqueue: list[Callable[[OpInfo], None]] = []  # the listeners' on_enqueue hooks
+
+
+def _changed() -> None:
+    global _sites, _on_enqueue
+    _sites = any(getattr(lst, "wants_sites", False) for lst in listeners)
+    _on_enqueue = [h for lst in listeners if (h := getattr(lst, "on_enqueue", None)) is not None]
+    for fn in on_change:
+        fn()
 
 
 def user_site() -> str:
     """``file:line`` of the innermost caller outside the streamrt package."""
-    f = sys._getframe(2)
-    while f is not None and f.f_code.co_filename.startswith(_PKG):
+    raw = _raw_site()
+    return format_site(raw) if raw else ""
+
+
+def _raw_site() -> tuple[str, int] | str:
+    """``(file, line)`` of the innermost caller outside the package ("" if none): the walk is
+    cheap (one dict lookup per frame); the text is made only when read (``format_site``)."""
+    f: Any = sys._getframe(2)
+    inside = _inside
+    while f is not None:
+        code = f.f_code
+        known = inside.get(code)
+        if known is None:
+            known = inside[code] = code.co_filename.startswith(_PKG)
+        if not known:
+            return (code.co_filename, f.f_lineno)
         f = f.f_back
-    if f is None:
-        return ""
-    name = f.f_code.co_filename
+    return ""
+
+
+def format_site(raw: tuple[str, int]) -> str:
+    """``file:line`` as shown in messages (the file relative to the working directory)."""
+    name, line = raw
     short = _short.get(name)
     if short is None:
         try:
             short = _short[name] = os.path.relpath(name)
         except ValueError:  # another drive (Windows)
             short = _short[name] = name
-    return f"{short}:{f.f_lineno}"
+    return f"{short}:{line}"
 
 
+_tl = threading.local()  # ``name``: the thread's name (threads are not renamed while they run work)
+_inside: dict[Any, bool] = {}  # code object -> whether it is the package's own
 _short: dict[str, str] = {}  # file name -> as shown in messages (relpath is slow)
 
 
@@ -116,12 +191,14 @@ def before_clock(stream: Any) -> dict[int, int]:
 def wrap(stream: Any, fn: Callable[..., Any], args: tuple, kind: str, name: str,
          accesses: tuple = (), extra: dict | None = None) -> tuple[Callable[..., Any], tuple]:
     """Wrap a queue operation (call after ``stream._pos`` was incremented for it)."""
-    op = OpInfo(stream, kind, name, before_clock(stream), accesses, extra)
-    for lst in listeners:
-        hook = getattr(lst, "on_enqueue", None)
-        if hook is not None:
-            hook(op)
-    return (run, (op, fn, args)) if stream._inline else (run_stamped, (op, stream._q, fn, args))
+    clock = stream._clock.copy()
+    clock[stream.id] = stream._pos - 1
+    op = OpInfo(stream, kind, name, clock, accesses, extra)
+    for hook in _on_enqueue:
+        hook(op)
+    # the queued work holds the stream while it waits and runs (the OpInfo holds it weakly)
+    return (run, (op, fn, args, stream)) if stream._inline else (
+        run_stamped, (op, stream._q, fn, args, stream))
 
 
 def check_backend(stream: Any) -> None:
@@ -133,7 +210,7 @@ def check_backend(stream: Any) -> None:
                 f"does not support {stream.device.name} (disable it for {stream.device.backend} streams)")
 
 
-def run_stamped(op: OpInfo, q: Any, fn: Callable[..., Any], args: tuple) -> None:
+def run_stamped(op: OpInfo, q: Any, fn: Callable[..., Any], args: tuple, keep: Any = None) -> None:
     """Queue operation of a backend whose operations enqueue the work (cuda): the host times the
     enqueue call, and timing stamps recorded on the stream around it time the work itself."""
     f0, a0, start = q.op_stamp()
@@ -148,10 +225,13 @@ def run_stamped(op: OpInfo, q: Any, fn: Callable[..., Any], args: tuple) -> None
     run(op, stamped, ())
 
 
-def run(op: OpInfo, fn: Callable[..., Any], args: tuple) -> None:
-    """Queue operation: run ``fn(*args)`` as ``op``."""
+def run(op: OpInfo, fn: Callable[..., Any], args: tuple, keep: Any = None) -> None:
+    """Queue operation: run ``fn(*args)`` as ``op`` (``keep``: its stream, alive till then)."""
     token = _current.set(op)
-    op.thread = threading.current_thread().name
+    try:
+        op.thread = _tl.name
+    except AttributeError:  # this thread's first operation
+        op.thread = _tl.name = threading.current_thread().name
     op.t0 = time.perf_counter()
     try:
         for lst in listeners:
@@ -185,13 +265,11 @@ def add(listener: Any) -> None:
     """Activate a listener (turns the streams' slow path on)."""
     if listener not in listeners:
         listeners.append(listener)
-    for fn in on_change:
-        fn()
+    _changed()
 
 
 def remove(listener: Any) -> None:
     """Deactivate a listener."""
     if listener in listeners:
         listeners.remove(listener)
-    for fn in on_change:
-        fn()
+    _changed()

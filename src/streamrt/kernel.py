@@ -139,7 +139,7 @@ def kernel(
 class KernelContext:
     """What a kernel body sees: launch dimensions, device, stream, and bounds-checked memory views."""
 
-    __slots__ = ("grid", "block", "device", "stream", "_view", "_runs")
+    __slots__ = ("grid", "block", "device", "stream", "_view", "_runs", "_info")
 
     def __init__(self, grid: Dim3, block: Dim3, device: Device, stream: Stream) -> None:
         self.grid = grid
@@ -147,6 +147,8 @@ class KernelContext:
         self.device = device
         self.stream = stream
         self._view = device._impl.view
+        # what traces show of a launch with this context (shared by its launches, never changed)
+        self._info = {"grid": tuple(grid), "block": tuple(block)}
         # kernel body -> the body bound to this context (``run(*args)`` is ``body(ctx, *args)``):
         # an eager launch queues that and its own argument tuple, and makes no tuple holding the
         # context per launch (see backends/cpu/queues.py); keyed by the body, not the Kernel, so
@@ -184,8 +186,17 @@ class KernelContext:
                 return view  # type: ignore[no-any-return]
         return self._view(ptr, shape, dtype, readonly)
 
-    # the sanitizer swaps in a checking version while it is on (zero cost when off)
+    def _fast_strided(self, ptr: int, shape: tuple, dtype: Any, bstrides: tuple, extent: int,
+                      readonly: bool) -> np.ndarray:
+        """A strided view: ``shape`` with byte strides ``bstrides`` over the ``extent`` elements
+        from ``ptr`` (an operator's non-contiguous tensor). The sanitizer's version declares
+        the elements it touches, not the whole span."""
+        span = self.array(ptr, (extent,), dtype, readonly=readonly)
+        return np.ndarray(shape, dtype, span, 0, bstrides)
+
+    # the sanitizer swaps in checking versions while it is on (zero cost when off)
     array = _fast_array
+    strided = _fast_strided
 
 
 _last = LAST_VIEWS  # the views made last (see backends/base.py), a module global: no attribute load

@@ -41,7 +41,7 @@ def describe(fn: Callable[..., Any], args: tuple, exc: BaseException | None = No
 
 
 def _describe(fn: Callable[..., Any], args: tuple, exc: BaseException | None) -> str:
-    if getattr(fn, WRAPPER, False) and len(args) == 3:  # an observer's wrapper: the op inside
+    if getattr(fn, WRAPPER, False) and len(args) >= 3:  # an observer's wrapper: the op inside
         return describe(args[1], args[2], exc)
     node = [n for n in getattr(exc, "__notes__", ())
             if isinstance(n, str) and n.startswith(NODE_NOTE)]

@@ -87,9 +87,7 @@ def proved(stream: Stream, pos: int, clock: dict[int, int]) -> None:
         if s is not None and p > s._host:
             s._host = p
     if instrument.listeners:  # work enqueued from now on is ordered after what the host saw
-        instrument.notify("proved", stream.id, pos)
-        for sid, p in clock.items():
-            instrument.notify("proved", sid, p)
+        instrument.prove(stream.id, pos, clock)
 
 
 def reach(stream: Stream, pos: int, clock: dict[int, int]) -> tuple[int, dict[int, int]]:

@@ -77,17 +77,18 @@ class Tracer:
 
     def _track(self, op: OpInfo) -> tuple[int, Any]:
         top = op.parent if op.parent is not None else op
-        s = top.stream
-        pid = self._pid(s.device)
+        s = top.stream  # None once the stream is gone (a stamped op placed later)
+        pid = self._pid(top.device)
         if op.parent is not None and not op.thread.startswith("streamrt-cpu"):
-            key = (s.id, op.thread)  # a graph worker thread: a track of its own
+            key = (top.sid, op.thread)  # a graph worker thread: a track of its own
             tid = self._workers.get(key)
             if tid is None:
                 tid = self._workers[key] = _WORKER_TIDS + len(self._workers)
-            self._tracks.setdefault((pid, tid), f"stream {s.name} graph worker {op.thread}")
+            self._tracks.setdefault((pid, tid), f"stream {top.sname} graph worker {op.thread}")
         else:
-            tid = s.id
-            self._tracks.setdefault((pid, tid), self._stream_track(s))
+            tid = top.sid
+            self._tracks.setdefault((pid, tid), self._stream_track(s) if s is not None
+                                    else f"stream {top.sname}")
         return pid, tid
 
     # -- listener interface ------------------------------------------------------------------
@@ -99,7 +100,7 @@ class Tracer:
             if op.stamps is None:
                 self._slice(op, self._us(op.t0), self._us(op.t1))
             else:
-                self._base.setdefault(op.stream.device, (op.stamps[1], op.t0))
+                self._base.setdefault(op.device, (op.stamps[1], op.t0))
                 self._pending.append(op)
 
     def _resolve(self) -> None:
@@ -108,7 +109,7 @@ class Tracer:
         left = []
         for op in self._pending:
             q, start, end = op.stamps  # type: ignore[misc]
-            base, t = self._base[op.stream.device]
+            base, t = self._base[op.device]
             try:
                 ms0, ms1 = q.elapsed_ms(base, start), q.elapsed_ms(base, end)
             except NotReadyError:
@@ -128,7 +129,7 @@ class Tracer:
                             "dur": max(end - ts, 0.001), "pid": pid, "tid": tid,
                             "args": args})
         if op.parent is None:
-            self._ends[(op.stream.id, op.pos)] = (pid, tid, end)
+            self._ends[(op.sid, op.pos)] = (pid, tid, end)
             if len(self._ends) > 100000:
                 self._ends.clear()
         on = op.args.get("on")

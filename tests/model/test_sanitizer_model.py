@@ -11,15 +11,17 @@ after a free, or after work enqueued later), or opens it.
 The host lets each step's work run before the next step (waiting without a synchronize: the
 sanitizer sees no ordering), so the order accesses are checked in, and so which finding each
 reports, follows from the program. The model applies the sanitizer's rules (sanitizer.access,
-on_free): an access reports at most one finding, the first of use-before-alloc, out-of-bounds,
-use-after-free and race, a race against the oldest remembered conflicting access; what is ordered
-before a write that covers it is forgotten; a free reports the first remembered access not ordered
-before it. Findings must match as a multiset of (kind, operation, the other operation or the
-alloc/free event, pointer), operations named by (stream, position), a graph node by its launch.
+on_free, generation): an access reports at most one finding, the first of use-before-alloc,
+out-of-bounds, use-after-free and race, a race against the oldest remembered conflicting access;
+a write supersedes every access ordered before it, a read the reads ordered before it, and
+nothing unordered is forgotten; a free reports the first remembered access not ordered before
+it. Findings must match as a multiset of (kind, operation, the other operation or the alloc/free
+event, pointer), operations named by (stream, position), a graph node by its launch.
 """
 from __future__ import annotations
 
 import functools
+import itertools
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -29,7 +31,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import streamrt as srt
-from streamrt.sanitizer import _MAX_ACCESSES
 from tests.conftest import Gate
 from tests.contract.sanitizer_helpers import access, streams
 
@@ -55,6 +56,9 @@ OPS = {"write": ("w",), "read": ("r",),
        "oob": ("o",)}
 
 
+_arrival = itertools.count()
+
+
 class Op(NamedTuple):
     """An operation or an event: stream, position, and what is ordered before it."""
 
@@ -71,7 +75,7 @@ class Gen:
     alloc: Op
     lw: tuple  # (model event, stream event) after the last write: later uses wait on it
     rs: list = field(default_factory=list)  # the same after each read since
-    acc: list = field(default_factory=list)  # the accesses the sanitizer remembers: (op, write)
+    acc: list = field(default_factory=list)  # what the sanitizer remembers: (arrival, op, write)
     free: Op | None = None
 
 
@@ -142,16 +146,16 @@ class Model:
                 find("use-after-free", x, g.free, g)
                 continue
             w = a == "w"
-            race = next((b for b, bw in g.acc
+            race = next((b for _, b, bw in g.acc
                          if b is not x and (bw or w) and not self.ordered(b, x.clock)), None)
             if race is not None:
                 find("race", x, race, g)
-            if not (g.acc and g.acc[-1] == (x, w)):  # a repeat is remembered once
-                if w:  # what is ordered before a write of the whole buffer is forgotten
-                    g.acc[:] = [(b, bw) for b, bw in g.acc
-                                if b is x or not self.ordered(b, x.clock)]
-                g.acc.append((x, w))
-                del g.acc[:-_MAX_ACCESSES]
+            own = any(b is x and (bw or not w) for _, b, bw in g.acc)  # x's earlier view covers it
+            g.acc[:] = [(n, b, bw) for n, b, bw in g.acc
+                        if ((bw or not w) if b is x else
+                            (not self.ordered(b, x.clock) or (bw and not w)))]
+            if not own:
+                g.acc.append((next(_arrival), x, w))
 
     def free(self, g, si):
         """``g`` freed on stream ``si``: the first access that ran and is not ordered before the
@@ -160,7 +164,7 @@ class Model:
         if self.recorded[si] == self.pos[si]:
             self.pos[si] += 1
         g.free = self.event(si)
-        late = next((b for b, _ in g.acc if not self.ordered(b, g.free.clock)), None)
+        late = next((b for _, b, _ in g.acc if not self.ordered(b, g.free.clock)), None)
         if late is not None:
             self.find("use-after-free", late, g.free, g)
 

@@ -39,6 +39,7 @@ from ..errors import (
     OutOfMemoryError,
     StreamRTError,
 )
+from ..pool import registry
 from ..pool.arena import ALIGN
 from ..sync import sync_listeners
 from .node import NodeType
@@ -100,9 +101,17 @@ class GraphAlloc:
         self.device = device
         self.live = False
         _allocs[self.ptr] = self
+        # what phase 2 and the sanitizer may use from ptr: the bytes asked for, not the rounding
+        registry._requested[self.ptr] = nbytes
+        weakref.finalize(self, _forget_requested, self.ptr, nbytes)
 
     def __repr__(self) -> str:
         return f"<GraphAlloc {hex(self.ptr)} {self.nbytes} B{' live' if self.live else ''}>"
+
+
+def _forget_requested(ptr: int, nbytes: int) -> None:
+    if registry._requested.get(ptr) == nbytes:  # (not a newer allocation's entry)
+        del registry._requested[ptr]
 
 
 def _release(impl: Any, ptr: int, size: int) -> None:

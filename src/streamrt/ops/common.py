@@ -1,8 +1,9 @@
 """Helpers shared by the operator kernels: tensor views, workspace regions, accumulation dtypes.
 
-Kernels touch device memory only through ``ctx.array`` (the sanitizer relies on it): a strided
-tensor is one ``ctx.array`` over the elements it spans, re-strided on the host with
-``np.ndarray(buffer=...)``, which checks that the strides stay inside that span.
+Kernels touch device memory only through ``ctx.array`` and ``ctx.strided`` (the sanitizer
+relies on it): a strided tensor is ``ctx.strided``, one view over the elements it spans
+re-strided on the host with ``np.ndarray(buffer=...)`` (which checks that the strides stay
+inside that span); with the sanitizer on, it declares only the elements the strides reach.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ def view(ctx: Any, ptr: int, d: TensorDesc, readonly: bool) -> np.ndarray:
     """A numpy view of the tensor ``d`` at ``ptr`` (strides and offset honoured)."""
     if d.is_contiguous:
         return ctx.array(ptr + d._boff, d.shape, d.dtype, readonly=readonly)
-    span = ctx.array(ptr + d._boff, (d._extent,), d.dtype, readonly=readonly)
-    return np.ndarray(d.shape, d.dtype, span, 0, d._bstrides)
+    return ctx.strided(ptr + d._boff, d.shape, d.dtype, d._bstrides, d._extent,  # type: ignore[no-any-return]
+                       readonly)
 
 
 def region(ctx: Any, ws: int, off: int, shape: tuple, dtype: np.dtype) -> np.ndarray:

@@ -154,6 +154,7 @@ class ArenaPool(MemPool):
                         b.fl = None
                         fl.count -= 1
                         b.live = True
+                        b.req = nbytes
                         b.stream = None
                         _owners[b.addr] = self
                         used = self._used = self._used + size
@@ -213,6 +214,7 @@ class ArenaPool(MemPool):
                 self._insert_free(coalesce(self._blocks, block))
                 raise reuse.oom(self, nbytes, size) from None
         block.live = True
+        block.req = nbytes
         block.stream = None
         _owners[block.addr] = self
         used = self._used = self._used + size
@@ -377,13 +379,13 @@ class ArenaPool(MemPool):
     # -- lookups --------------------------------------------------------------------------------
     def _usable(self, ptr: int) -> int | None:
         b = self._blocks.get(ptr)
-        return b.size if b is not None and b.live else None
+        return b.req if b is not None and b.live else None
 
     def _room(self, ptr: int) -> int | None:
         """Bytes from ``ptr`` to the end of the live block holding it (None: in no live block)."""
         with self._lock:
             b = self._blocks.holding(ptr)
-            end = b.addr + b.size if b is not None and b.live else ptr
+            end = b.addr + b.req if b is not None and b.live else ptr
             return end - ptr if end > ptr else None
 
     # -- synchronize points, threshold, trim, destroy (release.py) --------------------------------

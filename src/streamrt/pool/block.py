@@ -33,11 +33,12 @@ _new = object.__new__
 class Block:
     """A piece of an arena: live, pending (freed on ``stream`` at ``pos``) or ready."""
 
-    __slots__ = ("addr", "size", "prev", "next", "live", "stream", "pos", "clock", "fl")
+    __slots__ = ("addr", "size", "req", "prev", "next", "live", "stream", "pos", "clock", "fl")
 
     def __init__(self, addr: int, size: int) -> None:
         self.addr = addr
         self.size = size
+        self.req = size  # while live: the bytes requested (``size`` is them rounded)
         self.prev: Block | None = None
         self.next: Block | None = None
         self.live = False
@@ -152,7 +153,7 @@ def split(blocks: BlockList, b: Block, size: int) -> Block:
     addr = b.addr + size
     rest = _new(Block)  # every slot set here (Block.__init__ and link_after, inline: this is
     rest.addr = addr  # the path of every allocation that splits)
-    rest.size = b.size - size
+    rest.size = rest.req = b.size - size
     rest.live = False
     rest.stream, rest.pos, rest.clock, rest.fl = b.stream, b.pos, b.clock, None
     b.size = size

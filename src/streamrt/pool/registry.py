@@ -9,6 +9,8 @@ lookup never takes a lock):
   that memory, so such a pool stays alive until a synchronize promotes them.
 - ``_pools``: every arena pool, weakly; a host synchronize of any device reaches each of them
   (``_on_any_sync``: events carry clocks, so one device's synchronize can prove another's frees).
+- ``_requested``: base of each live ``srt.malloc`` and graph allocation -> the bytes asked
+  for (host_memory and graph.memory keep it).
 - ``_arenas``: base of each reserved arena -> a weak reference to the pool sub-allocating it;
   an entry lives from the arena's reservation to its release (or the pool's collection).
 """
@@ -27,12 +29,21 @@ if TYPE_CHECKING:
     from .arena_pool import ArenaPool
     from .mempool import MemPool
 
-__all__ = ["arenas", "device_of", "find_pool", "live_blocks", "pool_of", "usable_bytes"]
+__all__ = ["arenas", "device_of", "find_pool", "live_blocks", "pool_of", "requested",
+           "usable_bytes"]
 
 _owners: dict[int, MemPool] = {}
 _busy: set[ArenaPool] = set()
 _pools: weakref.WeakSet[ArenaPool] = weakref.WeakSet()
 _arenas: dict[int, weakref.ref[ArenaPool]] = {}
+# base of each live ``srt.malloc`` allocation and graph allocation -> the bytes requested (the
+# backend's range is them rounded up): what may be used from there (``usable_bytes``)
+_requested: dict[int, int] = {}
+
+
+def requested(base: int) -> int | None:
+    """The bytes requested for the ``srt.malloc`` or graph allocation at ``base`` (None: not one)."""
+    return _requested.get(base)
 
 
 def find_pool(ptr: int) -> MemPool | None:
@@ -81,7 +92,11 @@ def usable_bytes(ptr: int) -> int | None:
     if ref is not None:  # inside a pool's arena: inside one of its blocks, if live
         arena_pool = ref()
         return None if arena_pool is None else arena_pool._room(ptr)
-    return r.end - ptr
+    n = _requested.get(ptr)
+    if n is not None:  # at an allocation's base: what was requested
+        return n
+    n = _requested.get(r.base) if r.kind == "malloc" else None
+    return max((r.base + n if n is not None else r.end) - ptr, 0)
 
 
 def device_of(ptr: int) -> Device | None:

@@ -1,12 +1,13 @@
 """Stream-order sanitizer: a happens-before checker over the accesses every operation declares.
 
 The package: ``order`` (the happens-before relation: events, host proofs), ``generation`` (an
-allocation's lifetime and the accesses it remembers), ``finding``, ``checker`` (the state
-machine, :class:`Sanitizer`), and here the switch.
+allocation's lifetime and its shadow: the last accesses of each byte range), ``finding``,
+``checker`` (the state machine, :class:`Sanitizer`), and here the switch.
 
 State and invariants: the one checker is ``_SAN``. While the sanitizer is on (``_on``), ``_SAN``
-is an instrumentation listener and ``KernelContext.array`` is :func:`_checked_array`; off, the
-listener is gone and the view is made unchecked. ``STREAMRT_SANITIZE`` switches it on when this
+is an instrumentation listener and ``KernelContext.array`` / ``strided`` are
+:func:`_checked_array` / :func:`_checked_strided`; off, the listener is gone and views are made
+unchecked. ``STREAMRT_SANITIZE`` switches it on when this
 package is imported (``streamrt`` imports it last for that reason).
 """
 
@@ -25,14 +26,16 @@ from ..errors import InvalidValueError, SanitizerError
 from ..kernel import KernelContext
 from ..ops.executor import live_executors
 from ..validate import check_bool, env_flag, is_int
-from .checker import Sanitizer
+from .checker import UNTRACKED, Sanitizer
 from .finding import KINDS, Finding, _finding  # noqa: F401 (KINDS: the kinds a finding has)
-from .generation import _MAX_ACCESSES  # noqa: F401 (the model test's cap on remembered accesses)
 from .order import op_before_op  # noqa: F401 (the relation, beside the checker that uses it)
+
+_MAX_RUNS = 4096  # byte runs a strided view declares one by one; past it, its whole span
 
 __all__ = ["enable", "disable", "enabled", "report", "clear", "check_leaks", "Finding"]
 
 _SAN = Sanitizer()
+_current_op = instrument._current.get
 _on = False
 
 
@@ -49,6 +52,7 @@ def enable(mode: str = "raise", *, leaks: bool = False) -> None:
     if not _on:
         _SAN._restart()
         KernelContext.array = _checked_array  # views declare their accesses
+        KernelContext.strided = _checked_strided
         _on = True
         instrument.add(_SAN)
     if leaks:
@@ -60,6 +64,7 @@ def disable() -> None:
     global _on
     if _on:
         KernelContext.array = KernelContext._fast_array
+        KernelContext.strided = KernelContext._fast_strided
         _on = False
         instrument.remove(_SAN)
 
@@ -86,27 +91,87 @@ def clear() -> None:
 def _checked_array(ctx: Any, ptr: int, shape: Any, dtype: Any, *, readonly: bool = False) -> Any:
     """``KernelContext.array`` while the sanitizer is on: check the access, then make the view."""
     try:
+        nbytes = _NBYTES[shape, dtype]
+    except KeyError:
+        nbytes = _nbytes(shape, dtype)
+        if nbytes is not None and len(_NBYTES) < 4096:
+            _NBYTES[shape, dtype] = nbytes
+    except TypeError:  # an unhashable shape (a list) or dtype
+        nbytes = _nbytes(shape, dtype)
+    if nbytes is not None and (type(ptr) is int or is_int(ptr)):
+        _check(ctx, int(ptr), nbytes, not readonly, None)
+    return _view(ctx, ptr, shape, dtype, readonly=readonly)
+
+
+_view = KernelContext._fast_array  # the unchecked view, its cache of the views made last
+
+
+_NBYTES: dict[tuple[Any, Any], int] = {}  # (shape, dtype) as a view is asked for -> its bytes
+
+
+def _nbytes(shape: Any, dtype: Any) -> int | None:
+    """The bytes of a view of ``shape`` and ``dtype`` (None: not a valid view; the view maker
+    refuses it)."""
+    try:
         dt = np.dtype(dtype)
         shp = (shape,) if isinstance(shape, int | np.integer) else tuple(int(d) for d in shape)
-        nbytes = math.prod(shp) * dt.itemsize
-        p = int(ptr) if is_int(ptr) else None
+        return math.prod(shp) * dt.itemsize
     except (TypeError, ValueError):
-        p = None
-    if p is not None:
-        op = instrument.current()
-        unmapped = get_backend(ctx.device.backend).range_of(p) is None
-        # a freed generation still names the free (use-after-free); else: no allocation at all
-        found = _SAN.access(op, p, nbytes, not readonly)
-        if found is None and unmapped and op is not None:
+        return None
+
+
+def _checked_strided(ctx: Any, ptr: int, shape: tuple, dtype: Any, bstrides: tuple, extent: int,
+                     readonly: bool) -> Any:
+    """``KernelContext.strided`` while the sanitizer is on: the elements the strides reach are
+    checked (two streams writing two columns of one matrix share no byte), then the view."""
+    dt = np.dtype(dtype)
+    runs = _runs(shape, bstrides, dt.itemsize)
+    _check(ctx, int(ptr), extent * dt.itemsize, not readonly,
+           None if runs is None else [(ptr + a, ptr + b) for a, b in runs])
+    span = ctx._view(ptr, (extent,), dtype, readonly)
+    return np.ndarray(shape, dtype, span, 0, bstrides)
+
+
+def _runs(shape: tuple, bstrides: tuple, itemsize: int) -> list[tuple[int, int]] | None:
+    """The byte runs ``[a, b)`` (from the view's start, sorted, disjoint) a strided view's
+    elements cover; None past ``_MAX_RUNS`` runs (then its whole span is declared)."""
+    dims = sorted((st, n) for n, st in zip(shape, bstrides) if n > 1)
+    run, k = itemsize, 0
+    while k < len(dims) and dims[k][0] == run:  # dimensions contiguous with the element
+        run *= dims[k][1]
+        k += 1
+    outer = dims[k:]
+    if math.prod(n for _, n in outer) > _MAX_RUNS:
+        return None
+    offs = np.zeros(1, np.int64)
+    for st, n in outer:
+        offs = (offs[:, None] + np.arange(n, dtype=np.int64) * st).ravel()
+    out: list[tuple[int, int]] = []
+    for o in np.unique(offs).tolist():
+        if out and o <= out[-1][1]:  # touching or overlapping runs: one
+            out[-1] = (out[-1][0], max(out[-1][1], o + run))
+        else:
+            out.append((o, o + run))
+    return out
+
+
+def _check(ctx: Any, p: int, nbytes: int, write: bool, runs: list | None) -> None:
+    op = _current_op()
+    found = _SAN.access(op, p, nbytes, write, runs)
+    if found is None:
+        return
+    if found is UNTRACKED:
+        found = None
+        if op is not None and get_backend(ctx.device.backend).range_of(p) is None:
             with _SAN._lock:
                 found = _SAN._find("invalid-address", p, nbytes, op, None,
                                    f"{op.describe()} touches {hex(p)}+{nbytes}, which is inside "
                                    "no allocation")
-        if found is not None and (unmapped or found.kind in ("out-of-bounds", "invalid-address")):
-            # stop the kernel before it writes (as compute-sanitizer aborts it), in collect mode
-            # too: the synchronize reports no LaunchError for it (see sync)
-            raise SanitizerError(str(found), found)
-    return ctx._view(ptr, shape, dtype, readonly)  # type: ignore[no-any-return]
+    if found is not None and (found.kind in ("out-of-bounds", "invalid-address")
+                              or get_backend(ctx.device.backend).range_of(p) is None):
+        # stop the kernel before it writes (as compute-sanitizer aborts it), in collect mode
+        # too: the synchronize reports no LaunchError for it (see sync)
+        raise SanitizerError(str(found), found)
 
 
 def raise_pending() -> None:

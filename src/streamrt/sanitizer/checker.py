@@ -1,23 +1,31 @@
 """The checker's state machine (:class:`Sanitizer`): generations by address, operations in
 flight, findings.
 
-State and invariants (guarded by ``_lock``):
-- Every allocation is a *generation*: a range with its alloc event and, once freed, its free
-  event. Stream-ordered allocations are events of their stream (a malloc enqueues a marker so
-  it has a position); ``srt.malloc``/``srt.free`` are host events, ordered by enqueue sequence
-  (``srt.free`` synchronizes the device first). A graph allocation is an event of the graph
-  launch that runs its MEM_ALLOC node: ordered before that launch's descendants of the node
-  and before whatever is ordered after the launch; a MEM_FREE node likewise. Freed
-  generations are kept for a while, so a late access is reported as a use-after-free rather
-  than as an unknown address.
-- A new access is checked against the newest generation whose alloc is ordered before it (none:
-  use-before-alloc), against that generation's bounds (out-of-bounds) and free (not ordered
-  before the free: use-after-free), and against earlier accesses that conflict and are not
-  ordered before it (race; what a generation remembers: ``generation``).
-- Operations in flight: a heap of enqueued operations' sequence numbers, those finished
-  removed lazily. A generation of a reused address, or an access the host saw complete, is
-  forgotten only once no operation in flight can still touch it; operations enqueued before
-  the latest restart (``_since``) go unjudged.
+State and invariants (guarded by ``_lock``, except ``_inflight``: see there):
+- Every allocation is a *generation* (``generation``): its requested range, the rounded range
+  its memory spans (``cap``), its alloc event and, once freed, its free event. Stream-ordered
+  allocations are events of their stream (a malloc enqueues a marker so it has a position);
+  ``srt.malloc``/``srt.free`` are host events, ordered by enqueue sequence (``srt.free``
+  synchronizes the device first). A graph allocation is an event of the graph launch that runs
+  its MEM_ALLOC node: ordered before that launch's descendants of the node and before whatever
+  is ordered after the launch; a MEM_FREE node likewise. Freed generations are kept for a while,
+  so a late access is reported as a use-after-free rather than as an unknown address.
+- Lookup of the generation an access means (the one live at its address in its own order):
+  ``_at`` (base -> its generations, oldest first) for an access at a base, ``_live_bases``
+  (the live generations' bases, sorted; live ones never overlap) for one inside; both answer
+  only for a generation live when the operation was enqueued and outside its own graph
+  launch's memory nodes. Anything else (the host ran ahead and reused the address, a graph's
+  own memory, a bug) scans ``_classes``: per size class k, generations spanning fewer than
+  ``2**k`` bytes by base, so only those that can reach the address are looked at.
+- A new access is judged against that generation: its alloc not ordered before the access:
+  use-before-alloc; outside the requested bytes: out-of-bounds (the rounding slack included);
+  not ordered before its free: use-after-free; then against the generation's shadow (race).
+- ``_inflight``: per stream, its operations not yet finished, oldest first (appended at
+  enqueue and popped at the end without the lock: one deque operation each, atomic, in stream
+  order). The oldest one's host proofs are what every operation still to be checked knows at
+  least (``_floor``: what a shadow may forget). A freed generation is forgotten only once no
+  operation enqueued before its free is left; operations enqueued before the latest restart
+  (``_since``) go unjudged.
 - Findings are kept in order. In ``raise`` mode the next synchronize raises the first one not yet
   raised as :class:`SanitizerError`; in ``collect`` mode they only accumulate (``report()``).
   A correct program produces no finding: a false positive is a bug.
@@ -25,7 +33,7 @@ State and invariants (guarded by ``_lock``):
 
 from __future__ import annotations
 
-import heapq
+import itertools
 import threading
 from collections import deque
 from typing import Any
@@ -35,14 +43,18 @@ from sortedcontainers import SortedList
 from .. import instrument
 from ..device import devices, range_of
 from ..errors import SanitizerError
+from ..graph import memory as graph_memory
 from ..instrument import GRAPH_MEMORY, OpInfo
 from ..pool import registry
+from ..pool.arena import ALIGN
 from .finding import Finding, _finding
-from .generation import _arrival, _Gen, _seq_of
-from .order import _alloc_before, _before_free, _Event, _prove, _top
+from .generation import _Gen
+from .order import _alloc_before, _before_free, _Event, _top
 
-_HISTORY = 4096  # freed generations remembered
-_PER_ADDRESS = 4  # generations remembered per start address (more while not proven freed)
+_HISTORY = 4096  # freed generations remembered (more while operations may still touch them)
+_PER_ADDRESS = 4  # generations remembered per start address (likewise)
+_NONE = 1 << 62
+UNTRACKED: Any = object()  # what an access returns in memory no generation covers
 
 
 class Sanitizer:
@@ -59,14 +71,14 @@ class Sanitizer:
         # ``ops.add(t, t, t)`` does) reports each bug once, not once per access
         self._seen: dict[tuple, Finding] = {}
         self._raised = 0
-        self._gens = SortedList(key=lambda g: (g.lo, g.alloc.seq))
+        self._uid = itertools.count()
+        self._at: dict[int, list[_Gen]] = {}
         self._live: dict[int, _Gen] = {}
+        self._live_bases = SortedList()
+        self._classes: dict[int, SortedList] = {}
+        self._by_uid: dict[int, _Gen] = {}
         self._freed: deque[_Gen] = deque()
-        self._max = 0
-        self._by_lo: dict[int, deque[_Gen]] = {}
-        self._inflight: list[int] = []  # heap of enqueued operations' sequence numbers
-        self._finished: set[int] = set()  # finished ones still in the heap (lazy deletion)
-        self._tags: dict[int, str] = {}
+        self._inflight: dict[int, deque[OpInfo]] = {}
         self._since = 0  # enqueue sequence of the latest restart: operations before it go unjudged
 
     def _restart(self) -> None:
@@ -74,23 +86,19 @@ class Sanitizer:
         while it was off is unknown, so the history goes, and the live allocations count as made
         before everything to come (pool memory allocated earlier was "never covered" before)."""
         with self._lock:
-            self._gens.clear()
-            self._live.clear()
-            self._freed.clear()
-            self._by_lo.clear()
-            self._max = 0
-            self._inflight.clear()  # ops enqueued while on, whose end it then did not see
-            self._finished.clear()
-            # those ops may still run: checked against the new history, their memory would have
-            # been allocated after them (a false use-before-alloc)
+            for x in (self._at, self._live, self._live_bases, self._classes, self._by_uid,
+                      self._freed, self._inflight):
+                x.clear()
+            # ops enqueued while it was off may still run: checked against the new history,
+            # their memory would have been allocated after them (a false use-before-alloc)
             self._since = next(instrument._seq)
-        live = [(r.base, r.size) for dev in devices() for r in dev._impl.ranges()
-                if r.kind == "malloc"]  # srt.malloc's memory
-        live += registry.live_blocks()  # pool blocks
-        for ptr, nbytes in live:
-            self._allocated(ptr, nbytes, _Event(None, f"allocation of {hex(ptr)} ({nbytes} B), "
-                                                      "made before the sanitizer was enabled"),
-                            "allocation")
+        live = [(r.base, registry.requested(r.base) or r.size, r.end) for dev in devices()
+                for r in dev._impl.ranges() if r.kind == "malloc"]  # srt.malloc's memory
+        live += [(p, n, p + _round(n)) for p, n in registry.live_blocks()]  # pool blocks
+        for ptr, nbytes, cap in live:
+            self._allocated(ptr, nbytes, cap, _Event(
+                None, f"allocation of {hex(ptr)} ({nbytes} B), made before the sanitizer was "
+                      "enabled"), "allocation")
 
     # -- allocation events ---------------------------------------------------------------------
     def on_alloc(self, stream: Any, ptr: int, nbytes: int, label: str = "allocation") -> None:
@@ -98,19 +106,29 @@ class Sanitizer:
         if stream is not None:
             # the malloc gets a position of its own (and a name in traces)
             stream._submit(_marker, (), "malloc", f"malloc {nbytes} B")
+            cap = ptr + _round(nbytes)  # a pool block: the pool's rounding
+        else:
+            found = range_of(ptr)
+            cap = found[1].end if found is not None else ptr + nbytes
         ev = _Event(stream, f"malloc of {hex(ptr)} ({nbytes} B)",
                     instrument.before_clock(stream) if stream is not None else None)
-        self._allocated(ptr, nbytes, ev, label)
+        self._allocated(ptr, nbytes, cap, ev, label)
 
-    def _allocated(self, ptr: int, nbytes: int, ev: _Event, label: str) -> None:
+    def _allocated(self, ptr: int, nbytes: int, cap: int, ev: _Event, label: str) -> None:
         with self._lock:
-            g = _Gen(ptr, ptr + max(nbytes, 1), ev, label)
+            g = _Gen(ptr, ptr + max(nbytes, 1), cap, ev, label, next(self._uid))
+            if ptr not in self._live:
+                self._live_bases.add(ptr)
             self._live[ptr] = g
-            self._gens.add(g)
-            self._max = max(self._max, g.hi - g.lo)
+            self._by_uid[g.uid] = g
+            k = (g.cap - g.lo).bit_length()
+            cls = self._classes.get(k)
+            if cls is None:
+                cls = self._classes[k] = SortedList()
+            cls.add((g.lo, g.uid))
             # a pool hands the same address out again and again: remember only the last few
             # generations that started there (older ones would only slow every lookup down)
-            hist = self._by_lo.setdefault(ptr, deque())
+            hist = self._at.setdefault(ptr, [])
             hist.append(g)
             if len(hist) > _PER_ADDRESS:
                 # Forget a freed generation once no operation that may still touch it is left:
@@ -119,14 +137,18 @@ class Sanitizer:
                 # another stream, unordered with the free (the bug to report), may still be
                 # pending, and would then be blamed on the newer generation.
                 oldest = self._oldest_inflight()
-                keep = deque(x for x in hist if x is g or not (
-                    x.free is not None and x.free.seq < oldest))
-                if len(keep) < len(hist):
-                    kept = set(map(id, keep))
-                    for x in hist:
-                        if id(x) not in kept:
-                            self._gens.discard(x)
-                    self._by_lo[ptr] = keep
+                for x in [x for x in hist if x is not g and x.free is not None
+                          and x.free.seq < oldest]:
+                    self._forget(x)
+
+    def _forget(self, g: _Gen) -> None:
+        hist = self._at.get(g.lo)
+        if hist is not None and g in hist:
+            hist.remove(g)
+            if not hist:
+                del self._at[g.lo]
+        if self._by_uid.pop(g.uid, None) is not None:
+            self._classes[(g.cap - g.lo).bit_length()].discard((g.lo, g.uid))
 
     def on_free(self, stream: Any, ptr: int) -> None:
         """A stream-ordered (stream given) or host free of the allocation at ``ptr``."""
@@ -141,21 +163,24 @@ class Sanitizer:
             g = self._live.pop(ptr, None)
             if g is None:
                 return
+            self._live_bases.discard(ptr)
             g.free = ev
             # an access that already ran is checked against this free here: left to the access's
             # own check, the finding would depend on whether it ran before the free was enqueued
-            for _pos, _n, alo, ahi, _w, aop in g.accesses():
-                if not _before_free(aop, g.free):
-                    self._find("workspace" if "workspace" in g.label else "use-after-free", alo,
-                               ahi - alo, aop, g.free,
-                               f"{aop.describe()} touched {hex(alo)}+{ahi - alo} of a {g.label} "
-                               f"that may already be freed: {g.free.describe()} is not ordered "
-                               "after it")
+            for _n, aop, _w in g.entries():
+                if not _before_free(aop, ev):
+                    self._find("workspace" if "workspace" in g.label else "use-after-free",
+                               ptr, g.hi - g.lo, aop, ev,
+                               f"{aop.describe()} touched {hex(ptr)}+{g.hi - g.lo} of a "
+                               f"{g.label} that may already be freed: {ev.describe()} is not "
+                               "ordered after it")
                     break
-            self._tags.pop(ptr, None)
-            self._freed.append(g)
-            while len(self._freed) > _HISTORY:
-                self._gens.discard(self._freed.popleft())
+            freed = self._freed
+            freed.append(g)
+            if len(freed) > _HISTORY:
+                oldest = self._oldest_inflight()
+                while len(freed) > _HISTORY and freed[0].free.seq < oldest:  # type: ignore[union-attr]
+                    self._forget(freed.popleft())
 
     def sync_failures(self, failures: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
         """At a synchronize (``sync.after_sync``): a kernel this checker stopped failed with its
@@ -181,56 +206,109 @@ class Sanitizer:
                 g.label = label
 
     # -- accesses ------------------------------------------------------------------------------
-    def access(self, op: OpInfo | None, ptr: int, nbytes: int, write: bool) -> Finding | None:
-        """Check one access of ``op``; returns the finding it caused, if any."""
-        if op is None or nbytes <= 0:
+    def access(self, op: OpInfo | None, ptr: int, nbytes: int, write: bool,
+               runs: list[tuple[int, int]] | None = None) -> Any:
+        """Check one access of ``op`` (``runs``: the byte ranges a strided one touches inside
+        ``[ptr, ptr + nbytes)``); returns the finding it caused, None, or :data:`UNTRACKED`
+        (memory no generation covers, nor the rounding of one)."""
+        if op is None:
+            return None
+        if nbytes <= 0:
+            return UNTRACKED  # touches nothing: only its address is judged (the view's caller)
+        top = op if op.parent is None else op.parent
+        seq = top.seq
+        if seq < self._since:  # enqueued before the sanitizer was last turned on
             return None
         lo, hi = ptr, ptr + nbytes
         with self._lock:
-            start = self._gens.bisect_key_left((lo - self._max, 0))
-            stop = self._gens.bisect_key_left((hi, 0))
-            gens = [g for g in self._gens[start:stop] if g.lo < hi and lo < g.hi]
-            gens.sort(key=_seq_of, reverse=True)
-            # the generation the program meant: the newest allocated before the op was enqueued
-            seq = _top(op).seq
-            if seq < self._since:  # enqueued before the sanitizer was last turned on
-                return None
-            cur = next((g for g in gens if g.alloc.seq < seq), None)
-            if cur is None or not _alloc_before(cur.alloc, op):
-                if gens:
-                    g = cur or gens[-1]
-                    return self._find("use-before-alloc", ptr, nbytes, op, g.alloc,
-                                      f"{op.describe()} touches {hex(ptr)}+{nbytes}, whose {g.label} "
-                                      f"is not ordered before it: {g.alloc.describe()}")
-                if self._in_pool_chunk(ptr):
-                    return self._find("invalid-address", ptr, nbytes, op, None,
-                                      f"{op.describe()} touches {hex(ptr)}+{nbytes}, pool memory "
-                                      "that no allocation ever covered")
-                return None  # not an allocation the sanitizer tracks (pinned host, graph memory)
-            if not (cur.lo <= lo and hi <= cur.hi):
-                return self._find("out-of-bounds", ptr, nbytes, op, cur.alloc,
+            g = None
+            # the generation the program meant: the one live at lo when op was enqueued
+            hist = self._at.get(lo)
+            if hist is not None:
+                for x in reversed(hist):
+                    if x.alloc.seq < seq:
+                        f = x.free
+                        if (f is None or f.seq > seq) and x.alloc.index < 0 and (
+                                f is None or f.index < 0):
+                            g = x
+                        break
+            if g is None:
+                bases = self._live_bases
+                i = bases.bisect_right(lo) - 1
+                if i >= 0:
+                    x = self._live[bases[i]]
+                    if lo < x.cap and x.alloc.seq < seq and x.alloc.index < 0:
+                        g = x
+            if g is None:
+                g = self._scan(op, lo, hi)
+                if g is None:
+                    if self._in_pool_chunk(ptr):
+                        return self._find("invalid-address", ptr, nbytes, op, None,
+                                          f"{op.describe()} touches {hex(ptr)}+{nbytes}, pool "
+                                          "memory that no allocation ever covered")
+                    return UNTRACKED  # not an allocation the sanitizer tracks (pinned host)
+                a = g.alloc
+                ordered = _alloc_before(a, op)
+            else:  # allocated before op was enqueued: on the host (ordered), or on a stream
+                a = g.alloc
+                ordered = not a.sid or (top.clock.get(a.sid, 0) >= a.pos
+                                        or top.host.get(a.sid, 0) >= a.pos)
+            if not ordered:
+                return self._find("use-before-alloc", ptr, nbytes, op, a,
+                                  f"{op.describe()} touches {hex(ptr)}+{nbytes}, whose {g.label} "
+                                  f"is not ordered before it: {a.describe()}")
+            if not (g.lo <= lo and hi <= g.hi):
+                return self._find("out-of-bounds", ptr, nbytes, op, g.alloc,
                                   f"{op.describe()} touches {hex(ptr)}+{nbytes}, outside its "
-                                  f"{cur.label} [{hex(cur.lo)}, {hex(cur.hi)}) from "
-                                  f"{cur.alloc.describe()}")
-            if cur.free is not None and not _before_free(op, cur.free):
-                kind = "workspace" if "workspace" in cur.label else "use-after-free"
-                return self._find(kind, ptr, nbytes, op, cur.free,
-                                  f"{op.describe()} touches {hex(ptr)}+{nbytes} of a {cur.label} "
-                                  f"that may already be freed: {cur.free.describe()} is not "
+                                  f"{g.label} [{hex(g.lo)}, {hex(g.hi)}) from "
+                                  f"{g.alloc.describe()}")
+            if g.free is not None and not _before_free(op, g.free):
+                kind = "workspace" if "workspace" in g.label else "use-after-free"
+                return self._find(kind, ptr, nbytes, op, g.free,
+                                  f"{op.describe()} touches {hex(ptr)}+{nbytes} of a {g.label} "
+                                  f"that may already be freed: {g.free.describe()} is not "
                                   "ordered after it")
-            top = _top(op)
-            first, bounds = cur.race(op, top, lo, hi, write)
-            found = None
-            if first is not None:
-                _p, _n, alo, ahi, aw, aop = first
-                found = self._find(
-                    "race", ptr, nbytes, op, aop,
-                    f"{op.describe()} {'writes' if write else 'reads'} {hex(ptr)}+{nbytes} "
-                    f"while {aop.describe()} {'writes' if aw else 'reads'} "
-                    f"{hex(alo)}+{ahi - alo}, and neither is ordered before the other", cur)
-            cur.remember((top.pos, next(_arrival), lo, hi, write, op), top.stream.id, bounds,
-                         self._oldest_inflight)
-            return found
+            if len(g.starts) > g._prune_at:
+                g.prune(self._floor())
+            if runs is None:
+                first = g.access(op, lo, hi, write)
+            else:
+                first = None
+                for a, b in runs:
+                    r = g.access(op, a, b, write)
+                    if r is not None and (first is None or r[0] < first[0]):
+                        first = r
+            if first is None:
+                return None
+            _n, aop, aw = first
+            return self._find(
+                "race", ptr, nbytes, op, aop,
+                f"{op.describe()} {'writes' if write else 'reads'} {hex(ptr)}+{nbytes} "
+                f"while {aop.describe()} {'writes' if aw else 'reads'} it, and neither is "
+                "ordered before the other", g)
+
+    def _scan(self, op: OpInfo, lo: int, hi: int) -> _Gen | None:
+        """The generation an access of ``[lo, hi)`` means, from every one remembered that holds
+        ``lo`` (else every one it overlaps): the one live there in op's own order, else the
+        newest allocated before op was enqueued, else the newest."""
+        seq = _top(op).seq
+        found: list[_Gen] = []
+        for stop in (lo + 1, hi):
+            for k, cls in self._classes.items():
+                for _base, uid in cls.irange((lo - (1 << k) + 1,), (stop - 1, _NONE)):
+                    g = self._by_uid[uid]
+                    if g.lo < stop and lo < g.cap:
+                        found.append(g)
+            if found:
+                break
+        if not found:
+            return None
+        found.sort(key=_newest_first)
+        live = next((g for g in found if _alloc_before(g.alloc, op) and (
+            g.free is None or not _alloc_before(g.free, op))), None)
+        if live is not None:
+            return live
+        return next((g for g in found if g.alloc.seq < seq), found[0])
 
     @staticmethod
     def _in_pool_chunk(ptr: int) -> bool:
@@ -245,8 +323,7 @@ class Sanitizer:
         if other is None:
             key: tuple = (kind, ptr, nbytes, id(op))
         else:
-            key = (kind, id(op), id(other)) if gen is None else (
-                kind, id(op), id(other), gen.lo, gen.alloc.seq)
+            key = (kind, id(op), id(other)) if gen is None else (kind, id(op), id(other), gen.uid)
         f = self._seen.get(key)
         if f is not None:
             return f
@@ -256,8 +333,10 @@ class Sanitizer:
 
     # -- listener interface ----------------------------------------------------------------------
     def on_enqueue(self, op: OpInfo) -> None:
-        with self._lock:
-            heapq.heappush(self._inflight, op.seq)
+        d = self._inflight.get(op.sid)
+        if d is None:
+            d = self._inflight.setdefault(op.sid, deque())
+        d.append(op)
         mem = op.args.get(GRAPH_MEMORY)
         if mem:
             self._graph_memory(op, mem)
@@ -270,7 +349,9 @@ class Sanitizer:
             if what == "alloc":  # before any node of the launch (whose seq is the launch's)
                 ev = _Event.of_launch(launch, f"graph allocation of {hex(ptr)} ({nbytes} B)",
                                       launch.seq - 0.5, index, ancestors, node)
-                self._allocated(ptr, nbytes, ev, "graph allocation")
+                a = graph_memory.find(ptr)
+                self._allocated(ptr, nbytes, ptr + (a.size if a is not None else _round(nbytes)),
+                                ev, "graph allocation")
             else:
                 ev = _Event.of_launch(launch, f"graph free of {hex(ptr)}", launch.seq + 0.5,
                                       index if what == "free" else -1, ancestors, node)
@@ -278,12 +359,14 @@ class Sanitizer:
 
     def _oldest_inflight(self) -> int:
         """The smallest sequence number of an enqueued operation that has not finished."""
-        heap, done = self._inflight, self._finished
-        while heap and heap[0] in done:
-            done.discard(heapq.heappop(heap))
-        if not heap:
-            done.clear()  # ends of operations enqueued before a restart: never in the heap
-        return heap[0] if heap else 1 << 62
+        heads = [d[0].seq for d in list(self._inflight.values()) if d]
+        return min(heads) if heads else _NONE
+
+    def _floor(self) -> dict[int, int]:
+        """What the host had proven when the oldest operation still to be checked was enqueued
+        (every later one was enqueued knowing at least as much)."""
+        heads = [d[0] for d in list(self._inflight.values()) if d]
+        return min(heads, key=_seq).host if heads else instrument.host_seen
 
     def op_start(self, op: OpInfo) -> None:
         for ptr, nbytes, write in op.accesses:
@@ -291,12 +374,9 @@ class Sanitizer:
 
     def op_end(self, op: OpInfo) -> None:
         if op.parent is None:
-            with self._lock:
-                self._finished.add(op.seq)
-
-    def on_proved(self, sid: int, pos: int) -> None:
-        with self._lock:
-            _prove(sid, pos)
+            d = self._inflight.get(op.sid)
+            if d and d[0] is op:
+                d.popleft()
 
     def pending(self) -> Finding | None:
         """The first finding not yet raised (raise mode), marking it raised."""
@@ -306,6 +386,19 @@ class Sanitizer:
                 self._raised = len(self.findings)
                 return f
         return None
+
+
+def _round(nbytes: int) -> int:
+    """A pool block's bytes for a request of ``nbytes`` (the pools' rounding)."""
+    return (max(nbytes, 1) + ALIGN - 1) // ALIGN * ALIGN
+
+
+def _seq(op: OpInfo) -> int:
+    return op.seq
+
+
+def _newest_first(g: _Gen) -> tuple[float, int]:
+    return (-g.alloc.seq, -g.uid)
 
 
 def _marker() -> None:

@@ -1,112 +1,131 @@
-"""A generation: one allocation's range, its alloc and free events, and the accesses to it that
-an operation still to be checked may race with.
+"""A generation: one allocation's range (the requested bytes, and the rounded ``cap`` its
+memory really spans), its alloc and free events, and its shadow: what each byte range's last
+accesses were.
 
 State and invariants (guarded by the checker's lock):
-- Each generation keeps its accesses per stream in stream order, less those a later write
-  ordered after them covers and those the host saw complete before every operation still to be
-  checked (past ``_MAX_ACCESSES`` unproven ones, the oldest go).
-- A stream's accesses up to the position X's clock (or a host proof) covers are all ordered
-  before X: the race check scans only the later ones, so a long run of ordered work on one
-  buffer costs nothing per access.
+- The shadow is a partition of ``[lo, hi)`` into segments (``starts``, increasing, the first
+  ``lo``), each with its entries: ``(arrival, op, write)`` for the writes no later write is
+  ordered after, and the reads no later access of the same kind supersedes. An access ordered
+  after an entry supersedes it where it conflicts with everything the entry does: a write
+  supersedes every entry ordered before it, a read the reads ordered before it. So a segment
+  holds, per stream, at most its last write and its reads since (more only where accesses are
+  unordered: concurrent readers, graph branches, and races, each reported): nothing needs a
+  cap, and nothing unordered is ever forgotten.
+- Accesses are checked in an order consistent with happens-before (an operation runs only after
+  what it is ordered after completed), so an entry present when an access arrives either is
+  ordered before it or is concurrent with it.
+- Segments split where an access starts or ends inside one and merge again under a write that
+  covers them (a whole-buffer write leaves one segment).
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
-import math
-from collections.abc import Callable
 
 from ..instrument import OpInfo
-from .order import _Event, _proven, op_before_op
+from .order import _Event, op_before_op
 
-_MAX_ACCESSES = 4096  # unproven accesses per generation past which the oldest are forgotten
-
-# an access: (its operation's stream position, order of arrival, lo, hi, write, operation); a
-# stream's accesses sorted by position, so ``(pos, _AFTER)`` bisects past every access at ``pos``
-_Access = tuple[int, int, int, int, bool, OpInfo]
-_AFTER = math.inf
+# an entry: (order of arrival, operation, write)
+_Entry = tuple[int, OpInfo, bool]
 _arrival = itertools.count()
+_PRUNE_AT = 32
 
 
 class _Gen:
-    __slots__ = ("lo", "hi", "alloc", "free", "streams", "count", "label")
+    __slots__ = ("lo", "hi", "cap", "alloc", "free", "label", "starts", "states", "uid", "_prune_at")
 
-    def __init__(self, lo: int, hi: int, alloc: _Event, label: str) -> None:
-        self.lo, self.hi = lo, hi
+    def __init__(self, lo: int, hi: int, cap: int, alloc: _Event, label: str, uid: int) -> None:
+        self.lo, self.hi, self.cap = lo, hi, max(cap, hi)
         self.alloc = alloc
         self.free: _Event | None = None
-        self.streams: dict[int, list[_Access]] = {}  # stream id -> its accesses, in stream order
-        self.count = 0
         self.label = label
+        self.starts = [lo]
+        self.states: list[list[_Entry]] = [[]]
+        self.uid = uid
+        self._prune_at = _PRUNE_AT  # segments past which proven entries are dropped (doubling)
 
-    def accesses(self) -> list[_Access]:
-        """Every remembered access, in order of arrival."""
-        return sorted((a for lst in self.streams.values() for a in lst), key=_arrival_of)
+    def entries(self) -> list[_Entry]:
+        """Every remembered access, in order of arrival (once each)."""
+        seen: dict[tuple[int, bool], _Entry] = {}
+        for st in self.states:
+            for e in st:
+                seen[(e[0], e[2])] = e
+        return sorted(seen.values())
 
-    def race(self, op: OpInfo, top: OpInfo, lo: int, hi: int,
-             write: bool) -> tuple[_Access | None, dict[int, int]]:
-        """The oldest remembered access that conflicts with ``op``'s access of ``[lo, hi)`` and
-        is not ordered before it (``top``: ``op``'s launch, or ``op``), if any; and per stream,
-        the position up to which its accesses are ordered before ``op``."""
-        # per stream, what op's clock or a host proof covers is ordered before it: only the
-        # later accesses are checked; the race reported is with the oldest conflicting one
-        bounds = {}
-        first: _Access | None = None
-        for sid, lst in self.streams.items():
-            b = bounds[sid] = max(top.clock.get(sid, 0), _proven(sid, top.seq))
-            for a in lst[bisect.bisect_right(lst, (b, _AFTER)):]:
-                if (a[4] or write) and a[2] < hi and lo < a[3] and a[5] is not op \
-                        and not op_before_op(a[5], op):
-                    if first is None or a[1] < first[1]:
-                        first = a
-                    break
-        return first, bounds
+    def prune(self, floor: dict[int, int]) -> None:
+        """Drop the entries of operations the host saw complete before anything still to be
+        checked was enqueued (``floor``: the oldest such operation's proofs): nothing can race
+        with them. Equal neighbouring segments merge, so slices the program is done with cost
+        nothing."""
+        starts, states = [], []
+        for lo, st in zip(self.starts, self.states):
+            st = [e for e in st if floor.get(_top_sid(e[1]), 0) < _top_pos(e[1])]
+            if states and st == states[-1]:
+                continue
+            starts.append(lo)
+            states.append(st)
+        self.starts, self.states = starts, states
+        self._prune_at = max(_PRUNE_AT, 2 * len(starts))
 
-    def remember(self, a: _Access, sid: int, bounds: dict[int, int],
-                 oldest_inflight: Callable[[], int]) -> None:
-        """Add access ``a`` of stream ``sid`` to the history (``bounds``: per stream, the
-        position up to which its accesses are ordered before ``a``), and forget what no later
-        operation can race with (``oldest_inflight``: the checker's, read only when needed)."""
-        streams = self.streams
-        lst = streams.setdefault(sid, [])
-        _p, _n, lo, hi, write, op = a
-        if lst and lst[-1][5] is op and lst[-1][2:5] == (lo, hi, write):
-            return  # the same view again (``ops.add(t, t, t)``)
-        if write:  # superseded: earlier accesses ordered before this write, inside it
-            for s, accs in streams.items():
-                b = bounds.get(s, 0)
-                keep = [x for x in accs if not (lo <= x[2] and x[3] <= hi and (
-                    x[0] <= b or op_before_op(x[5], op)))]
-                if len(keep) < len(accs):
-                    self.count -= len(accs) - len(keep)
-                    accs[:] = keep
-        lst.append(a)
-        self.count += 1
-        # Forget the accesses the host saw complete before the oldest operation still in flight
-        # was enqueued: no operation still to be checked can race with them (later ones come
-        # later still). The rest are kept (an unordered write must never drop out), up to
-        # ``_MAX_ACCESSES``; past it, the oldest go.
-        oldest = oldest_inflight()
-        for s, accs in list(streams.items()):
-            if accs and accs[0][0] <= (seen := _proven(s, oldest)):
-                k = bisect.bisect_right(accs, (seen, _AFTER))
-                del accs[:k]
-                self.count -= k
-            if not accs:
-                del streams[s]
-        while self.count > _MAX_ACCESSES:
-            min((x for x in streams.values() if x), key=_oldest_arrival).pop(0)
-            self.count -= 1
+    def access(self, op: OpInfo, lo: int, hi: int, write: bool) -> _Entry | None:
+        """Record ``op``'s access of ``[lo, hi)`` (inside the generation) and return the oldest
+        remembered access it conflicts with that is not ordered before it, if any."""
+        starts, states = self.starts, self.states
+        if len(starts) == 1 and lo == self.lo and hi == self.hi:
+            i, j = 0, 1  # the whole allocation, one segment: the common case
+        else:
+            i = bisect.bisect_right(starts, lo) - 1
+            if starts[i] != lo:  # split the segment holding lo
+                i += 1
+                starts.insert(i, lo)
+                states.insert(i, list(states[i - 1]))
+            j = bisect.bisect_left(starts, hi, i)
+            if hi < self.hi and (j == len(starts) or starts[j] != hi):  # split at hi
+                starts.insert(j, hi)
+                states.insert(j, list(states[j - 1]))
+        race: _Entry | None = None
+        before = op_before_op
+        top = op if op.parent is None else op.parent
+        sid = top.sid
+        verdict: dict[int, bool] = {}  # arrival -> ordered before op (an entry spans segments)
+        mine: _Entry | None = None
+        for k in range(i, j):
+            keep = []
+            own = False  # op already holds an entry here that covers this access
+            for e in states[k]:
+                a = e[1]
+                if a is op:  # op's own earlier view: kept if it covers this one
+                    if e[2] or not write:
+                        keep.append(e)
+                        own = True
+                    continue
+                if a.parent is None and a.sid == sid and a is not top:
+                    ordered = True  # earlier on op's own stream (a later one is not checked yet)
+                else:
+                    ordered = verdict.get(e[0])
+                    if ordered is None:
+                        ordered = verdict[e[0]] = before(a, op)
+                if not ordered:
+                    if (write or e[2]) and (race is None or e[0] < race[0]):
+                        race = e
+                    keep.append(e)
+                elif e[2] and not write:
+                    keep.append(e)  # a write before a read stays: later writes conflict with it
+            if not own:
+                if mine is None:
+                    mine = (next(_arrival), op, write)
+                keep.append(mine)
+            states[k] = keep
+        if write and j - i > 1 and all(states[k] == states[i] for k in range(i + 1, j)):
+            del starts[i + 1:j]  # one write over several segments left them equal: one again
+            del states[i + 1:j]
+        return race
 
 
-def _arrival_of(a: _Access) -> int:
-    return a[1]
+def _top_sid(op: OpInfo) -> int:
+    return op.sid if op.parent is None else op.parent.sid
 
 
-def _oldest_arrival(accs: list[_Access]) -> int:
-    return accs[0][1]
-
-
-def _seq_of(g: _Gen) -> int:
-    return g.alloc.seq
+def _top_pos(op: OpInfo) -> int:
+    return op.pos if op.parent is None else op.parent.pos
