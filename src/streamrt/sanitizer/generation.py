@@ -73,8 +73,26 @@ class _Gen:
         remembered access it conflicts with that is not ordered before it, if any."""
         starts, states = self.starts, self.states
         if len(starts) == 1 and lo == self.lo and hi == self.hi:
-            i, j = 0, 1  # the whole allocation, one segment: the common case
-        else:
+            # the whole allocation, one segment: the common case, and mostly with entries only
+            # of earlier operations of op's own stream (all superseded, or a write before a read)
+            top = op if op.parent is None else op.parent
+            sid = top.sid
+            st = states[0]
+            keep = []
+            for e in st:
+                a = e[1]
+                if a.parent is not None or a.sid != sid or a is top:
+                    return self._access(op, lo, hi, write, 0, 1)  # anything else: in full
+                if e[2] and not write:
+                    keep.append(e)
+            keep.append((next(_arrival), op, write))
+            states[0] = keep
+            return None
+        return self._access(op, lo, hi, write, -1, -1)
+
+    def _access(self, op: OpInfo, lo: int, hi: int, write: bool, i: int, j: int) -> _Entry | None:
+        starts, states = self.starts, self.states
+        if i < 0:
             i = bisect.bisect_right(starts, lo) - 1
             if starts[i] != lo:  # split the segment holding lo
                 i += 1
