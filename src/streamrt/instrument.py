@@ -131,12 +131,14 @@ def active() -> bool:
 
 # recomputed whenever a listener comes or goes (``_changed``): read on every enqueue
 _sites = False  # some listener wants each operation's call site
+_timed = False  # some listener reads when and where operations ran (t0, t1, thread)
 _on_enqueue: list[Callable[[OpInfo], None]] = []  # the listeners' on_enqueue hooks
 
 
 def _changed() -> None:
-    global _sites, _on_enqueue
+    global _sites, _timed, _on_enqueue
     _sites = any(getattr(lst, "wants_sites", False) for lst in listeners)
+    _timed = any(getattr(lst, "wants_times", True) for lst in listeners)
     _on_enqueue = [h for lst in listeners if (h := getattr(lst, "on_enqueue", None)) is not None]
     for fn in on_change:
         fn()
@@ -228,17 +230,20 @@ def run_stamped(op: OpInfo, q: Any, fn: Callable[..., Any], args: tuple, keep: A
 def run(op: OpInfo, fn: Callable[..., Any], args: tuple, keep: Any = None) -> None:
     """Queue operation: run ``fn(*args)`` as ``op`` (``keep``: its stream, alive till then)."""
     token = _current.set(op)
-    try:
-        op.thread = _tl.name
-    except AttributeError:  # this thread's first operation
-        op.thread = _tl.name = threading.current_thread().name
-    op.t0 = time.perf_counter()
+    timed = _timed
+    if timed:
+        try:
+            op.thread = _tl.name
+        except AttributeError:  # this thread's first operation
+            op.thread = _tl.name = threading.current_thread().name
+        op.t0 = time.perf_counter()
     try:
         for lst in listeners:
             lst.op_start(op)
         fn(*args)
     finally:
-        op.t1 = time.perf_counter()
+        if timed:
+            op.t1 = time.perf_counter()
         _current.reset(token)
         for lst in listeners:
             lst.op_end(op)

@@ -28,12 +28,13 @@ if TYPE_CHECKING:
     from ..stream import Stream
     from .graph import Graph
 
-__all__ = ["Compiled", "compile_graph", "flatten", "topo"]
+__all__ = ["Compiled", "compile_graph", "flatten", "reach", "reaches", "topo"]
 
 
 class Compiled(NamedTuple):
     """An exec compiled for a stream (or a device): the backend's runner and, instrumented,
-    ``mem``: id(memory node) -> (its index in the launch, bitset of its ancestors, its label)."""
+    ``mem``: id(memory node) -> (its index in the launch, its place in the DAG (:func:`reach`),
+    its label)."""
 
     runner: GraphRunner
     mem: dict[int, tuple[int, int, str]]
@@ -46,7 +47,7 @@ def compile_graph(template: Graph, disabled: set[int], stream: Stream) -> Compil
     ops_of = _ops_for(stream)
     if not instrument.listeners:
         return Compiled(stream.device._impl.graph_runner(flat, ops_of), {})
-    anc = ancestors([deps for _, deps, _ in flat])
+    anc = reach([deps for _, deps, _ in flat])
 
     def wrapped(i: int, n: Node) -> NodeOp:
         op = ops_of(i, n)
@@ -77,15 +78,83 @@ def _node_call(meta: tuple, fn: Any, args: tuple) -> None:
 setattr(_node_call, WRAPPER, True)  # failure labels name the node's own operation
 
 
-def ancestors(deps: list[list[int]]) -> list[int]:
-    """Every node's ancestors in a flattened graph, as a bitset of indices."""
-    anc = [0] * len(deps)
+# a node's place in its flattened graph's DAG, for the sanitizer: (its chain, its index in the
+# chain, what it knows of the other chains: chain -> the highest index among its ancestors)
+Reach = tuple[int, int, dict[int, int]]
+_NOTHING: dict[int, int] = {}
+
+
+def reach(deps: list[list[int]]) -> list[Reach]:
+    """Every node's :data:`Reach` in a flattened graph (``deps``: its dependencies' indices, in
+    topological order): ``reaches(r[a], r[x])`` tells whether a is an ancestor of x.
+
+    The nodes are covered by chains, each a path (a node extends the chain whose tail is one of
+    its dependencies); a node knows, per other chain, the furthest node of it among its
+    ancestors, as a vector clock. Knowledge is shared, not copied: a node extending its one
+    dependency's chain shares that dependency's dict, and the other children of a node share
+    one dict made for them. A chain whose tail a join covers is free for the join's
+    descendants to take up again, so a fork/join graph needs as many chains as it is wide, and
+    its memory grows with its nodes times its width, never with its nodes squared."""
+    out: list[Reach] = []
+    tails: list[int] = []  # chain -> the node at its tail
+    free: list[list[tuple[int, int]]] = []  # node -> chains free below it: (chain, its tail)
+    known: dict[int, dict[int, int]] = {}  # node -> its dict and its own place, made when asked
+
+    def knowledge(d: int) -> dict[int, int]:
+        k = known.get(d)
+        if k is None:
+            c, i, b = out[d]
+            k = known[d] = {**b, c: i}
+        return k
+
     for i, ds in enumerate(deps):
-        acc = 0
+        chain, idx = -1, 0
         for d in ds:
-            acc |= anc[d] | (1 << d)
-        anc[i] = acc
-    return anc
+            c = out[d][0]
+            if tails[c] == d:  # d is its chain's tail: i extends that chain
+                chain, idx = c, out[d][1] + 1
+                break
+        if not ds:
+            base = _NOTHING
+            mine: list[tuple[int, int]] = []
+        elif len(ds) == 1:
+            d = ds[0]
+            base = out[d][2] if chain == out[d][0] else knowledge(d)
+            mine = free[d]  # shared: the chains free below d are free below i
+        else:
+            base = {}
+            merged: set[int] = set()
+            for d in ds:
+                c, k, b = out[d]
+                if id(b) not in merged:
+                    merged.add(id(b))
+                    for cc, kk in b.items():
+                        if base.get(cc, -1) < kk:
+                            base[cc] = kk
+                if base.get(c, -1) < k:
+                    base[c] = k
+            # the deps' chains end here (their tails are ancestors of i): free below i
+            mine = [(out[d][0], d) for d in ds if tails[out[d][0]] == d and out[d][0] != chain]
+        if chain < 0:
+            while mine:
+                c, t = mine.pop()
+                if tails[c] == t:  # still ending at that ancestor: i continues it
+                    chain, idx = c, out[t][1] + 1
+                    break
+            else:
+                chain = len(tails)
+                tails.append(-1)
+        tails[chain] = i
+        out.append((chain, idx, base))
+        free.append(mine)
+    return out
+
+
+def reaches(a: Reach, x: Reach) -> bool:
+    """Whether the node at ``a`` is an ancestor of the node at ``x`` (see :func:`reach`)."""
+    if a[0] == x[0]:
+        return a[1] < x[1]
+    return x[2].get(a[0], -1) >= a[1]
 
 
 def _ops_for(stream: Stream) -> Any:

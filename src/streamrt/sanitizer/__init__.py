@@ -35,6 +35,7 @@ _MAX_RUNS = 4096  # byte runs a strided view declares one by one; past it, its w
 __all__ = ["enable", "disable", "enabled", "report", "clear", "check_leaks", "Finding"]
 
 _SAN = Sanitizer()
+_access = _SAN.access
 _current_op = instrument._current.get
 _on = False
 
@@ -99,7 +100,11 @@ def _checked_array(ctx: Any, ptr: int, shape: Any, dtype: Any, *, readonly: bool
     except TypeError:  # an unhashable shape (a list) or dtype
         nbytes = _nbytes(shape, dtype)
     if nbytes is not None and (type(ptr) is int or is_int(ptr)):
-        _check(ctx, int(ptr), nbytes, not readonly, None)
+        p = int(ptr)
+        op = _current_op()
+        found = _access(op, p, nbytes, not readonly)
+        if found is not None:
+            _judged(ctx, op, p, nbytes, found)
     return _view(ctx, ptr, shape, dtype, readonly=readonly)
 
 
@@ -157,9 +162,13 @@ def _runs(shape: tuple, bstrides: tuple, itemsize: int) -> list[tuple[int, int]]
 
 def _check(ctx: Any, p: int, nbytes: int, write: bool, runs: list | None) -> None:
     op = _current_op()
-    found = _SAN.access(op, p, nbytes, write, runs)
-    if found is None:
-        return
+    found = _access(op, p, nbytes, write, runs)
+    if found is not None:
+        _judged(ctx, op, p, nbytes, found)
+
+
+def _judged(ctx: Any, op: Any, p: int, nbytes: int, found: Any) -> None:
+    """An access the checker did not pass: raise where the kernel must stop."""
     if found is UNTRACKED:
         found = None
         if op is not None and get_backend(ctx.device.backend).range_of(p) is None:

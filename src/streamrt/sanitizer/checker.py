@@ -61,6 +61,7 @@ class Sanitizer:
     """The checker; one per process (``streamrt.sanitizer``)."""
 
     wants_sites = True
+    wants_times = False  # (instrument.run times operations only for listeners that read it)
     needs_inline = True  # kernel accesses are seen as views made where the cpu backend runs them
 
     def __init__(self) -> None:

@@ -17,13 +17,14 @@ import weakref
 from typing import Any
 
 from .. import instrument
+from ..graph.compile import reaches
 from ..instrument import OpInfo
 
 
 class _Event:
     """An alloc or free: on a stream at a position (with its clock and the host's proofs), or
     on the host (``sid`` 0); or a graph memory node (``index`` >= 0) of the graph launch at that
-    stream position, with the bitset of the launch's nodes ordered before it."""
+    stream position, with its place in the launch's DAG (``graph.compile.reach``)."""
 
     __slots__ = ("_sref", "sid", "sname", "pos", "clock", "host", "seq", "_site", "what", "index",
                  "ancestors", "node")
@@ -41,12 +42,12 @@ class _Event:
         self._site: Any = instrument._raw_site()
         self.what = what
         self.index = -1
-        self.ancestors = 0
+        self.ancestors: Any = None
         self.node = ""
 
     @classmethod
     def of_launch(cls, launch: OpInfo, what: str, seq: float, index: int = -1,
-                  ancestors: int = 0, node: str = "") -> _Event:
+                  ancestors: Any = None, node: str = "") -> _Event:
         """An event of graph launch ``launch``: at its node ``index``, or at its start (-1)."""
         e = cls.__new__(cls)
         e._sref = launch._sref
@@ -83,7 +84,7 @@ def op_before_op(a: OpInfo, x: OpInfo) -> bool:
     """Operation ``a`` happens before operation ``x``."""
     pa = a.parent
     if pa is not None and pa is x.parent:
-        return bool(x.ancestors >> a.index & 1)
+        return reaches(a.ancestors, x.ancestors)
     ta = a if pa is None else pa
     tx = x if x.parent is None else x.parent
     if ta is tx:
@@ -94,7 +95,7 @@ def op_before_op(a: OpInfo, x: OpInfo) -> bool:
 
 def _alloc_before(e: _Event, x: OpInfo) -> bool:
     if e.in_launch_of(x):  # a node of the launch that allocated: the DAG orders them
-        return bool(x.ancestors >> e.index & 1)
+        return reaches(e.ancestors, x.ancestors)
     tx = _top(x)
     if not e.sid:
         return e.seq < tx.seq
@@ -104,7 +105,7 @@ def _alloc_before(e: _Event, x: OpInfo) -> bool:
 
 def _before_free(x: OpInfo, e: _Event) -> bool:
     if e.in_launch_of(x):
-        return bool(e.ancestors >> x.index & 1)
+        return reaches(x.ancestors, e.ancestors)
     tx = _top(x)
     if not e.sid:
         return tx.seq < e.seq
