@@ -14,7 +14,6 @@ import os
 import sys
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
@@ -73,7 +72,7 @@ class OpInfo:
     def __init__(self, stream: Any, kind: str, name: str, clock: dict[int, int],
                  accesses: tuple = (), args: dict | None = None, site: Any = None) -> None:
         if stream is not None:
-            self._sref: Any = weakref.ref(stream)
+            self._sref: Any = stream._wref
             self.sid = stream.id
             self.sname = stream.name
             self.device = stream.device
@@ -85,17 +84,18 @@ class OpInfo:
         self.kind = kind
         self.name = name
         self._site = site if site is not None else (_raw_site() if _sites else "")
-        self.clock = clock  # what is ordered before this op: stream id -> position
+        # what other streams' work is ordered before this op: stream id -> position (its own
+        # stream's earlier work is, by position; a copy shared by operations, never changed)
+        self.clock = clock
         self.host = host_seen  # what the host had seen complete when it was enqueued
         self.accesses = accesses  # declared (ptr, nbytes, write) ranges (copies, memsets)
         self.args = args or {}
-        self.t0 = self.t1 = 0.0
         self.parent: OpInfo | None = None  # the graph launch of a graph node
-        self.index = -1  # node index within its launch (topological)
-        self.node = ""  # the node as the program knows it: "#3" (creation order in its graph)
-        self.ancestors: Any = None  # the node's place in its launch's DAG (graph.compile.reach)
-        self.thread = ""
         self.stamps: tuple | None = None  # (queue, start, end) timing stamps on an enqueuing backend
+        # set where they apply (unset slots, not stores on every enqueue): ``t0``, ``t1`` and
+        # ``thread`` by ``run`` for listeners that read times; a graph node's ``index`` in its
+        # launch (topological), ``node`` (its name: "#3", creation order in its graph) and
+        # ``ancestors`` (its place in the launch's DAG: graph.compile.reach) by its launch
 
     @property
     def stream(self) -> Any:
@@ -104,9 +104,14 @@ class OpInfo:
 
     @property
     def site(self) -> str:
-        """``file:line`` where the program enqueued it ("" when unknown)."""
+        """``file:line`` where the program enqueued it ("" when unknown); a graph node's names
+        where the node was made and where its graph was launched."""
         s = self._site
-        return s if isinstance(s, str) else format_site(s)
+        s = s if isinstance(s, str) else format_site(s)
+        p = self.parent
+        if p is not None and p._site:
+            return f"{s}, launched at {p.site}" if s else f"launched at {p.site}"
+        return s
 
     def where(self) -> str:
         """``stream@pos`` (and the node within its graph launch)."""
@@ -136,10 +141,12 @@ _on_enqueue: list[Callable[[OpInfo], None]] = []  # the listeners' on_enqueue ho
 
 
 def _changed() -> None:
-    global _sites, _timed, _on_enqueue
+    global _sites, _timed, _on_enqueue, _runner
     _sites = any(getattr(lst, "wants_sites", False) for lst in listeners)
     _timed = any(getattr(lst, "wants_times", True) for lst in listeners)
     _on_enqueue = [h for lst in listeners if (h := getattr(lst, "on_enqueue", None)) is not None]
+    own = getattr(listeners[0], "run_op", None) if len(listeners) == 1 else None
+    _runner = own if own is not None else run
     for fn in on_change:
         fn()
 
@@ -191,16 +198,41 @@ def before_clock(stream: Any) -> dict[int, int]:
 
 
 def wrap(stream: Any, fn: Callable[..., Any], args: tuple, kind: str, name: str,
-         accesses: tuple = (), extra: dict | None = None) -> tuple[Callable[..., Any], tuple]:
+         accesses: tuple = (), extra: dict | None = None, site: Any = None
+         ) -> tuple[Callable[..., Any], tuple]:
     """Wrap a queue operation (call after ``stream._pos`` was incremented for it)."""
-    clock = stream._clock.copy()
-    clock[stream.id] = stream._pos - 1
-    op = OpInfo(stream, kind, name, clock, accesses, extra)
+    cv, clock = stream._snap
+    if cv != stream._cv:  # the version read before the copy: a change meanwhile shows next time
+        cv = stream._cv
+        clock = stream._clock.copy()
+        stream._snap = (cv, clock)
+    op = OpInfo(stream, kind, name, clock, accesses, extra, site)
     for hook in _on_enqueue:
         hook(op)
     # the queued work holds the stream while it waits and runs (the OpInfo holds it weakly)
-    return (run, (op, fn, args, stream)) if stream._inline else (
+    return (_runner, (op, fn, args, stream)) if stream._inline else (
         run_stamped, (op, stream._q, fn, args, stream))
+
+
+def launch(stream: Any, kernel: Any, ctx: Any, args: tuple) -> None:
+    """An observed launch on a non-blocking cpu stream that does not capture (Stream.launch
+    checked it): what its general path (``Eager.kernel``, ``_submit``, ``_enqueue``) does
+    there, in one step: counted, wrapped and queued under the stream's lock."""
+    try:
+        run_ = ctx._runs[kernel.fn]  # the body bound to the context (see KernelContext._runner)
+    except (KeyError, TypeError):
+        run_ = ctx._runner(kernel.fn)
+    site: Any = ""
+    if _sites:  # the caller of Stream.launch, unless the package called it (then: walk out)
+        f = sys._getframe(2)
+        code = f.f_code
+        known = _inside.get(code)
+        if known is None:
+            known = _inside[code] = code.co_filename.startswith(_PKG)
+        site = _raw_site() if known else (code.co_filename, f.f_lineno)
+    with stream._lock:
+        stream._pos += 1
+        stream._q.submit(*wrap(stream, run_, args, "kernel", kernel.name, (), ctx._info, site))
 
 
 def check_backend(stream: Any) -> None:
@@ -250,6 +282,9 @@ def run(op: OpInfo, fn: Callable[..., Any], args: tuple, keep: Any = None) -> No
 
 
 setattr(run, WRAPPER, True)  # failure labels name the operation it runs (see labels)
+# what runs an instrumented queue operation: ``run``, or the one listener's own ``run_op`` (the
+# same, without the loops over listeners); chosen whenever a listener comes or goes
+_runner: Callable[..., None] = run
 
 
 def current() -> OpInfo | None:

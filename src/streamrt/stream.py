@@ -43,12 +43,14 @@ _ids = itertools.count(1)
 # process-wide switches read on every enqueue, recomputed whenever one changes
 _launch_blocking = False  # every enqueue synchronous (sync.set_launch_blocking)
 _global_slow = False  # launch blocking, a sanitizer or a tracer: the slow path for every stream
+_observed = False  # a sanitizer or tracer and no launch blocking (instrument.launch applies)
 
 
 def _refresh_global() -> None:
-    global _global_slow, _launch_blocking
+    global _global_slow, _launch_blocking, _observed
     _launch_blocking = sync.launch_blocking()
     _global_slow = _launch_blocking or instrument.active()
+    _observed = instrument.active() and not _launch_blocking
 
 
 instrument.on_change.append(_refresh_global)
@@ -63,7 +65,7 @@ class Stream:
     __slots__ = (
         "device", "id", "priority", "non_blocking", "_legacy", "_q", "_pos", "_clock", "_host",
         "_destroyed", "_ctxs", "_ctx1", "_target", "_slow", "_lock", "_inline", "_recorded",
-        "_push", "_cv", "__weakref__",
+        "_push", "_cv", "_snap", "_wref", "__weakref__",
     )
 
     def __init__(
@@ -101,6 +103,9 @@ class Stream:
         self._recorded = -1  # position of the latest event record (see free)
         self._clock: dict[int, int] = {}
         self._cv = 0  # the clock's version: counts changes of _clock (a copy of it stays valid)
+        # (version, copy of _clock): instrumented operations share one copy while it is valid
+        self._snap: tuple[int, dict[int, int]] = (-1, {})
+        self._wref = weakref.ref(self)  # what instrumented operations hold of their stream
         self._host = 0
         self._destroyed = False
         self._ctxs: dict[Any, KernelContext] = {}
@@ -240,6 +245,8 @@ class Stream:
         else:
             ctx = self._context(grid, block)  # validates (numpy ints pass, others are refused)
         if self._slow or _global_slow or type(kernel) is not Kernel:
+            if _observed and not self._slow and self._inline and type(kernel) is Kernel:
+                return instrument.launch(self, kernel, ctx, args)  # the same, in fewer steps
             return self._launch_slow(kernel, ctx, args)
         # the hottest path of the runtime: a non-blocking stream with no capture or hooks
         push = self._push

@@ -12,11 +12,12 @@ The host lets each step's work run before the next step (waiting without a synch
 sanitizer sees no ordering), so the order accesses are checked in, and so which finding each
 reports, follows from the program. The model applies the sanitizer's rules (sanitizer.access,
 on_free, generation): an access reports at most one finding, the first of use-before-alloc,
-out-of-bounds, use-after-free and race, a race against the oldest remembered conflicting access;
-a write supersedes every access ordered before it, a read the reads ordered before it, and
-nothing unordered is forgotten; a free reports the first remembered access not ordered before
-it. Findings must match as a multiset of (kind, operation, the other operation or the alloc/free
-event, pointer), operations named by (stream, position), a graph node by its launch.
+out-of-bounds, use-after-free and race, a race against the remembered conflicting access enqueued
+first; a write supersedes every access ordered before it, a read the reads ordered before it,
+and nothing unordered is forgotten; a free reports the remembered access enqueued first of those
+not ordered before it. Findings must match as a multiset of (kind, operation, the other
+operation or the alloc/free event, pointer), operations named by (stream, position), a graph
+node by its launch.
 """
 from __future__ import annotations
 
@@ -57,14 +58,20 @@ OPS = {"write": ("w",), "read": ("r",),
 
 
 _arrival = itertools.count()
+_enqueued = itertools.count()
+
+
+def _seq(op):
+    return op.seq
 
 
 class Op(NamedTuple):
-    """An operation or an event: stream, position, and what is ordered before it."""
+    """An operation or an event: stream, position, what is ordered before it, enqueue order."""
 
     si: int
     pos: int
     clock: dict
+    seq: int = 0
 
 
 @dataclass(eq=False)
@@ -102,7 +109,7 @@ class Model:
     def new_op(self, si):
         c = self.covered(si)
         self.pos[si] += 1
-        return Op(si, self.pos[si], c)
+        return Op(si, self.pos[si], c, next(_enqueued))
 
     @staticmethod
     def ordered(a, x_clock):  # event/op a happens before clock
@@ -146,8 +153,9 @@ class Model:
                 find("use-after-free", x, g.free, g)
                 continue
             w = a == "w"
-            race = next((b for _, b, bw in g.acc
-                         if b is not x and (bw or w) and not self.ordered(b, x.clock)), None)
+            race = min((b for _, b, bw in g.acc
+                        if b is not x and (bw or w) and not self.ordered(b, x.clock)),
+                       key=_seq, default=None)
             if race is not None:
                 find("race", x, race, g)
             own = any(b is x and (bw or not w) for _, b, bw in g.acc)  # x's earlier view covers it
@@ -164,7 +172,8 @@ class Model:
         if self.recorded[si] == self.pos[si]:
             self.pos[si] += 1
         g.free = self.event(si)
-        late = next((b for _, b, _ in g.acc if not self.ordered(b, g.free.clock)), None)
+        late = min((b for _, b, _ in g.acc if not self.ordered(b, g.free.clock)), key=_seq,
+                   default=None)
         if late is not None:
             self.find("use-after-free", late, g.free, g)
 

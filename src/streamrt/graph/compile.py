@@ -67,9 +67,7 @@ def _node_call(meta: tuple, fn: Any, args: tuple) -> None:
     """An instrumented node: its own OpInfo, nested in the launch, with its DAG ancestry."""
     index, label, kind, name, ancestors, accesses, site = meta
     parent = instrument.current()  # the launch (replays run nodes in a copy of its context)
-    if parent is not None and parent.site:
-        site = f"{site}, launched at {parent.site}" if site else f"launched at {parent.site}"
-    op = instrument.OpInfo(None, kind, name, {}, accesses, site=site)
+    op = instrument.OpInfo(None, kind, name, {}, accesses, site=site)  # (site: see OpInfo.site)
     op.parent = parent
     op.index, op.node, op.ancestors = index, label, ancestors
     instrument.run(op, fn, args)

@@ -10,7 +10,8 @@ State and invariants (guarded by ``_lock``, except ``_inflight``: see there):
   its MEM_ALLOC node: ordered before that launch's descendants of the node and before whatever
   is ordered after the launch; a MEM_FREE node likewise. Freed generations are kept for a while,
   so a late access is reported as a use-after-free rather than as an unknown address.
-- Lookup of the generation an access means (the one live at its address in its own order):
+- Lookup of the generation an access means: the newest allocated at its address before the
+  operation was enqueued (among one graph launch's allocations, the one live in its DAG order).
   ``_at`` (base -> its generations, oldest first) for an access at a base, ``_live_bases``
   (the live generations' bases, sorted; live ones never overlap) for one inside; both answer
   only for a generation live when the operation was enqueued and outside its own graph
@@ -45,12 +46,14 @@ from ..device import devices, range_of
 from ..errors import SanitizerError
 from ..graph import memory as graph_memory
 from ..instrument import GRAPH_MEMORY, OpInfo
+from ..labels import WRAPPER
 from ..pool import registry
 from ..pool.arena import ALIGN
 from .finding import Finding, _finding
-from .generation import _Gen
+from .generation import _age, _Gen
 from .order import _alloc_before, _before_free, _Event, _top
 
+_set_current, _reset_current = instrument._current.set, instrument._current.reset
 _HISTORY = 4096  # freed generations remembered (more while operations may still touch them)
 _PER_ADDRESS = 4  # generations remembered per start address (likewise)
 _NONE = 1 << 62
@@ -168,7 +171,7 @@ class Sanitizer:
             g.free = ev
             # an access that already ran is checked against this free here: left to the access's
             # own check, the finding would depend on whether it ran before the free was enqueued
-            for _n, aop, _w in g.entries():
+            for aop in g.entries():
                 if not _before_free(aop, ev):
                     self._find("workspace" if "workspace" in g.label else "use-after-free",
                                ptr, g.hi - g.lo, aop, ev,
@@ -226,6 +229,33 @@ class Sanitizer:
             # the generation the program meant: the one live at lo when op was enqueued
             hist = self._at.get(lo)
             if hist is not None:
+                x = hist[-1]
+                a = x.alloc
+                if x.free is None and a.seq < seq and hi == x.hi and a.index < 0 and len(
+                        x.starts) == 1:
+                    # the common case, inline: all of a live allocation made before op was
+                    # enqueued, with a single segment remembering only earlier work of op's
+                    # own stream (see _Gen.access), and nothing to prune
+                    sid = a.sid
+                    tsid = top.sid
+                    if not sid or (a.pos < top.pos if sid == tsid else (
+                            top.clock.get(sid, 0) >= a.pos or top.host.get(sid, 0) >= a.pos)):
+                        w, r = x.states[0]
+                        for b in w:
+                            if b.parent is not None or b.sid != tsid or b is top:
+                                break
+                        else:
+                            for b in r:
+                                if b.parent is not None or b.sid != tsid or b is top:
+                                    break
+                            else:
+                                if write:
+                                    w.clear()
+                                    w.append(op)
+                                r.clear()
+                                if not write:
+                                    r.append(op)
+                                return None
                 for x in reversed(hist):
                     if x.alloc.seq < seq:
                         f = x.free
@@ -252,8 +282,9 @@ class Sanitizer:
                 ordered = _alloc_before(a, op)
             else:  # allocated before op was enqueued: on the host (ordered), or on a stream
                 a = g.alloc
-                ordered = not a.sid or (top.clock.get(a.sid, 0) >= a.pos
-                                        or top.host.get(a.sid, 0) >= a.pos)
+                sid = a.sid
+                ordered = not sid or (a.pos < top.pos if sid == top.sid else (
+                    top.clock.get(sid, 0) >= a.pos or top.host.get(sid, 0) >= a.pos))
             if not ordered:
                 return self._find("use-before-alloc", ptr, nbytes, op, a,
                                   f"{op.describe()} touches {hex(ptr)}+{nbytes}, whose {g.label} "
@@ -272,26 +303,26 @@ class Sanitizer:
             if len(g.starts) > g._prune_at:
                 g.prune(self._floor())
             if runs is None:
-                first = g.access(op, lo, hi, write)
+                aop = g.access(op, lo, hi, write)
             else:
-                first = None
+                aop = None
                 for a, b in runs:
                     r = g.access(op, a, b, write)
-                    if r is not None and (first is None or r[0] < first[0]):
-                        first = r
-            if first is None:
+                    if r is not None and (aop is None or _age(r) < _age(aop)):
+                        aop = r
+            if aop is None:
                 return None
-            _n, aop, aw = first
             return self._find(
                 "race", ptr, nbytes, op, aop,
                 f"{op.describe()} {'writes' if write else 'reads'} {hex(ptr)}+{nbytes} "
-                f"while {aop.describe()} {'writes' if aw else 'reads'} it, and neither is "
-                "ordered before the other", g)
+                f"while {aop.describe()} {'writes' if not write or _wrote(g, aop) else 'reads'}"
+                " it, and neither is ordered before the other", g)
 
     def _scan(self, op: OpInfo, lo: int, hi: int) -> _Gen | None:
-        """The generation an access of ``[lo, hi)`` means, from every one remembered that holds
-        ``lo`` (else every one it overlaps): the one live there in op's own order, else the
-        newest allocated before op was enqueued, else the newest."""
+        """The generation an access of ``[lo, hi)`` means, from every one remembered whose memory
+        holds ``lo`` (else every one it overlaps): the newest allocated before op was enqueued
+        (the one live there in op's own order among a launch's graph allocations), else the
+        newest."""
         seq = _top(op).seq
         found: list[_Gen] = []
         for stop in (lo + 1, hi):
@@ -305,11 +336,14 @@ class Sanitizer:
         if not found:
             return None
         found.sort(key=_newest_first)
-        live = next((g for g in found if _alloc_before(g.alloc, op) and (
-            g.free is None or not _alloc_before(g.free, op))), None)
-        if live is not None:
-            return live
-        return next((g for g in found if g.alloc.seq < seq), found[0])
+        meant = [g for g in found if g.alloc.seq < seq]
+        if not meant:
+            return found[0]  # allocated after op was enqueued: use-before-alloc
+        # the newest allocated before op was enqueued, as the program meant it; of the graph
+        # allocations of one launch (one sequence number), the one live in op's own DAG order
+        ties = [g for g in meant if g.alloc.seq == meant[0].alloc.seq]
+        return next((g for g in ties if _alloc_before(g.alloc, op) and (
+            g.free is None or not _alloc_before(g.free, op))), ties[0])
 
     @staticmethod
     def _in_pool_chunk(ptr: int) -> bool:
@@ -369,6 +403,22 @@ class Sanitizer:
         heads = [d[0] for d in list(self._inflight.values()) if d]
         return min(heads, key=_seq).host if heads else instrument.host_seen
 
+    def run_op(self, op: OpInfo, fn: Any, args: tuple, keep: Any = None) -> None:
+        """``instrument.run`` while this checker is the only listener: the same steps."""
+        token = _set_current(op)
+        try:
+            if op.accesses:
+                self.op_start(op)
+            fn(*args)
+        finally:
+            _reset_current(token)
+            if op.parent is None:
+                d = self._inflight.get(op.sid)
+                if d and d[0] is op:
+                    d.popleft()
+
+    setattr(run_op, WRAPPER, True)  # failure labels name the operation it runs (see labels)
+
     def op_start(self, op: OpInfo) -> None:
         for ptr, nbytes, write in op.accesses:
             self.access(op, ptr, nbytes, write)
@@ -387,6 +437,11 @@ class Sanitizer:
                 self._raised = len(self.findings)
                 return f
         return None
+
+
+def _wrote(g: _Gen, op: OpInfo) -> bool:
+    """Whether ``op`` is among the writers ``g`` remembers."""
+    return any(op in w for w, _r in g.states)
 
 
 def _round(nbytes: int) -> int:

@@ -1,11 +1,12 @@
 """The happens-before relation the checker judges by: alloc and free events, and whether an
 operation or event is ordered before another.
 
-Operation A is ordered before X when X's clock covers A's position (graph nodes of one launch:
-when A is an ancestor of X in the DAG), or when the host had seen A's stream complete A's
-position before X was enqueued: ``X.host``, the host's proofs as one per-stream clock taken at
-X's enqueue (``instrument.host_seen``: replaced on each proof, never trimmed, so no proof is
-ever forgotten). An event on the host is ordered by enqueue sequence.
+Operation A is ordered before X when both are on one stream and A comes first, when X's clock
+covers A's position (graph nodes of one launch: when A is an ancestor of X in the DAG), or when
+the host had seen A's stream complete A's position before X was enqueued: ``X.host``, the
+host's proofs as one per-stream clock taken at X's enqueue (``instrument.host_seen``: replaced
+on each proof, never trimmed, so no proof is ever forgotten). An event on the host is ordered
+by enqueue sequence.
 
 Nothing here holds a stream: operations and events name theirs by id and name, so a stream the
 program dropped goes (with its worker thread) while its work is still remembered.
@@ -90,6 +91,8 @@ def op_before_op(a: OpInfo, x: OpInfo) -> bool:
     if ta is tx:
         return False
     sid, pos = ta.sid, ta.pos
+    if sid == tx.sid:
+        return pos < tx.pos  # one stream: in order
     return tx.clock.get(sid, 0) >= pos or tx.host.get(sid, 0) >= pos
 
 
@@ -100,6 +103,8 @@ def _alloc_before(e: _Event, x: OpInfo) -> bool:
     if not e.sid:
         return e.seq < tx.seq
     sid, pos = e.sid, e.pos
+    if sid == tx.sid:
+        return pos < tx.pos
     return tx.clock.get(sid, 0) >= pos or tx.host.get(sid, 0) >= pos
 
 
@@ -110,4 +115,6 @@ def _before_free(x: OpInfo, e: _Event) -> bool:
     if not e.sid:
         return tx.seq < e.seq
     sid, pos = tx.sid, tx.pos
+    if sid == e.sid:
+        return pos <= e.pos  # (a launch's own nodes are judged by the DAG above)
     return e.clock.get(sid, 0) >= pos or e.host.get(sid, 0) >= pos
