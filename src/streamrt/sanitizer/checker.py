@@ -68,7 +68,7 @@ class Sanitizer:
     needs_inline = True  # kernel accesses are seen as views made where the cpu backend runs them
 
     def __init__(self) -> None:
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()  # never taken twice by one thread (no call out holds it)
         self.mode = "raise"
         self.findings: list[Finding] = []
         # (kind, range, op, other) -> its finding: an op touching one range several times (as
