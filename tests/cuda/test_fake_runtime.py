@@ -1,6 +1,6 @@
 """The fake CUDA runtime itself (``tests/cuda/fake``), where a wrong fake would make the cuda tests
 lie: legacy-stream ordering, pageable copies, host functions calling CUDA, event timing errors,
-VMM sharing, pool reuse, graph node order and kernel parameter checks.
+VMM sharing, pool reuse, graph node order, graph event nodes and kernel parameter checks.
 
 Opt-in with the fake: ``STREAMRT_CUDA_FAKE=1 python -m pytest tests/cuda/test_fake_runtime.py``.
 """
@@ -293,6 +293,80 @@ def test_graph_runs_unordered_nodes_last_added_first(dev0):
     ok(rt.cudaStreamSynchronize(0))
     assert ran == [1, 0, 2]  # 0 and 1 are independent: the later one runs first
     ok(rt.cudaGraphExecDestroy(exe))
+
+
+def _host_node(g, deps, py):
+    hp = rt.cudaHostNodeParams()
+    hp.fn = host_fn(py)
+    return ok(rt.cudaGraphAddHostNode(g, deps, len(deps), hp))
+
+
+def _event_node(g, deps, event, wait: bool):
+    add = drv.cuGraphAddEventWaitNode if wait else drv.cuGraphAddEventRecordNode
+    return ok(add(drv.CUgraph(int(g)), [drv.CUgraphNode(int(d)) for d in deps], len(deps),
+                  drv.CUevent(int(event))))
+
+
+def test_graph_event_nodes_act_where_they_sit(dev0):
+    # the wait node (first to be ready in the fake's order) waits for a held stream's record: the
+    # nodes not after it run, the record node records its event then (the host sees it complete),
+    # and the wait node's dependent runs once the held stream got there
+    s, other = stream(True), stream(True)
+    log: list[str] = []
+    hold = Hold(other)
+    waited, recorded = ok(rt.cudaEventCreate()), ok(rt.cudaEventCreate())
+    ok(rt.cudaEventRecord(waited, other))
+    g = ok(rt.cudaGraphCreate(0))
+    a = _host_node(g, [], lambda: log.append("a"))
+    _event_node(g, [a], recorded, wait=False)
+    w = _event_node(g, [], waited, wait=True)
+    _host_node(g, [w], lambda: log.append("after the wait"))
+    exe = ok(rt.cudaGraphInstantiate(g, 0))
+    ok(rt.cudaGraphLaunch(exe, s))
+    ok(rt.cudaEventSynchronize(recorded))  # the launch's record: returns while the wait node waits
+    assert log == ["a"]
+    assert rt.cudaStreamQuery(s)[0] == E.cudaErrorNotReady
+    hold.open()
+    ok(rt.cudaStreamSynchronize(s))
+    assert log == ["a", "after the wait"]
+    ok(rt.cudaGraphExecDestroy(exe))
+    ok(rt.cudaGraphDestroy(g))
+    for e in (waited, recorded):
+        ok(rt.cudaEventDestroy(e))
+    for x in (s, other):
+        ok(rt.cudaStreamDestroy(x))
+
+
+def test_graph_wait_node_binds_at_launch_and_takes_a_new_event_for_later_launches(dev0):
+    s, other = stream(True), stream(True)
+    log: list[str] = []
+    first, second = ok(rt.cudaEventCreate()), ok(rt.cudaEventCreate())
+    g = ok(rt.cudaGraphCreate(0))
+    w = _event_node(g, [], first, wait=True)
+    _host_node(g, [w], lambda: log.append("ran"))
+    exe = ok(rt.cudaGraphInstantiate(g, 0))
+    ok(rt.cudaGraphLaunch(exe, s))  # first never recorded: nothing to wait for
+    ok(rt.cudaStreamSynchronize(s))
+    assert log == ["ran"]
+    hold = Hold(other)
+    ok(rt.cudaEventRecord(second, other))
+    ok(drv.cuGraphExecEventWaitNodeSetEvent(drv.CUgraphExec(int(exe)), drv.CUgraphNode(int(w)),
+                                            drv.CUevent(int(second))))
+    ok(rt.cudaGraphLaunch(exe, s))  # waits for other's record of second
+    ok(rt.cudaEventRecord(second, s))  # a later record: the launch keeps the one it took
+    assert rt.cudaStreamQuery(s)[0] == E.cudaErrorNotReady
+    hold.open()
+    ok(rt.cudaStreamSynchronize(s))
+    assert log == ["ran", "ran"]
+    bad = drv.cuGraphExecEventWaitNodeSetEvent(drv.CUgraphExec(int(exe)), drv.CUgraphNode(int(w)),
+                                               drv.CUevent(12345))
+    assert bad[0] == R.CUDA_ERROR_INVALID_VALUE
+    ok(rt.cudaGraphExecDestroy(exe))
+    ok(rt.cudaGraphDestroy(g))
+    for e in (first, second):
+        ok(rt.cudaEventDestroy(e))
+    for x in (s, other):
+        ok(rt.cudaStreamDestroy(x))
 
 
 def test_pool_reuse_needs_a_dependency_or_a_host_synchronize(dev0):

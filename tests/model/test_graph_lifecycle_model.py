@@ -364,10 +364,8 @@ class GraphLifecycle(RuleBasedStateMachine):
         if es is not None and es.last is not None:
             _, _, snap = es.last
             self.merge(i, snap)
-        if es is not None:
-            for s in es.specs:
-                if s.kind == "wait":
-                    self.merge(i, self.ev_clock[s.p["ev"]])
+        # (a wait node of the exec orders only its dependents, not the whole launch: it is no
+        # part of what the launch is ordered after)
         self.clock[i] = saved
         for j in range(len(self.streams)):
             if j == i:
@@ -578,10 +576,16 @@ class GraphLifecycle(RuleBasedStateMachine):
         self.implicit(stream)
         if es.last is not None:
             self.merge(stream, es.last[2])
+        # a record node publishes what was ordered before the launch (and what the wait nodes
+        # among its ancestors waited for, and its own node: not modelled, so the model orders
+        # no less than the runtime), not the launch itself
+        recorded = self.snapshot(stream)
+        self.pos[stream] += 1
+        # the launch's later work is ordered after what its wait nodes waited for, bound to the
+        # records current at the launch (before this launch's records)
         for sp in es.specs:
             if sp.kind == "wait":
                 self.merge(stream, self.ev_clock[sp.p["ev"]])
-        self.pos[stream] += 1
         for i in topo(es.specs):
             if i not in es.disabled:
                 apply_spec(es.specs[i], self.mem, self.hits)
@@ -593,7 +597,7 @@ class GraphLifecycle(RuleBasedStateMachine):
                 self.allocs[sp.p["res"][1]]["live"] = False
         for sp in es.specs:
             if sp.kind == "record":
-                self.ev_clock[sp.p["ev"]] = self.snapshot(stream)
+                self.ev_clock[sp.p["ev"]] = dict(recorded)
         es.last = (stream, self.pos[stream], self.snapshot(stream))
 
     @precondition(lambda self: any(a["live"] for a in self.allocs.values()))

@@ -91,8 +91,8 @@ class Queue(ABC):
         """Running ``fn(*args)`` on a host thread in stream order."""
 
     @abstractmethod
-    def op_wait(self, other: Queue, pos: int) -> tuple[Callable[..., Any], tuple]:
-        """Waiting until ``other`` has completed ``pos`` operations."""
+    def op_wait(self, other: Queue | Mark, pos: int) -> tuple[Callable[..., Any], tuple]:
+        """Waiting until ``other`` (a queue, or a graph's :class:`Mark`) has completed ``pos``."""
 
     @abstractmethod
     def op_stamp(self) -> tuple[Callable[..., Any], tuple, Any]:
@@ -160,13 +160,53 @@ class InlineQueue(Queue):
         """Wake the idle worker."""
 
 
-class GraphRunner(ABC):
-    """An instantiated graph of one backend (``cudaGraphExec_t``): made by
-    :meth:`DeviceImpl.graph_runner`, launched as one queue operation."""
+class Mark(ABC):
+    """The completions of one EVENT_RECORD node of an executable graph on one device, made by
+    :meth:`DeviceImpl.graph_mark`: ``done`` counts the launches whose record node has run (or
+    whose launch ended), as a queue counts operations, so the record of the k-th launch is
+    "position k" of the mark. Events recorded by the node name it as their queue: a queue's
+    :meth:`Queue.op_wait` takes a mark as ``other``, a graph's wait node may wait for one, the
+    host waits with :meth:`wait_done`, timing events read its stamps. Nothing is submitted to
+    it, and nothing fails on it (a launch's failures are its stream's)."""
+
+    done: int
+    name: str
+    errors: list[tuple[int, BaseException, str]]  # always empty
 
     @abstractmethod
-    def op_launch(self, queue: Queue) -> tuple[Callable[..., Any], tuple]:
-        """The operation of ``queue`` that runs the whole graph."""
+    def wait_done(self, pos: int) -> None:
+        """Block the calling host thread until ``done >= pos``."""
+
+    @abstractmethod
+    def op_stamp(self) -> Any:
+        """The timing stamp the next launch's record sets, for :meth:`elapsed_ms` (the queues'
+        stamps and a mark's compare with each other)."""
+
+    @abstractmethod
+    def elapsed_ms(self, start: Any, end: Any) -> float:
+        """Milliseconds between two completed stamps; :class:`NotReadyError` if one is pending."""
+
+    def take_errors(self, upto: int | None = None) -> list[tuple[int, BaseException, str]]:
+        """Nothing: see the class docstring."""
+        return []
+
+
+class GraphRunner(ABC):
+    """An instantiated graph of one backend (``cudaGraphExec_t``): made by
+    :meth:`DeviceImpl.graph_runner`, launched as one queue operation.
+
+    Event nodes act where they sit (API.md §9.1): a WAIT_EVENT node holds back only its
+    dependents, an EVENT_RECORD node advances its mark once its dependencies are done. What they
+    wait for and record is bound by the frontend at each launch (``events`` of
+    :meth:`op_launch`): one entry per event node, in the order of the flattened graph, for a
+    WAIT_EVENT node ``(queue or mark, pos)``, to wait until it has completed ``pos``, or None
+    (nothing to wait for); for an EVENT_RECORD node ``(k, stamp)``: its mark reaches ``k`` when
+    the node runs (and at the latest when the launch ends), ``stamp`` (from
+    :meth:`Mark.op_stamp`, or None) is taken then."""
+
+    @abstractmethod
+    def op_launch(self, queue: Queue, events: tuple = ()) -> tuple[Callable[..., Any], tuple]:
+        """The operation of ``queue`` that runs the whole graph, with this launch's ``events``."""
 
     def upload(self, queue: Queue) -> None:
         """Prepare the graph for launches on ``queue`` (``cudaGraphUpload``)."""
@@ -290,11 +330,18 @@ class DeviceImpl(ABC):
         return max(self.capacity - self.used(), 0), self.capacity
 
     # -- graphs -------------------------------------------------------------------------------
-    def graph_runner(self, flat: Flat, op_of: Callable[[int, Node], NodeOp]) -> GraphRunner:
+    def graph_runner(self, flat: Flat, op_of: Callable[[int, Node], NodeOp],
+                     marks: dict[int, Mark] | None = None) -> GraphRunner:
         """Instantiate a flattened graph. ``op_of(i, node)`` is the queue operation of an
         enabled node made with the launching queue's ``op_*`` methods (a backend that replays
-        operations uses it; one with graphs of its own builds them from the nodes)."""
+        operations uses it; one with graphs of its own builds them from the nodes); it is None
+        for event nodes, which the backend makes itself (see :class:`GraphRunner`). ``marks``:
+        the mark of each EVENT_RECORD node, by its index in ``flat`` (:meth:`graph_mark`)."""
         raise NotSupportedError(f"{type(self).__name__}.graph_runner")
+
+    def graph_mark(self, name: str) -> Mark:
+        """A new :class:`Mark` for an EVENT_RECORD node of an executable graph on this device."""
+        raise NotSupportedError(f"{type(self).__name__}.graph_mark")
 
     # -- pool arenas (backends whose pools are the frontend's: ``pools`` None) -------------------
     def reserve(self, nbytes: int, *, check: Callable[[int, int], None] | None = None) -> int:

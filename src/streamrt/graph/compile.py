@@ -5,6 +5,8 @@ with the launching queue's ``op_*`` methods (kernel contexts, memory endpoints a
 tuples made once), wraps each with its index, DAG ancestry and creation site while a sanitizer
 or tracer is active, and hands the list to the device's ``graph_runner``: the cpu backend
 replays those operations, a backend with graphs of its own builds its graph from the nodes.
+Event nodes have no operation: the backend makes them (bound at each launch, eventnodes.py),
+with the marks of the exec's record points.
 """
 
 from __future__ import annotations
@@ -21,33 +23,42 @@ from ..errors import InvalidValueError
 from ..kernel import KernelContext
 from ..labels import WRAPPER, fn_label
 from ..validate import is_int
+from . import eventnodes
 from .node import Node, NodeType
 
 if TYPE_CHECKING:
     from ..backends.base import NodeOp
+    from ..device import Device
     from ..stream import Stream
+    from .eventnodes import EventNodes, Point
     from .graph import Graph
 
 __all__ = ["Compiled", "compile_graph", "flatten", "reach", "reaches", "topo"]
 
 
 class Compiled(NamedTuple):
-    """An exec compiled for a stream (or a device): the backend's runner and, instrumented,
-    ``mem``: id(memory node) -> (its index in the launch, its place in the DAG (:func:`reach`),
-    its label)."""
+    """An exec compiled for a stream (or a device): the backend's runner, instrumented ``mem``:
+    id(memory node) -> (its index in the launch, its place in the DAG (:func:`reach`), its
+    label), and its event nodes (``eventnodes.EventNodes``, None: it has none)."""
 
     runner: GraphRunner
     mem: dict[int, tuple[int, int, str]]
+    events: EventNodes | None = None
 
 
-def compile_graph(template: Graph, disabled: set[int], stream: Stream) -> Compiled:
-    """Flatten ``template`` and instantiate it on ``stream``'s device."""
+def compile_graph(template: Graph, disabled: set[int], stream: Stream,
+                  point: Callable[[int, Node, Device], Point] | None = None) -> Compiled:
+    """Flatten ``template`` and instantiate it on ``stream``'s device; ``point`` makes the
+    record points of its record nodes (None: it has no event nodes)."""
     flat = flatten(template, disabled)
     nodes = [n for n, _, _ in flat]
     ops_of = _ops_for(stream)
-    if not instrument.listeners:
-        return Compiled(stream.device._impl.graph_runner(flat, ops_of), {})
-    anc = reach([deps for _, deps, _ in flat])
+    impl = stream.device._impl
+    anc = reach([deps for _, deps, _ in flat]) if instrument.listeners else None
+    events = None if point is None else eventnodes.plan(flat, anc, stream.device, point)
+    marks = {} if events is None else events.marks
+    if anc is None:
+        return Compiled(impl.graph_runner(flat, ops_of, marks), {}, events)
 
     def wrapped(i: int, n: Node) -> NodeOp:
         op = ops_of(i, n)
@@ -57,10 +68,10 @@ def compile_graph(template: Graph, disabled: set[int], stream: Stream) -> Compil
         return (_node_call, ((i, node_label(n, template), kind, name, anc[i], accesses, n.site),
                              *op))
 
-    runner = stream.device._impl.graph_runner(flat, wrapped)
+    runner = impl.graph_runner(flat, wrapped, marks)
     mem = {id(n): (i, anc[i], node_label(n, template)) for i, n in enumerate(nodes)
            if n is not None and n.type in (NodeType.MEM_ALLOC, NodeType.MEM_FREE)}
-    return Compiled(runner, mem)
+    return Compiled(runner, mem, events)
 
 
 def _node_call(meta: tuple, fn: Any, args: tuple) -> None:
@@ -181,7 +192,8 @@ def _ops_for(stream: Stream) -> Any:
             return q.op_fill(impl.endpoint(p["ptr"], k), p["value"], k) if k else None
         if t is NodeType.HOST:
             return q.op_host(p["fn"], p["args"])
-        return None  # EMPTY, events and memory nodes: handled at launch on the host
+        return None  # EMPTY and memory nodes (handled at launch on the host); event nodes
+        # are the backend's own (bound at launch: eventnodes.py)
 
     return op_of
 

@@ -9,8 +9,10 @@ State and invariants:
   contexts (cpu: every node's operation precomputed), else one per device. Per-stream plans
   holding memory views are made again once the device's memory generation moved.
 - A launch is one operation of the launch stream, ordered after the previous launch of the same
-  exec (as CUDA orders them), so launches of one exec never overlap. Event record/wait nodes and
-  graph-memory bookkeeping are applied on the host at launch, around that operation.
+  exec (as CUDA orders them), so launches of one exec never overlap. Graph-memory bookkeeping is
+  applied on the host at launch, around that operation; event record/wait nodes act where they
+  sit in the graph, bound on the host at each launch (eventnodes.py), with one record point per
+  record node and device (``_points``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from .. import instrument
+from .. import instrument, legacy
 from .. import stream as _stream_mod
 from ..device import current_device
 from ..errors import (
@@ -34,7 +36,8 @@ from ..pool import device_of
 from ..stream import Stream
 from ..validate import is_bool, is_int
 from . import memory
-from .compile import Compiled, compile_graph
+from .compile import Compiled, compile_graph, node_label
+from .eventnodes import Point
 from .gcpause import paused
 from .graph import EVENTS, MEMORY, Graph, host_params, memcpy_params, memset_params
 from .node import Node, NodeType
@@ -137,11 +140,28 @@ class GraphExec:
             gc_was = gc.isenabled()
             gc.disable()  # many long-lived objects: generational passes would make it quadratic
             try:
-                plan = self._plans[key] = compile_graph(self._template, self._disabled, stream)
+                plan = self._plans[key] = compile_graph(
+                    self._template, self._disabled, stream,
+                    self._point if self._event_nodes else None)
             finally:
                 if gc_was:
                     gc.enable()
         return plan
+
+    # the record points of the record nodes: (index in the flattened graph, device) -> Point,
+    # made with the first plan for that device and kept (a launch's k counts on from the last)
+    _points: dict[tuple[int, Any], Point] | None = None
+
+    def _point(self, i: int, node: Node, device: Any) -> Point:
+        points = self._points
+        if points is None:
+            points = self._points = {}
+        p = points.get((i, device))
+        if p is None:
+            p = points[i, device] = Point(
+                device, f"{device.name}/graph record node {node_label(node, self._template)}",
+                points)
+        return p
 
     def _binds(self) -> bool:
         """Whether any node (child graphs too) has memory views made at compile time: a kernel
@@ -158,10 +178,7 @@ class GraphExec:
     _label: str | None = None  # the launch's label for observers (made once)
 
     def launch(self, stream: Stream) -> None:
-        """Enqueue the whole graph as one operation of ``stream`` (``cudaGraphLaunch``).
-
-        Event nodes act at the launch's edges (waits before it, records after it), not at their
-        place in the DAG as in CUDA: never a weaker order, but a later one (see the README)."""
+        """Enqueue the whole graph as one operation of ``stream`` (``cudaGraphLaunch``)."""
         rec = self._rec
         # the launch record's path: what the general path does for this exec on this stream,
         # with every decision taken the last time (see _record for what it covers)
@@ -214,21 +231,29 @@ class GraphExec:
                 other, pos, clock = last
                 if stream._clock.get(other.id, 0) < pos:  # (the clock may lack other's entry)
                     stream._order_after(other, pos, {**clock, other.id: pos})
-            for n in self._event_nodes:
-                if n.type is NodeType.WAIT_EVENT:
-                    stream.wait(n._params["event"])
-            op = plan.runner.op_launch(stream._q)
+            events = plan.events
+            if events is None:
+                op = plan.runner.op_launch(stream._q)
+            else:
+                if not stream.non_blocking:  # first: its implicit waits precede the launch's records
+                    legacy.order(stream)
+                before = stream._snapshot()  # what is ordered before the launch
+                bound = events.bind(stream)
+                op = plan.runner.op_launch(stream._q, bound[0])
             extra = None
             if plan.mem:  # an instrumented plan of a graph with memory
                 extra = {instrument.GRAPH_MEMORY: memory.launch_events(mem_nodes, plan.mem,
                                                                        auto_freed)}
+            if events is not None and instrument.listeners:
+                seen = events.observed(*bound)
+                if seen is not None:
+                    extra = {**(extra or {}), instrument.GRAPH_EVENTS: seen}
             label = self._label
             if label is None:  # a launch's label names its size; updates keep the topology
                 label = self._label = f"graph launch ({len(self._template._nodes)} nodes)"
             stream._submit(op[0], op[1], "graph", label, extra=extra)
-            for n in self._event_nodes:
-                if n.type is NodeType.EVENT_RECORD:
-                    stream.record(n._params["event"])
+            if events is not None:
+                events.publish(stream, before, *bound)
             if mem_nodes:
                 memory.launched(mem_nodes, stream)
             snap = stream._snapshot()  # position and clock of one moment (see Stream._snapshot)

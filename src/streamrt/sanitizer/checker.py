@@ -8,7 +8,8 @@ State and invariants (guarded by ``_lock``, except ``_inflight``: see there):
   ``srt.malloc``/``srt.free`` are host events, ordered by enqueue sequence (``srt.free``
   synchronizes the device first). A graph allocation is an event of the graph launch that runs
   its MEM_ALLOC node: ordered before that launch's descendants of the node and before whatever
-  is ordered after the launch; a MEM_FREE node likewise. Freed generations are kept for a while,
+  is ordered after the launch (or after a record node of the launch the node is an ancestor
+  of: order.py); a MEM_FREE node likewise. Freed generations are kept for a while,
   so a late access is reported as a use-after-free rather than as an unknown address.
 - Lookup of the generation an access means: the newest allocated at its address before the
   operation was enqueued (among one graph launch's allocations, the one live in its DAG order).
@@ -285,6 +286,8 @@ class Sanitizer:
                 sid = a.sid
                 ordered = not sid or (a.pos < top.pos if sid == top.sid else (
                     top.clock.get(sid, 0) >= a.pos or top.host.get(sid, 0) >= a.pos))
+                if not ordered and op.parent is not None:  # a graph node after a wait node
+                    ordered = _alloc_before(a, op)
             if not ordered:
                 return self._find("use-before-alloc", ptr, nbytes, op, a,
                                   f"{op.describe()} touches {hex(ptr)}+{nbytes}, whose {g.label} "

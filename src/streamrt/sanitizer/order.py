@@ -8,6 +8,13 @@ host's proofs as one per-stream clock taken at X's enqueue (``instrument.host_se
 on each proof, never trimmed, so no proof is ever forgotten). An event on the host is ordered
 by enqueue sequence.
 
+Event nodes of graph launches (``instrument.GRAPH_EVENTS``, graph/eventnodes.py) add the rest:
+a node A of a launch also has the positions of the launch's record nodes it is an ancestor of
+(each record node's point at the launch's count), and a node X of a launch also has the clocks
+of the launch's wait nodes it descends from; A is before X when any of X's clocks covers any of
+A's positions. A launch's own clock does not cover what its wait nodes waited for: only their
+dependents are ordered after it.
+
 Nothing here holds a stream: operations and events name theirs by id and name, so a stream the
 program dropped goes (with its worker thread) while its work is still remembered.
 """
@@ -19,7 +26,7 @@ from typing import Any
 
 from .. import instrument
 from ..graph.compile import reaches
-from ..instrument import OpInfo
+from ..instrument import GRAPH_EVENTS, OpInfo
 
 
 class _Event:
@@ -28,7 +35,7 @@ class _Event:
     stream position, with its place in the launch's DAG (``graph.compile.reach``)."""
 
     __slots__ = ("_sref", "sid", "sname", "pos", "clock", "host", "seq", "_site", "what", "index",
-                 "ancestors", "node")
+                 "ancestors", "node", "launch")
 
     def __init__(self, stream: Any, what: str, clock: dict[int, int] | None = None) -> None:
         if stream is not None:
@@ -45,6 +52,7 @@ class _Event:
         self.index = -1
         self.ancestors: Any = None
         self.node = ""
+        self.launch: OpInfo | None = None  # a graph memory node's launch
 
     @classmethod
     def of_launch(cls, launch: OpInfo, what: str, seq: float, index: int = -1,
@@ -56,6 +64,7 @@ class _Event:
             launch.clock, launch.host
         e.seq, e._site, e.what, e.index, e.ancestors, e.node = seq, launch._site, what, index, \
             ancestors, node
+        e.launch = launch
         return e
 
     @property
@@ -87,13 +96,38 @@ def op_before_op(a: OpInfo, x: OpInfo) -> bool:
     if pa is not None and pa is x.parent:
         return reaches(a.ancestors, x.ancestors)
     ta = a if pa is None else pa
-    tx = x if x.parent is None else x.parent
+    px = x.parent
+    tx = x if px is None else px
     if ta is tx:
         return False
     sid, pos = ta.sid, ta.pos
     if sid == tx.sid:
         return pos < tx.pos  # one stream: in order
-    return tx.clock.get(sid, 0) >= pos or tx.host.get(sid, 0) >= pos
+    if tx.clock.get(sid, 0) >= pos or tx.host.get(sid, 0) >= pos:
+        return True
+    return (pa is not None or px is not None) and _by_event_nodes(
+        sid, pos, pa, a.ancestors if pa is not None else None, tx.clock, tx.host, px,
+        x.ancestors if px is not None else None)
+
+
+def _by_event_nodes(sid: int, pos: int, a_launch: OpInfo | None, a_reach: Any,
+                    clock: dict[int, int], host: dict[int, int], x_launch: OpInfo | None,
+                    x_reach: Any) -> bool:
+    """Whether position ``(sid, pos)`` of A, or for a graph node A (at ``a_reach`` in launch
+    ``a_launch``) a record node of its launch it is an ancestor of, is covered by X's
+    ``clock`` or ``host`` proofs, or for a graph node X (at ``x_reach`` in ``x_launch``) by
+    the clock of a wait node of its launch it descends from (see the module docstring)."""
+    ae = a_launch.args.get(GRAPH_EVENTS) if a_launch is not None else None
+    xe = x_launch.args.get(GRAPH_EVENTS) if x_launch is not None else None
+    if ae is None and xe is None:
+        return False
+    points = [(sid, pos)]
+    if ae is not None:
+        points += [(pid, k) for pid, k, r in ae[0] if reaches(a_reach, r)]
+    clocks = [clock, host]
+    if xe is not None:
+        clocks += [c for r, c in xe[1] if reaches(r, x_reach)]
+    return any(c.get(s, 0) >= p for s, p in points for c in clocks)
 
 
 def _alloc_before(e: _Event, x: OpInfo) -> bool:
@@ -105,7 +139,12 @@ def _alloc_before(e: _Event, x: OpInfo) -> bool:
     sid, pos = e.sid, e.pos
     if sid == tx.sid:
         return pos < tx.pos
-    return tx.clock.get(sid, 0) >= pos or tx.host.get(sid, 0) >= pos
+    if tx.clock.get(sid, 0) >= pos or tx.host.get(sid, 0) >= pos:
+        return True
+    node = e.launch is not None and e.index >= 0  # a MEM_ALLOC node (not the launch's start)
+    return (node or x.parent is not None) and _by_event_nodes(
+        sid, pos, e.launch if node else None, e.ancestors if node else None, tx.clock, tx.host,
+        x.parent, x.ancestors if x.parent is not None else None)
 
 
 def _before_free(x: OpInfo, e: _Event) -> bool:
@@ -117,4 +156,9 @@ def _before_free(x: OpInfo, e: _Event) -> bool:
     sid, pos = tx.sid, tx.pos
     if sid == e.sid:
         return pos <= e.pos  # (a launch's own nodes are judged by the DAG above)
-    return e.clock.get(sid, 0) >= pos or e.host.get(sid, 0) >= pos
+    if e.clock.get(sid, 0) >= pos or e.host.get(sid, 0) >= pos:
+        return True
+    node = e.launch is not None and e.index >= 0  # a MEM_FREE node (not an auto-free)
+    return (node or x.parent is not None) and _by_event_nodes(
+        sid, pos, x.parent, x.ancestors if x.parent is not None else None, e.clock, e.host,
+        e.launch if node else None, e.ancestors if node else None)

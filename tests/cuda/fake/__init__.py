@@ -27,8 +27,9 @@ What it models (each module's docstring says how):
   run on the CPU by ``tests/cuda/emu`` (g++ and a shim of the CUDA built-ins), parameters copied
   at launch and checked against the kernel's C parameter list;
 - stream-ordered pools (reuse rules, release threshold, trim, watermarks, limits), CUDA graphs
-  (kernel, memcpy, memset, host and empty nodes; exec independent of its graph; a launch is one
-  stream operation), and the VMM calls (``cuMem*``) with real shared mappings;
+  (kernel, memcpy, memset, host, empty and event record/wait nodes, the event nodes acting where
+  they sit; exec independent of its graph; a launch is one stream operation), and the VMM calls
+  (``cuMem*``) with real shared mappings;
 - stream capture (``capture.py``): ``cudaStreamBeginCapture`` in the three modes records kernel
   launches, copies, memsets, host functions and graph launches as graph nodes, event record/wait
   as forks and joins, and ``cudaStreamEndCapture`` gives a graph that instantiates and launches
@@ -60,8 +61,9 @@ What it cannot find, so what a real GPU run must still check:
   deadlock that needs a GIL-holding blocking call never shows;
 - concurrency inside the GPU: a kernel's blocks run one after another and its threads in one
   interleaving (``tests/cuda/emu``); a graph's nodes run one at a time (independent branches
-  never overlap; the order among ready nodes is the reverse of insertion, so a missing edge
-  shows); pools hand out whole blocks (no suballocation, so no placement bugs show);
+  never overlap, though a wait node still waiting lets the others run first; the order among
+  ready nodes is the reverse of insertion, so a missing edge shows); pools hand out whole
+  blocks (no suballocation, so no placement bugs show);
 - performance, occupancy, launch limits beyond the documented maxima, 2-D/3-D blocks and dynamic
   shared memory (FakeUnsupported errors);
 - in a capture: stream-ordered allocation (memory nodes), ``cudaGraphUpload`` and external

@@ -9,13 +9,19 @@ calls name the node by the graph's, so they fail once the graph was destroyed. A
 nodes on the stream's worker thread in a topological order that, among nodes whose
 dependencies are met, takes the one added *last*: a dependency the caller forgot shows as work
 run out of order, not hidden by insertion order. Host nodes run as host functions (no CUDA calls
-from them). Memcpy nodes may use pageable host memory (allowed in ordinary graphs; CUDA forbids
-it only in conditional-node bodies) and read or write it when the node runs, not when added.
+from them). Event nodes act in place: a launch records each record node's event (it becomes the
+event's record, complete once the node ran, stamped then) and binds each wait node to the record
+its event has at the launch (``cuGraphExecEventWaitNodeSetEvent`` changes the event for later
+launches); a wait node whose record is not complete holds back only its dependents: the nodes
+that do not depend on it run first, and the worker blocks only when nothing else is ready.
+Memcpy nodes may use pageable host memory (allowed in ordinary graphs; CUDA forbids it only in
+conditional-node bodies) and read or write it when the node runs, not when added.
 """
 
 from __future__ import annotations
 
 import ctypes
+import time
 from typing import Any
 
 from cuda.bindings import driver as drv
@@ -54,13 +60,32 @@ class Graph:
         return done
 
 
+class NodeMark:
+    """One launch's record of an event record node: complete (``done`` 1) once the node ran;
+    stands where an event's record names a stream and its operation (``FakeEvent.rec``)."""
+
+    def __init__(self) -> None:
+        self.done = 0
+
+    def reach(self, stamp: list) -> None:
+        with state.CHANGED:
+            stamp[0] = time.perf_counter()
+            self.done = 1
+            state.CHANGED.notify_all()
+
+    def saw(self, seq: int) -> None:
+        """A host synchronize waited for it (streams remember that; a node mark needs not)."""
+
+
 class Exec:
     def __init__(self, graph: Graph, device: int) -> None:
         self.handle = state.new_handle()
         self.device = device
         self.graph = graph
-        # node handle -> [kind, run, enabled], in the order a launch runs them
+        # node handle -> [kind, run, enabled], in the order a launch runs them (an event node's
+        # run: its event's handle)
         self.steps = {n.handle: [n.kind, n.run, True] for n in graph.order()}
+        self.deps = {n.handle: list(n.deps) for n in graph.nodes.values()}
 
     def node(self, node: Any, *kinds: str) -> list | None:
         """The exec's step of a live node of its graph, of one of ``kinds``; None otherwise."""
@@ -70,20 +95,66 @@ class Exec:
             return None
         return step
 
-    def snapshot(self) -> list[tuple[str, Any]]:
-        """What a launch runs: later parameter and enabled changes do not reach it."""
-        return [(kind, fn) for kind, fn, on in self.steps.values() if on]
+    def snapshot(self) -> list[tuple]:
+        """What a launch runs, ``(handle, kind, run, deps, wait)`` in order: later parameter and
+        enabled changes do not reach it. Its record nodes record their events now and its wait
+        nodes take their events' records now (call holding LOCK)."""
+        from .events import EVENTS
+
+        out = []
+        for h, (kind, fn, on) in self.steps.items():
+            wait = None
+            if kind == "event_record":
+                ev = EVENTS.get(fn)
+                fn = None
+                if ev is not None:
+                    mark, stamp = NodeMark(), [None]
+                    ev.rec = (mark, 1, stamp)
+                    fn = lambda mark=mark, stamp=stamp: mark.reach(stamp)  # noqa: E731
+            elif kind == "event_wait":
+                ev = EVENTS.get(fn)
+                fn = None
+                if ev is not None and ev.rec is not None:
+                    wait = ev.rec[:2]  # the record current now; later ones don't count
+            out.append((h, kind, fn if on else None, self.deps[h], wait))
+        return out
 
     @staticmethod
-    def run(steps: list[tuple[str, Any]]) -> None:
-        for kind, fn in steps:
-            if fn is None:
-                continue
-            if kind == "host":
-                with state.host_function_scope():
-                    fn()
-            else:
+    def run(steps: list[tuple]) -> None:
+        if any(st[4] is not None for st in steps):
+            return Exec._run_waiting(steps)
+        for _h, kind, fn, _deps, _wait in steps:
+            Exec._step(kind, fn)
+
+    @staticmethod
+    def _step(kind: str, fn: Any) -> None:
+        if fn is None:
+            return
+        if kind == "host":
+            with state.host_function_scope():
                 fn()
+        else:
+            fn()
+
+    @staticmethod
+    def _run_waiting(steps: list[tuple]) -> None:
+        """Run the first step (in order) whose dependencies ran and whose wait is complete;
+        block only when no step is."""
+        done: set[int] = set()
+        pending = list(steps)
+
+        def ready(st: tuple) -> bool:
+            wait = st[4]
+            return all(d in done for d in st[3]) and (wait is None or wait[0].done >= wait[1])
+
+        while pending:
+            i = next((i for i, st in enumerate(pending) if ready(st)), None)
+            if i is None:
+                streams.wait_for(lambda: any(ready(st) for st in pending))
+                continue
+            h, kind, fn, _deps, _wait = pending.pop(i)
+            Exec._step(kind, fn)
+            done.add(h)
 
 
 GRAPHS: dict[int, Graph] = {}
@@ -222,6 +293,27 @@ def cudaGraphAddHostNode(graph: Any, deps: Any, n: int, hp: Any) -> tuple:
     return bad or (SUCCESS, rt.cudaGraphNode_t(node.handle))
 
 
+def _event_node(graph: Any, deps: Any, n: int, event: Any, kind: str) -> tuple:
+    from .events import EVENTS
+
+    with LOCK:
+        ev = EVENTS.get(state.as_int(event))
+    if ev is None:
+        return (R.CUDA_ERROR_INVALID_VALUE, None)
+    node, bad = _add(graph, deps, n, kind, ev.handle, (R.CUDA_ERROR_INVALID_VALUE, None))
+    return bad or (DRV_SUCCESS, drv.CUgraphNode(node.handle))
+
+
+@driver("cuGraphAddEventRecordNode", 1)
+def cuGraphAddEventRecordNode(graph: Any, deps: Any, n: int, event: Any) -> tuple:
+    return _event_node(graph, deps, n, event, "event_record")
+
+
+@driver("cuGraphAddEventWaitNode", 1)
+def cuGraphAddEventWaitNode(graph: Any, deps: Any, n: int, event: Any) -> tuple:
+    return _event_node(graph, deps, n, event, "event_wait")
+
+
 @runtime("cudaGraphAddEmptyNode")
 def cudaGraphAddEmptyNode(graph: Any, deps: Any, n: int) -> tuple:
     node, bad = _add(graph, deps, n, "empty", None, (E.cudaErrorInvalidValue, None))
@@ -319,6 +411,25 @@ def cudaGraphExecMemcpyNodeSetParams1D(exec_: Any, node: Any, dst: Any, src: Any
 def cudaGraphExecMemsetNodeSetParams(exec_: Any, node: Any, ms: Any) -> tuple:
     run = _memset_run(ms) if ms is not None and int(ms.width) else None  # not zero-length
     return _set_run(exec_, node, "memset", run, E.cudaErrorInvalidValue, SUCCESS)
+
+
+def _set_event(exec_: Any, node: Any, event: Any, kind: str) -> tuple:
+    from .events import EVENTS
+
+    with LOCK:
+        ev = EVENTS.get(state.as_int(event))
+        return _set_run(exec_, node, kind, None if ev is None else ev.handle,
+                        R.CUDA_ERROR_INVALID_VALUE, DRV_SUCCESS)
+
+
+@driver("cuGraphExecEventRecordNodeSetEvent", 0)
+def cuGraphExecEventRecordNodeSetEvent(exec_: Any, node: Any, event: Any) -> tuple:
+    return _set_event(exec_, node, event, "event_record")
+
+
+@driver("cuGraphExecEventWaitNodeSetEvent", 0)
+def cuGraphExecEventWaitNodeSetEvent(exec_: Any, node: Any, event: Any) -> tuple:
+    return _set_event(exec_, node, event, "event_wait")
 
 
 @runtime("cudaGraphNodeSetEnabled")

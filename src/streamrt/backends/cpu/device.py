@@ -23,12 +23,12 @@ from ...errors import InvalidAddressError, OutOfMemoryError
 from ...validate import env_int
 from ..base import DeviceImpl, MemRange
 from . import replay
-from .queues import CpuQueue
+from .queues import CpuMark, CpuQueue
 from .space import SPACE, hex_, round_up
 
 if TYPE_CHECKING:
     from ...graph.node import Node
-    from ..base import Flat, GraphRunner, NodeOp
+    from ..base import Flat, GraphRunner, Mark, NodeOp
 
 # reserve addresses without committing swap (Linux's value; Python < 3.13 does not export it)
 _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform.startswith("linux") else 0)
@@ -125,8 +125,12 @@ class CpuDevice(DeviceImpl):
                      legacy: bool = False) -> CpuQueue:
         return CpuQueue(name)
 
-    def graph_runner(self, flat: Flat, op_of: Callable[[int, Node], NodeOp]) -> GraphRunner:
-        return replay.build(flat, op_of)
+    def graph_runner(self, flat: Flat, op_of: Callable[[int, Node], NodeOp],
+                     marks: dict[int, Mark] | None = None) -> GraphRunner:
+        return replay.build(flat, op_of, marks or {})
+
+    def graph_mark(self, name: str) -> CpuMark:
+        return CpuMark(name)
 
     # -- pool arenas: addresses reserved whole, physical memory committed by granule ----------
     def reserve(self, nbytes: int, *, check: Callable[[int, int], None] | None = None) -> int:

@@ -16,7 +16,8 @@ State and invariants (per queue):
   deadlocks.
 - Host threads blocked in ``wait_done`` register their target positions; the worker notifies
   them once ``done`` reaches the smallest (``_wake_at``), so a busy queue does not notify per
-  operation.
+  operation. A graph replay waiting for several positions at once registers callbacks instead
+  (``watch``), called by the worker (outside the lock) once ``done`` reaches theirs.
 - A failing operation is appended to ``errors`` with its position and label; it never stops
   the worker.
 - Delay injection: ``STREAMRT_CPU_DELAY_US=N`` (or :func:`set_delay_us`) makes each worker
@@ -43,7 +44,7 @@ import numpy as np
 from ...errors import InvalidTypeError, InvalidValueError, NotPermittedError, NotReadyError
 from ...labels import describe, host_call
 from ...validate import env_int, is_int
-from ..base import InlineQueue, Queue
+from ..base import InlineQueue, Mark, Queue
 
 _NEVER = 1 << 62  # past any position: an int, so the worker's test compares two ints
 _delay_us = env_int("STREAMRT_CPU_DELAY_US", 0)
@@ -81,7 +82,8 @@ class CpuQueue(InlineQueue):
         self._bell: queue.SimpleQueue = queue.SimpleQueue()
         self._progress = threading.Condition(threading.Lock())
         self.idle = False
-        self._targets: list[int] = []  # positions host threads wait for in wait_done
+        self._targets: list[int] = []  # positions host threads wait for in wait_done, watched
+        self._watchers: list[tuple[int, Callable[[], None]]] = []  # (position, callback)
         self._wake_at = _NEVER  # the smallest of them
         self._closed = False
         self.errors: list[tuple[int, BaseException, str]] = []
@@ -113,8 +115,8 @@ class CpuQueue(InlineQueue):
     def op_host(self, fn: Callable[..., Any], args: tuple) -> tuple[Callable[..., Any], tuple]:
         return host_call, (fn, args)
 
-    def op_wait(self, other: Queue, pos: int) -> tuple[Callable[..., Any], tuple]:
-        assert isinstance(other, CpuQueue)
+    def op_wait(self, other: Queue | Mark, pos: int) -> tuple[Callable[..., Any], tuple]:
+        assert isinstance(other, CpuQueue | CpuMark)
         return other._wait, (pos,)  # the queue's own wait: not a call from a kernel
 
     def op_stamp(self) -> tuple[Callable[..., Any], tuple, Any]:
@@ -160,9 +162,14 @@ class CpuQueue(InlineQueue):
             done += 1
             self.done = done
             if self._targets and done >= self._wake_at:  # (an empty list: no one waits)
+                fire = None
                 with self._progress:
+                    if self._watchers:
+                        fire = _due(self._watchers, self._targets, done)
                     self._wake_at = min((t for t in self._targets if t > done), default=_NEVER)
                     self._progress.notify_all()
+                for call in fire or ():
+                    call()
 
     def wait_done(self, pos: int) -> None:
         if self.done >= pos:
@@ -189,12 +196,104 @@ class CpuQueue(InlineQueue):
             finally:
                 self._targets.remove(pos)
 
+    def watch(self, pos: int, call: Callable[[], None]) -> bool:
+        """Have the worker call ``call()`` once ``done >= pos``; False (and no call) when it
+        already is."""
+        return _watch(self, pos, call)
+
     def finished(self) -> bool:
         return self._closed and not self._thread.is_alive()
 
     def close(self) -> None:
         self._closed = True  # before the ring: the worker looks at it once the queue is empty
         self._bell.put(None)
+
+
+class CpuMark(Mark):
+    """The completions of a graph's EVENT_RECORD node (see :class:`~..base.Mark`): the replay
+    calls :meth:`record` where the node sits, and once more as the launch ends. State: ``done``
+    (written under ``_progress``, only ever raised), the host threads and replays waiting for
+    it, as a queue's (``_targets``, ``_watchers``)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.done = 0
+        self.errors: list[tuple[int, BaseException, str]] = []
+        self._progress = threading.Condition(threading.Lock())
+        self._targets: list[int] = []
+        self._watchers: list[tuple[int, Callable[[], None]]] = []
+
+    def record(self, k: int, stamp: list | None) -> None:
+        """The node of launch ``k`` ran (or its launch ended): stamp it, then count it."""
+        if stamp is not None and stamp[0] is None:
+            stamp[0] = time.perf_counter()  # before ``done``: a reader of done finds the stamp
+        if self.done >= k:
+            return  # (again, as the launch ends)
+        with self._progress:
+            if k > self.done:
+                self.done = k
+            fire = _due(self._watchers, self._targets, k) if self._watchers else None
+            self._progress.notify_all()
+        for call in fire or ():
+            call()
+
+    def _wait(self, pos: int) -> None:
+        """Block until launch ``pos``'s node ran (a stream's or a replay's wait runs this)."""
+        if self.done >= pos:
+            return
+        with self._progress:
+            while self.done < pos:
+                self._progress.wait()
+
+    def wait_done(self, pos: int) -> None:
+        if self.done >= pos:
+            return
+        if getattr(in_operations, "on", False):
+            raise NotPermittedError(
+                f"{self.name}: a kernel or host function waited for an event recorded by a graph "
+                "node; kernels and host functions must not synchronize")
+        self._wait(pos)
+
+    def watch(self, pos: int, call: Callable[[], None]) -> bool:
+        """As :meth:`CpuQueue.watch`."""
+        return _watch(self, pos, call)
+
+    def op_stamp(self) -> list:
+        return [None]
+
+    def elapsed_ms(self, start: Any, end: Any) -> float:
+        if start[0] is None or end[0] is None:
+            raise NotReadyError("the event has not completed yet")
+        return float(end[0] - start[0]) * 1000.0
+
+
+def _watch(q: CpuQueue | CpuMark, pos: int, call: Callable[[], None]) -> bool:
+    """Register ``call`` for ``q.done >= pos`` (see :meth:`CpuQueue.watch`)."""
+    with q._progress:
+        if q.done >= pos:
+            return False
+        q._watchers.append((pos, call))
+        q._targets.append(pos)
+        if isinstance(q, CpuQueue) and pos < q._wake_at:
+            q._wake_at = pos
+        # ``done`` is raised without the lock: had it reached pos before the worker saw the
+        # entry, nothing would call back (the worker looked at the targets before the append)
+        if q.done >= pos:
+            q._watchers.remove((pos, call))
+            q._targets.remove(pos)
+            return False
+    return True
+
+
+def _due(watchers: list[tuple[int, Callable[[], None]]], targets: list[int], done: int
+         ) -> list[Callable[[], None]]:
+    """Take the callbacks of ``watchers`` due at ``done`` (and their ``targets``); call holding
+    the queue's lock, call them after releasing it."""
+    due = [w for w in watchers if w[0] <= done]
+    for w in due:
+        watchers.remove(w)
+        targets.remove(w[0])
+    return [call for _pos, call in due]
 
 
 def _label(fn: Callable[..., Any], args: tuple, exc: BaseException) -> str:

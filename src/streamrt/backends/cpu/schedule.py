@@ -10,6 +10,11 @@ State and invariants (per :class:`Run`, one per replay of a graph with branches)
   chain, waits for each predecessor that is not done before running a chain.
 - ``pos`` is the worker's place in the order: chains before it are claimed; helpers look for
   ready chains from there on, among the next ``WINDOW`` (a topological walk's frontier).
+- ``gates`` (a launch of a graph with wait nodes): chain -> the ``(queue, pos)`` its first
+  node, a wait node, waits for, or None. A chain is ready only once its gate is open
+  (``queue.done >= pos``); the worker puts off a chain whose gate is closed (and the chains
+  after it) instead of waiting in it, and waits (``wait_ready``) only when nothing else is
+  ready: for a helper's chain to finish, or for a gate to open (the gate's queue calls back).
 
 Process state: ``_active`` lists the runs in progress (the worker adds its run as it starts
 and removes it once over). Helpers *linger*: a helper looks through the active runs for a
@@ -109,14 +114,15 @@ def _linger(me: object) -> None:
 class Run:
     """The state of one replay: which chains are claimed and done."""
 
-    __slots__ = ("chains", "preds", "run_chain", "claimed", "done", "errors", "pos", "over",
-                 "waiting", "ctx", "_cond")
+    __slots__ = ("chains", "preds", "run_chain", "gates", "claimed", "done", "errors", "pos",
+                 "over", "waiting", "ctx", "_cond", "_watched")
 
     def __init__(self, chains: list[list[tuple]], preds: list[list[int]],
-                 run_chain: Callable[[Run, int], None]) -> None:
+                 run_chain: Callable[[Run, int], None], gates: list | None = None) -> None:
         self.chains = chains
         self.preds = preds
         self.run_chain = run_chain
+        self.gates = gates
         self.claimed: dict[int, object] = {}
         self.done = [False] * len(chains)
         self.errors: list[BaseException] = []
@@ -125,6 +131,7 @@ class Run:
         self.waiting = False  # the worker sleeps in wait_for: finished() must notify it
         self.ctx = contextvars.copy_context()  # the worker's: helpers run chains in copies
         self._cond: threading.Condition | None = None  # made by the worker's first wait
+        self._watched: set[int] = set()  # chains whose closed gate calls back (wait_ready)
 
     def start(self) -> None:
         """On the worker: make the run visible to helpers (waking one if none lingers)."""
@@ -143,12 +150,16 @@ class Run:
         """Claim a ready chain near the worker's place, or None."""
         if self.over or self.errors:
             return None
-        done, preds, claimed = self.done, self.preds, self.claimed
+        done, preds, claimed, gates = self.done, self.preds, self.claimed, self.gates
         claim = claimed.setdefault
         start = self.pos
         for c in range(start, min(start + WINDOW, len(done))):
             if c in claimed:
                 continue
+            if gates is not None:
+                g = gates[c]
+                if g is not None and g[0].done < g[1]:
+                    continue  # its wait node's event is not there yet
             for p in preds[c]:
                 if not done[p]:
                     break
@@ -165,6 +176,51 @@ class Run:
         self.done[c] = True
         cond = self._cond
         if self.waiting and cond is not None:  # (made before ``waiting`` was set)
+            with cond:
+                cond.notify_all()
+
+    def wait_ready(self, cands: list[int]) -> int | None:
+        """On the worker: the index in ``cands`` (chains it put off) of the first one whose
+        predecessors are done and whose gate is open, waiting until one is; None after a
+        failure. Every closed gate among them calls back when it opens, and helpers finishing
+        a chain notify: whichever comes first wakes the worker."""
+        cond = self._cond
+        if cond is None:
+            cond = self._cond = threading.Condition(threading.Lock())
+        gates, watched = self.gates, self._watched
+        while True:
+            i = self._first_ready(cands)
+            if i is not None or self.errors:
+                return i
+            fresh = False
+            for c in cands:
+                g = gates[c] if gates is not None else None
+                if g is not None and c not in watched:
+                    watched.add(c)
+                    g[0].watch(g[1], self._poke)  # (False: open already, seen at the next look)
+                    fresh = True
+            if fresh:
+                continue  # a gate may have opened while the callbacks were registered: look again
+            with cond:
+                self.waiting = True
+                try:
+                    if self._first_ready(cands) is None and not self.errors:
+                        cond.wait()
+                finally:
+                    self.waiting = False
+
+    def _first_ready(self, cands: list[int]) -> int | None:
+        done, preds, gates = self.done, self.preds, self.gates
+        for i, c in enumerate(cands):
+            g = gates[c] if gates is not None else None
+            if (g is None or g[0].done >= g[1]) and all(done[p] for p in preds[c]):
+                return i
+        return None
+
+    def _poke(self) -> None:
+        """A gate opened (called by the queue it waits for, from that queue's thread)."""
+        cond = self._cond
+        if cond is not None:
             with cond:
                 cond.notify_all()
 

@@ -2,9 +2,10 @@
 
 Modules: :mod:`.backend` (the backend: devices, pinned host memory), :mod:`.device` (memory,
 graph memory, address ranges, kernels), :mod:`.queue` (streams and their completion),
-:mod:`.pools` (``cudaMemPool_t``), :mod:`.graph` (``cudaGraphExec_t``), :mod:`.hostfn` (host
-functions), :mod:`.runtime` (the bindings and the device current on each thread),
-:mod:`.errors` (CUDA results as streamrt errors), :mod:`.nvrtc` (compiling kernels).
+:mod:`.pools` (``cudaMemPool_t``), :mod:`.graph` (``cudaGraphExec_t``), :mod:`.mark` (a graph
+record node's completions), :mod:`.hostfn` (host functions), :mod:`.runtime` (the bindings and
+the device current on each thread), :mod:`.errors` (CUDA results as streamrt errors),
+:mod:`.nvrtc` (compiling kernels).
 
 Nothing here imports ``cuda-bindings`` until the backend is asked for: :mod:`.errors` and
 :mod:`.nvrtc` import it only when called (NVRTC says why it is unusable when it is missing), and a

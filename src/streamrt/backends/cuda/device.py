@@ -28,10 +28,11 @@ from sortedcontainers import SortedDict
 
 from ...errors import InvalidAddressError, NotSupportedError, OutOfMemoryError
 from ...reclaim import Reclaim
-from ..base import DeviceImpl, Flat, MemRange, NodeOp
+from ..base import DeviceImpl, Flat, Mark, MemRange, NodeOp
 from . import hostfn, nvrtc
 from .errors import check, error_for
 from .graph import NativeGraph
+from .mark import CudaMark
 from .pools import CudaPools
 from .queue import CudaQueue
 from .runtime import activate, drv, rt, too_big
@@ -161,10 +162,14 @@ class CudaDevice(DeviceImpl):
             hit = self._functions[kernel] = (fn, nvrtc.packer(types))
         return hit
 
-    def graph_runner(self, flat: Flat, op_of: Callable[[int, Node], NodeOp]) -> NativeGraph:
+    def graph_runner(self, flat: Flat, op_of: Callable[[int, Node], NodeOp],
+                     marks: dict[int, Mark] | None = None) -> NativeGraph:
         """Build and instantiate the CUDA graph of a flattened frontend graph (from its nodes:
         ``op_of`` is not used)."""
-        return NativeGraph(self, flat)
+        return NativeGraph(self, flat, marks or {})  # type: ignore[arg-type]
+
+    def graph_mark(self, name: str) -> CudaMark:
+        return CudaMark(self, name)
 
     # -- graph memory: virtual memory management (what CUDA's own graph memory is built on) ----
     def _vmm_prop(self) -> Any:

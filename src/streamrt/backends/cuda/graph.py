@@ -3,7 +3,12 @@
 Capture, the capture errors, exec update rules and events stay in the frontend (DESIGN.md §1);
 this module turns the flattened node list of one exec into a real CUDA graph
 (``cudaGraphAdd*Node``), instantiates it once per device (the device's graph runner, whichever
-of its streams launches it) and launches it with one ``cudaGraphLaunch``. Parameter updates and
+of its streams launches it) and launches it with one ``cudaGraphLaunch``. Event nodes are
+CUDA's own (``cuGraphAddEventRecordNode``/``cuGraphAddEventWaitNode``): a record node records
+its mark's CUDA event (mark.py); a wait node waits for a CUDA event set on the exec just
+before each launch (``cuGraphExecEventWaitNodeSetEvent``: the marker event of the position the
+frontend bound it to), and set back to a never-recorded one right after, so the exec holds no
+event it does not own between launches. Parameter updates and
 enable/disable reach the instantiated graph in place (``cudaGraphExec*NodeSetParams``,
 ``cudaGraphNodeSetEnabled``), so the graph is kept as long as its exec: CUDA names exec nodes by
 the graph's. Host nodes run through the backend's host-function trampoline, so their Python
@@ -14,6 +19,7 @@ it has passed the launch (``CudaQueue.hold``); the graph's jobs go when it is co
 from __future__ import annotations
 
 import weakref
+from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
 from ...graph.node import NodeType
@@ -29,9 +35,11 @@ if TYPE_CHECKING:
 
     from ...graph.node import Node
     from .device import CudaDevice
+    from .mark import CudaMark
     from .queue import CudaQueue
 
-# nodes built as empty ones whatever their parameters: an update has nothing to change
+# nodes whose parameters the CUDA graph does not hold (empty and memory nodes are built as empty
+# ones; an event node's event is the frontend's, bound at each launch): nothing to update
 _PARAMLESS = (NodeType.EMPTY, NodeType.EVENT_RECORD, NodeType.WAIT_EVENT, NodeType.MEM_ALLOC,
               NodeType.MEM_FREE)
 
@@ -55,7 +63,7 @@ class _Launches:
 class NativeGraph(GraphRunner):
     """One instantiated CUDA graph (``cudaGraphExec_t``) of a frontend exec on one device."""
 
-    def __init__(self, dev: CudaDevice, flat: Flat) -> None:
+    def __init__(self, dev: CudaDevice, flat: Flat, marks: dict[int, CudaMark]) -> None:
         self.dev = dev
         self._launches = _Launches()
         self._keep: list[Any] = []  # parameter buffers the nodes point at
@@ -64,28 +72,49 @@ class NativeGraph(GraphRunner):
         self._host: dict[Node, tuple] = {}  # host node -> the (fn, args) it was built with
         self._views: dict[Node, list[Any]] = {}  # memcpy node -> the host views it copies
         self._retired: list[tuple[Any, int, list[Any]]] = []  # views enqueued launches may use
+        self._marks = marks
+        # the event nodes in flat order: (the mark of a record node, or None; the CUDA node)
+        self._events: list[tuple[CudaMark | None, int]] = []
         activate(dev.index)
+        # what a wait node waits for between launches and when the launch binds nothing: a
+        # never-recorded event (waiting for one returns at once)
+        self._never: Any = None
+        if any(n is not None and n.type is NodeType.WAIT_EVENT for n, _, _ in flat):
+            self._never = check(rt.cudaEventCreateWithFlags(rt.cudaEventDisableTiming))
         self.graph = check(rt.cudaGraphCreate(0))
         try:
             made: list[int] = []
-            for node, deps, _on in flat:
-                made.append(self._add(self.graph, node, [made[d] for d in deps]))
+            for i, (node, deps, _on) in enumerate(flat):
+                made.append(self._add(self.graph, node, [made[d] for d in deps], i))
             self.exec = check(rt.cudaGraphInstantiate(self.graph, 0))
         except BaseException:
             self._release_jobs()
             rt.cudaGraphDestroy(self.graph)
+            if self._never is not None:
+                rt.cudaEventDestroy(self._never)
             raise
-        weakref.finalize(self, _destroy, self.exec, self.graph, list(self._jobs))
+        weakref.finalize(self, _destroy, self.exec, self.graph, list(self._jobs), self._never)
         for node, _deps, on in flat:  # disabled nodes: built, then switched off
             if not on and node in self._built:
                 self._enable(self._built[node], False)
 
     # -- nodes ---------------------------------------------------------------------------------
-    def _add(self, graph: Any, node: Node | None, deps: list[int]) -> int:
+    def _add(self, graph: Any, node: Node | None, deps: list[int], i: int) -> int:
         rdeps = [rt.cudaGraphNode_t(d) for d in deps]
         t = node.type if node is not None else NodeType.EMPTY
         p = node._params if node is not None else {}
-        if t is NodeType.KERNEL:
+        if t is NodeType.EVENT_RECORD:  # records its mark's event, where it sits
+            mark = self._marks[i]
+            made = check(drv.cuGraphAddEventRecordNode(
+                drv.CUgraph(int(graph)), [drv.CUgraphNode(d) for d in deps], len(deps),
+                drv.CUevent(int(mark.event))))
+            self._events.append((mark, int(made)))
+        elif t is NodeType.WAIT_EVENT:  # its event is set at each launch (launch)
+            made = check(drv.cuGraphAddEventWaitNode(
+                drv.CUgraph(int(graph)), [drv.CUgraphNode(d) for d in deps], len(deps),
+                drv.CUevent(int(self._never))))
+            self._events.append((None, int(made)))
+        elif t is NodeType.KERNEL:
             kp = self._kernel_params(p)
             self._keep.append(kp)
             made = check(drv.cuGraphAddKernelNode(drv.CUgraph(int(graph)),
@@ -112,9 +141,9 @@ class NativeGraph(GraphRunner):
             hp.userData = job
             made = check(rt.cudaGraphAddHostNode(graph, rdeps, len(deps), hp))
         else:
-            # empty, a copy or memset of nothing, a child's exit, events (they act around the
-            # launch on the host) and memory nodes: the exec mapped graph memory at instantiate
-            # (GraphExec._map_memory), so a MEM_ALLOC/MEM_FREE node only orders its neighbours here
+            # empty, a copy or memset of nothing, a child's exit and memory nodes: the exec
+            # mapped graph memory at instantiate (GraphExec._map_memory), so a MEM_ALLOC/MEM_FREE
+            # node only orders its neighbours here
             made = check(rt.cudaGraphAddEmptyNode(graph, rdeps, len(deps)))
         return int(made)
 
@@ -199,24 +228,43 @@ class NativeGraph(GraphRunner):
             hostfn.drop(job)
 
     # -- launch --------------------------------------------------------------------------------
-    def op_launch(self, queue: CudaQueue) -> tuple[Callable[..., Any], tuple]:  # type: ignore[override]
+    def op_launch(self, queue: CudaQueue, events: tuple = ()  # type: ignore[override]
+                  ) -> tuple[Callable[..., Any], tuple]:
         """The queue operation launching the graph on ``queue``'s stream."""
-        return self.launch, (queue,)
+        return (self.launch, (queue, events)) if events else (self.launch, (queue,))
 
-    def launch(self, q: CudaQueue) -> None:
-        """``cudaGraphLaunch`` on the queue's stream; the queue holds the graph until it has
-        passed the launch."""
+    def launch(self, q: CudaQueue, events: tuple = ()) -> None:
+        """``cudaGraphLaunch`` on the queue's stream, its wait nodes set to this launch's events
+        first; the queue holds the graph until it has passed the launch."""
         self._launches.queue, self._launches.pos = q, q.pos
         if self._jobs:
             hostfn.count(len(self._jobs))
         activate(self.dev.index)
-        try:
-            check(rt.cudaGraphLaunch(self.exec, q.stream))
-        except BaseException:
-            if self._jobs:
-                hostfn.count(-len(self._jobs))
-            raise
+        with ExitStack() as pins:  # the events waited for stay alive until the launch took them
+            set_: list[int] = []
+            try:
+                for (mark, node), e in zip(self._events, events, strict=True):
+                    if mark is None and e is not None:
+                        ev = e[0].wait_event(e[1], pins)
+                        if ev is not None:
+                            self._wait_on(node, ev)
+                            set_.append(node)
+                check(rt.cudaGraphLaunch(self.exec, q.stream))
+            except BaseException:
+                if self._jobs:
+                    hostfn.count(-len(self._jobs))
+                raise
+            finally:
+                for node in set_:
+                    self._wait_on(node, self._never)
+        for (mark, _node), e in zip(self._events, events, strict=True):
+            if mark is not None:
+                mark.pos = e[0]
         q.hold(self)
+
+    def _wait_on(self, node: int, event: Any) -> None:
+        check(drv.cuGraphExecEventWaitNodeSetEvent(drv.CUgraphExec(int(self.exec)),
+                                                    drv.CUgraphNode(node), drv.CUevent(int(event))))
 
     def upload(self, queue: CudaQueue) -> None:  # type: ignore[override]
         """``cudaGraphUpload``: do the launch's one-time work ahead of it."""
@@ -235,10 +283,12 @@ def _memset_params(p: dict[str, Any]) -> Any:
     return ms
 
 
-def _destroy(exec_: Any, graph: Any, jobs: list[int]) -> None:
+def _destroy(exec_: Any, graph: Any, jobs: list[int], never: Any) -> None:
     # Runs once no queue holds the graph any more (a queue keeps the graphs it launched until it
     # has passed them), so no launch of it is in flight and its host-node jobs can go.
     hostfn.release(rt.cudaGraphExecDestroy, exec_)
     hostfn.release(rt.cudaGraphDestroy, graph)
+    if never is not None:
+        hostfn.release(rt.cudaEventDestroy, never)
     for job in jobs:
         hostfn.drop(job)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -261,19 +261,27 @@ class CudaQueue(Queue):
             hostfn.drop(job, counted=True)
             raise
 
-    def op_wait(self, other: Queue, pos: int) -> tuple[Callable[..., Any], tuple]:
+    def op_wait(self, other: Any, pos: int) -> tuple[Callable[..., Any], tuple]:
         return self._wait, (other, pos)
 
-    def _wait(self, other: Queue, pos: int) -> None:
-        assert isinstance(other, CudaQueue), "streams of one backend only"
-        if other._done >= pos:
-            return
-        with other._pinned():
-            ev = other._event_at(pos)  # a marked position at or after pos (an event record)
-            if ev is None:  # the other stream's tail: mark it now
-                ev = other.mark()[1]
-            activate(self.dev.index)
-            check(rt.cudaStreamWaitEvent(self.stream, ev, 0))
+    def _wait(self, other: Any, pos: int) -> None:
+        assert hasattr(other, "wait_event"), "streams of one backend only"
+        with ExitStack() as pins:
+            ev = other.wait_event(pos, pins)
+            if ev is not None:
+                activate(self.dev.index)
+                check(rt.cudaStreamWaitEvent(self.stream, ev, 0))
+
+    def wait_event(self, pos: int, pins: ExitStack) -> Any | None:
+        """The CUDA event to wait on for position ``pos`` of this stream (None: it has passed),
+        kept alive by ``pins`` until it closes (a graph's wait node takes one too)."""
+        if self._done >= pos:
+            return None
+        pins.enter_context(self._pinned())
+        ev = self._event_at(pos)  # a marked position at or after pos (an event record)
+        if ev is None:  # the tail: mark it now
+            ev = self.mark()[1]
+        return ev
 
     def hold(self, obj: Any) -> None:
         """Keep ``obj`` alive until the stream has passed the operation being submitted (a graph
