@@ -177,6 +177,12 @@ class Capture:
             if self.status is not CaptureStatus.NONE:
                 if self.status is CaptureStatus.INVALIDATED:
                     raise CaptureInvalidatedError(f"{self!r} was invalidated: {self.reason}")
+                if not nbytes:  # a MEM_ALLOC node of 0 bytes, as Graph.add_mem_alloc_node
+                    # refuses it (cudaMallocAsync captured makes cudaGraphAddMemAllocNode's node);
+                    # a bad argument, as any other, leaves the capture as it was
+                    raise InvalidValueError(f"a stream-ordered allocation of 0 bytes cannot be "
+                                            f"captured into {self!r} (a graph allocation of 0 "
+                                            "bytes is refused)")
                 alloc = GraphAlloc(s.device, nbytes, self.graph._slabs)
                 self.add(s, NodeType.MEM_ALLOC, {"nbytes": nbytes, "ptr": alloc.ptr, "alloc": alloc})
                 return alloc.ptr

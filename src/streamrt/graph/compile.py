@@ -40,13 +40,16 @@ class Compiled(NamedTuple):
     mem: dict[int, tuple[int, int, str]]
 
 
-def compile_graph(template: Graph, disabled: set[int], stream: Stream) -> Compiled:
-    """Flatten ``template`` and instantiate it on ``stream``'s device."""
+def compile_graph(template: Graph, disabled: set[int], stream: Stream, *,
+                  use_node_priority: bool = False) -> Compiled:
+    """Flatten ``template`` and instantiate it on ``stream``'s device (``use_node_priority``:
+    ``cudaGraphInstantiateFlagUseNodePriority``, for the device's graph runner)."""
     flat = flatten(template, disabled)
     nodes = [n for n, _, _ in flat]
     ops_of = _ops_for(stream)
     if not instrument.listeners:
-        return Compiled(stream.device._impl.graph_runner(flat, ops_of), {})
+        return Compiled(stream.device._impl.graph_runner(flat, ops_of,
+                                                         use_node_priority=use_node_priority), {})
     anc = reach([deps for _, deps, _ in flat])
 
     def wrapped(i: int, n: Node) -> NodeOp:
@@ -57,7 +60,7 @@ def compile_graph(template: Graph, disabled: set[int], stream: Stream) -> Compil
         return (_node_call, ((i, node_label(n, template), kind, name, anc[i], accesses, n.site),
                              *op))
 
-    runner = stream.device._impl.graph_runner(flat, wrapped)
+    runner = stream.device._impl.graph_runner(flat, wrapped, use_node_priority=use_node_priority)
     mem = {id(n): (i, anc[i], node_label(n, template)) for i, n in enumerate(nodes)
            if n is not None and n.type in (NodeType.MEM_ALLOC, NodeType.MEM_FREE)}
     return Compiled(runner, mem)

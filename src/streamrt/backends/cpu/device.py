@@ -125,7 +125,10 @@ class CpuDevice(DeviceImpl):
                      legacy: bool = False) -> CpuQueue:
         return CpuQueue(name)
 
-    def graph_runner(self, flat: Flat, op_of: Callable[[int, Node], NodeOp]) -> GraphRunner:
+    def graph_runner(self, flat: Flat, op_of: Callable[[int, Node], NodeOp], *,
+                     use_node_priority: bool = False) -> GraphRunner:
+        # use_node_priority is accepted: the cpu backend has no priorities (stream priorities
+        # order nothing here either), so the replay's order among ready nodes stays as it is
         return replay.build(flat, op_of)
 
     # -- pool arenas: addresses reserved whole, physical memory committed by granule ----------
