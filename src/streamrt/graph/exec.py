@@ -36,10 +36,11 @@ from ..validate import is_bool, is_int
 from . import memory
 from .compile import Compiled, compile_graph
 from .gcpause import paused
-from .graph import EVENTS, MEMORY, Graph, _event, host_params, memcpy_params, memset_params
+from .graph import EVENTS, MEMORY, Graph
 from .instantiate import GraphInstantiateResult, refuse
 from .instantiate import check as check_instantiable
 from .node import Node, NodeType
+from .params import _event, host_params, memcpy_params, memset_params
 from .update import adopt, diff, kinds
 
 _DISABLEABLE = (NodeType.KERNEL, NodeType.MEMCPY, NodeType.MEMSET)  # as cudaGraphNodeSetEnabled

@@ -10,26 +10,26 @@ made of it (clones, execs, the copy a child graph node holds) is independent of 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import instrument
-from ..device import Device, current_device, range_of
+from ..device import Device, current_device
 from ..errors import (
     IllegalStateError,
-    InvalidAddressError,
     InvalidHandleError,
     InvalidTypeError,
     InvalidValueError,
 )
 from ..event import Event
 from ..kernel import Kernel, dim3
-from ..validate import as_path, check_byte, check_ptr, check_size, host_view, is_int
-from . import memory
+from ..validate import check_ptr, check_size
+from . import dot, memory
 from .gcpause import BULK, building, paused
 from .memory import GraphAlloc
 from .node import Node, NodeType
+from .params import _event, host_params, memcpy_params, memset_params
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -395,32 +395,7 @@ class Graph:
     def to_dot(self, path: str | Path | None = None) -> str:
         """Graphviz text of the graph (``cudaGraphDebugDotPrint``); written to ``path`` if given."""
         self._check_alive()
-        lines = [f"digraph streamrt_graph_{self.id} {{", "  node [shape=box, fontname=monospace];"]
-        self._dot_body(lines, "n", "  ")
-        lines.append("}")
-        text = "\n".join(lines) + "\n"
-        if path is not None:
-            p = as_path(path, "to_dot path")
-            try:
-                p.write_text(text)
-            except OSError as exc:  # as srt.trace: a path it cannot write is a bad argument
-                raise InvalidValueError(f"cannot write the graph to {str(p)!r}: {exc}") from None
-        return text
-
-    def _dot_body(self, lines: list[str], prefix: str, indent: str) -> None:
-        for n in self._nodes:
-            name = f"{prefix}{n.index}"
-            if n.type is NodeType.GRAPH:
-                lines.append(f"{indent}subgraph cluster_{name} {{")
-                lines.append(f'{indent}  label="child graph #{n.index}";')
-                lines.append(f'{indent}  {name} [label="GRAPH", shape=point];')
-                n._params["graph"]._dot_body(lines, f"{name}_", indent + "  ")
-                lines.append(f"{indent}}}")
-            else:
-                label = n.label().replace('"', "'").replace(" ", "\\n", 1)
-                lines.append(f'{indent}{name} [label="#{n.index} {label}"];')
-        for d, n in self.edges():
-            lines.append(f"{indent}{prefix}{d.index} -> {prefix}{n.index};")
+        return dot.render(self, path)
 
     def instantiate(self, *, auto_free_on_launch: bool = False, upload_stream: Stream | None = None,
                     use_node_priority: bool = False) -> GraphExec:
@@ -443,48 +418,3 @@ class Graph:
                 ge.destroy()  # a refused instantiate leaves no exec (its memory unmapped)
                 raise
         return ge
-
-
-def _event(event: Any) -> Event:
-    if not isinstance(event, Event):
-        raise InvalidTypeError(f"an event node needs an Event, not {type(event).__name__}")
-    event._check_alive()
-    return event
-
-
-def memcpy_params(dst: Any, src: Any, nbytes: int) -> dict[str, Any]:
-    """Validate MEMCPY parameters; ranges inside graph memory are checked when mapped."""
-    n = check_size(nbytes)
-    for end, writable in ((dst, True), (src, False)):
-        if is_int(end):
-            _check_range(int(end), n)
-        else:
-            host_view(end, n, writable=writable)
-    return {"dst": dst, "src": src, "nbytes": n}
-
-
-def memset_params(ptr: Any, value: Any, nbytes: int) -> dict[str, Any]:
-    """Validate MEMSET parameters."""
-    n = check_size(nbytes)
-    ptr = check_ptr(ptr)
-    value = check_byte(value)
-    _check_range(ptr, n)
-    return {"ptr": ptr, "value": value, "nbytes": n}
-
-
-def host_params(fn: Any, args: Sequence[Any]) -> dict[str, Any]:
-    """Validate HOST parameters."""
-    if not callable(fn):
-        raise InvalidTypeError(f"a host node needs a callable, not {type(fn).__name__}")
-    return {"fn": fn, "args": tuple(args)}
-
-
-def _check_range(ptr: int, n: int) -> None:
-    found = range_of(ptr)
-    if found is None:
-        raise InvalidAddressError(f"{hex(ptr)} is not inside any allocation")
-    dev, r = found
-    if ptr - r.base + n > r.size:
-        raise InvalidAddressError(f"range {hex(ptr)}+{n} leaves its allocation")
-    if r.kind == "arena" and dev is not None:  # a pool's: the range must lie in one live block
-        dev._impl.endpoint(ptr, n)
