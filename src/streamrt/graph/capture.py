@@ -13,8 +13,9 @@ State and invariants:
 - A capture builds a new graph, or appends to an existing one (``begin_capture_to_graph``: its
   first node after the given nodes of it; at most one capture appends to a graph at a time).
 - ``end_capture`` requires every captured node (of an existing graph: every node this capture
-  added) to be an ancestor of the origin's dependency set, or of a node that ``update_capture_dependencies(replace=True)`` took out of a set
-  (``dropped``): CUDA exempts those from ``cudaErrorStreamCaptureUnjoined``.
+  added) to be an ancestor of the origin's dependency set, or of a node that
+  ``update_capture_dependencies(replace=True)`` took out of a set (``dropped``): CUDA exempts
+  those from ``cudaErrorStreamCaptureUnjoined``.
 - Status is ACTIVE until a violation invalidates it; an invalidated capture refuses further
   work and ``end_capture`` raises. Ending (successfully or not) makes every joined stream leave
   the capture and forgets the captured events.
