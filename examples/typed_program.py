@@ -55,7 +55,8 @@ def graphs(s: srt.Stream, ptr: int) -> None:
     s.begin_capture(srt.CaptureMode.THREAD_LOCAL)
     s.launch(scale, ptr, N, 2.0, grid=1, block=N)
     g: srt.Graph = s.end_capture()
-    ge: srt.GraphExec = g.instantiate()
+    ge: srt.GraphExec = g.instantiate(upload_stream=s, use_node_priority=False)
+    g.destroy()  # the exec keeps working
     for _ in range(3):
         ge.launch(s)
     other = srt.Stream(s.device, non_blocking=True)
@@ -63,6 +64,11 @@ def graphs(s: srt.Stream, ptr: int) -> None:
     other.wait(done)
     other.synchronize()
     ge.destroy()
+    with srt.Graph() as built:  # destroyed at the end of the block
+        built.add_empty_node()
+        built.instantiate().destroy()
+    attrs: dict[str, int] = s.device.graph_mem_attrs()
+    assert attrs["used_mem_high"] >= attrs["used_mem_current"]
 
 
 def main() -> None:

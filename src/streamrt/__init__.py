@@ -23,6 +23,7 @@ from .errors import (
     ExecutorError,
     ExecutorParamError,
     GraphExecUpdateError,
+    GraphInstantiateError,
     IllegalStateError,
     InvalidAddressError,
     InvalidDeviceError,
@@ -48,6 +49,7 @@ from .graph import (
     exchange_capture_mode,
 )
 from .graph.exec import GraphExec
+from .graph.instantiate import GraphInstantiateResult
 from .graph.scope import graph_capture
 from .graph.update import GraphExecUpdateResult
 from .host_memory import free, free_host, malloc, malloc_host, memcpy, memset, read, write
@@ -74,7 +76,8 @@ __all__ = [
     # tools
     "sanitizer", "trace",
     # graphs
-    "Graph", "Node", "NodeType", "GraphExec", "GraphExecUpdateResult", "CaptureMode",
+    "Graph", "Node", "NodeType", "GraphExec", "GraphExecUpdateResult", "GraphInstantiateResult",
+    "CaptureMode",
     "CaptureStatus", "CaptureInfo", "graph_capture", "exchange_capture_mode",
     # errors
     "StreamRTError", "InvalidValueError", "InvalidTypeError", "InvalidDeviceError",
@@ -84,5 +87,6 @@ __all__ = [
     "CaptureError", "CaptureUnsupportedError", "CaptureInvalidatedError", "CaptureMergeError",
     "CaptureUnmatchedError", "CaptureUnjoinedError", "CaptureIsolationError",
     "CaptureImplicitError", "CapturedEventError", "CaptureWrongThreadError",
-    "GraphExecUpdateError", "ExecutorError", "ExecutorParamError", "SanitizerError",
+    "GraphExecUpdateError", "GraphInstantiateError", "ExecutorError", "ExecutorParamError",
+    "SanitizerError",
 ]

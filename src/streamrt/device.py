@@ -65,14 +65,17 @@ class Device:
       pool), ``_pool_lock`` (a current pool's check and change are one step under it);
     - ``_execs``: graph execs made or run here (a reset destroys them);
     - ``_graph_used``, ``_graph_reserved``: bytes of live graph allocations, and of memory
-      backing execs' graph allocations (``graph_mem_info``).
+      backing execs' graph allocations (``graph_mem_info``); ``_graph_used_high``,
+      ``_graph_reserved_high``: their high watermarks since the last ``reset_graph_mem_high``
+      (never below the current values).
     Sets of objects are weak: a device keeps nothing alive.
     """
 
     __slots__ = (
         "backend", "index", "name", "_impl", "_streams", "_blocking", "_dead", "_retired",
         "_events", "_legacy", "_default_pool", "_pool", "_pool_lock", "_pools", "_execs",
-        "_graph_used", "_graph_reserved", "__weakref__",
+        "_graph_used", "_graph_reserved", "_graph_used_high", "_graph_reserved_high",
+        "__weakref__",
     )
     backend: str
     index: int
@@ -122,6 +125,8 @@ class Device:
         dev._execs = weakref.WeakSet()
         dev._graph_used = 0
         dev._graph_reserved = 0
+        dev._graph_used_high = 0
+        dev._graph_reserved_high = 0
         return dev
 
     # -- the runtime's bookkeeping ---------------------------------------------------------
@@ -146,6 +151,8 @@ class Device:
         with self._pool_lock:
             self._graph_used += used
             self._graph_reserved += reserved
+            self._graph_used_high = max(self._graph_used_high, self._graph_used)
+            self._graph_reserved_high = max(self._graph_reserved_high, self._graph_reserved)
 
     def streams(self) -> list[Stream]:
         """The live streams of this device (the legacy one too once made)."""
@@ -199,6 +206,35 @@ class Device:
         (``cudaDeviceGetGraphMemAttribute``)."""
         return {"reserved": self._graph_reserved, "used": self._graph_used}
 
+    def graph_mem_attrs(self) -> dict[str, int]:
+        """Graph memory in bytes (``cudaDeviceGetGraphMemAttribute``): ``used_mem_current`` (live
+        graph allocations), ``reserved_mem_current`` (memory backing execs' allocations) and
+        their ``*_high`` watermarks; on cuda, CUDA's own graph allocator's bytes are added."""
+        native = self._impl.graph_mem_native()
+        with self._pool_lock:
+            own = (self._graph_used, self._graph_used_high, self._graph_reserved,
+                   self._graph_reserved_high)
+        # the backend's own allocator holds other memory than the frontend maps: the sums are
+        # exact for the currents, and for the highs exact where only one of them held memory
+        return dict(zip(GRAPH_MEM_ATTRS, (a + b for a, b in zip(own, native))))
+
+    def reset_graph_mem_high(self) -> None:
+        """Reset the ``*_high`` graph memory watermarks to the current values
+        (``cudaDeviceSetGraphMemAttribute`` of the highs)."""
+        self._impl.graph_mem_reset_high()
+        with self._pool_lock:
+            self._graph_used_high = self._graph_used
+            self._graph_reserved_high = self._graph_reserved
+
+    def graph_mem_trim(self) -> None:
+        """Release graph memory no exec needs any more (``cudaDeviceGraphMemTrim``): that of
+        destroyed execs whose work has run and whose allocations were freed, without waiting
+        for the next synchronize to do it."""
+        from .graph.memory import trim  # graph memory builds on devices
+
+        trim(self)
+        self._impl.graph_mem_trim()
+
     @property
     def default_mem_pool(self) -> MemPool:
         """The device's default memory pool (``cudaDeviceGetDefaultMemPool``)."""
@@ -238,6 +274,10 @@ class Device:
         from .reset import reset_device  # it destroys everything above this module
 
         reset_device(self)
+
+
+GRAPH_MEM_ATTRS = ("used_mem_current", "used_mem_high", "reserved_mem_current",
+                   "reserved_mem_high")  # cudaGraphMemAttributeType's order
 
 
 def _mem_pool_class() -> type[MemPool]:

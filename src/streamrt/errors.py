@@ -36,6 +36,7 @@ __all__ = [
     "CapturedEventError",
     "CaptureWrongThreadError",
     "GraphExecUpdateError",
+    "GraphInstantiateError",
     "ExecutorError",
     "ExecutorParamError",
     "SanitizerError",
@@ -230,6 +231,18 @@ class GraphExecUpdateError(StreamRTError):
         super().__init__(message)
         self.result = result
         self.node = node
+
+
+class GraphInstantiateError(GraphExecUpdateError, InvalidValueError):
+    """Raised when ``Graph.instantiate`` (or a backend instantiating at the first launch) refuses
+    a graph; ``.result`` is a ``GraphInstantiateResult`` saying why, ``.node`` the node (or None).
+
+    ``cudaGraphInstantiate`` returns ``cudaErrorInvalidValue`` with the reason in
+    ``cudaGraphInstantiateParams.result_out``: so it is an :class:`InvalidValueError` too, and
+    clauses catching what instantiate raised before it existed still catch it."""
+
+    code = 1
+    name = "cudaErrorInvalidValue"
 
 
 class ExecutorError(StreamRTError):

@@ -221,10 +221,7 @@ def launch(stream: Any, kernel: Any, ctx: Any, args: tuple) -> None:
     """An observed launch on a non-blocking cpu stream that does not capture (Stream.launch
     checked it): what its general path (``Eager.kernel``, ``_submit``, ``_enqueue``) does
     there, in one step: counted, wrapped and queued under the stream's lock."""
-    try:
-        run_ = ctx._runs[kernel.fn]  # the body bound to the context (see KernelContext._runner)
-    except (KeyError, TypeError):
-        run_ = ctx._runner(kernel.fn)
+    fn, a = stream._q.op_launch(kernel, ctx, args)  # (the body itself: failures name it)
     site: Any = ""
     if _sites:  # the caller of Stream.launch, unless the package called it (then: walk out)
         f = sys._getframe(2)
@@ -235,7 +232,7 @@ def launch(stream: Any, kernel: Any, ctx: Any, args: tuple) -> None:
         site = _raw_site() if known else (code.co_filename, f.f_lineno)
     with stream._lock:
         stream._pos += 1
-        stream._q.submit(*wrap(stream, run_, args, "kernel", kernel.name, (), ctx._info, site))
+        stream._q.submit(*wrap(stream, fn, a, "kernel", kernel.name, (), ctx._info, site))
 
 
 def check_backend(stream: Any) -> None:

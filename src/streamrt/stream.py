@@ -350,6 +350,14 @@ class Stream:
         if instrument.listeners:
             instrument.notify("capture", self, "begin")
 
+    def begin_capture_to_graph(self, graph: Any, deps: Any = (), mode: Any = None) -> None:
+        """Capture this stream into the existing ``graph``, after its nodes ``deps``
+        (``cudaStreamBeginCaptureToGraph``); ``end_capture`` returns that graph."""
+        legacy.capturing = True  # before the capture is visible (see legacy.capturing)
+        capture.begin(self, capture.CaptureMode.GLOBAL if mode is None else mode, graph, deps)
+        if instrument.listeners:
+            instrument.notify("capture", self, "begin")
+
     def end_capture(self) -> Any:
         """End the capture begun on this stream and return its graph (``cudaStreamEndCapture``)."""
         try:

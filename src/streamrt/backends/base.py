@@ -330,18 +330,45 @@ class DeviceImpl(ABC):
         return max(self.capacity - self.used(), 0), self.capacity
 
     # -- graphs -------------------------------------------------------------------------------
+    # whether one graph may hold kernel and memory nodes of several devices of this backend
+    # (CUDA host graphs may; a backend whose runner builds one graph per device may not)
+    graph_spans_devices = True
+
     def graph_runner(self, flat: Flat, op_of: Callable[[int, Node], NodeOp],
-                     marks: dict[int, Mark] | None = None) -> GraphRunner:
+                     marks: dict[int, Mark] | None = None, *,
+                     use_node_priority: bool = False) -> GraphRunner:
         """Instantiate a flattened graph. ``op_of(i, node)`` is the queue operation of an
         enabled node made with the launching queue's ``op_*`` methods (a backend that replays
         operations uses it; one with graphs of its own builds them from the nodes); it is None
         for event nodes, which the backend makes itself (see :class:`GraphRunner`). ``marks``:
-        the mark of each EVENT_RECORD node, by its index in ``flat`` (:meth:`graph_mark`)."""
+        the mark of each EVENT_RECORD node, by its index in ``flat`` (:meth:`graph_mark`).
+        ``use_node_priority``: ``cudaGraphInstantiateFlagUseNodePriority`` (a backend without
+        per-node priorities accepts it). A refusal raises ``GraphInstantiateError``."""
         raise NotSupportedError(f"{type(self).__name__}.graph_runner")
 
     def graph_mark(self, name: str) -> Mark:
         """A new :class:`Mark` for an EVENT_RECORD node of an executable graph on this device."""
         raise NotSupportedError(f"{type(self).__name__}.graph_mark")
+
+    def graph_node_check(self) -> Callable[[Node], str | None] | None:
+        """A function saying why a kernel node of this device cannot run in a graph here (None
+        when it can), checked at instantiate; None where every kernel node can."""
+        return None
+
+    # the backend's own graph allocator (CUDA's, behind cudaGraphAddMemAllocNode), beside the
+    # graph memory the frontend maps (graph_map): its bytes count in the device's attributes
+    def graph_mem_native(self) -> tuple[int, int, int, int]:
+        """The backend's own graph allocator's (used, used high, reserved, reserved high) bytes
+        (``cudaDeviceGetGraphMemAttribute``); zeros for a backend without one."""
+        return (0, 0, 0, 0)
+
+    def graph_mem_reset_high(self) -> None:
+        """Reset the backend's own graph allocator's high watermarks to its current bytes."""
+        return None
+
+    def graph_mem_trim(self) -> None:
+        """Give back what the backend's own graph allocator caches unused (``cudaDeviceGraphMemTrim``)."""
+        return None
 
     # -- pool arenas (backends whose pools are the frontend's: ``pools`` None) -------------------
     def reserve(self, nbytes: int, *, check: Callable[[int, int], None] | None = None) -> int:

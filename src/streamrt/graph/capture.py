@@ -10,9 +10,12 @@ State and invariants:
   Waiting on it from an idle stream forks (the stream joins); from a stream of the same capture
   joins (node sets merge); from another capture is a merge error; a capturing stream waiting
   on uncaptured work is an isolation error.
-- ``end_capture`` requires every captured node to be an ancestor of the origin's dependency
-  set, or of a node that ``update_capture_dependencies(replace=True)`` took out of a set
-  (``dropped``): CUDA exempts those from ``cudaErrorStreamCaptureUnjoined``.
+- A capture builds a new graph, or appends to an existing one (``begin_capture_to_graph``: its
+  first node after the given nodes of it; at most one capture appends to a graph at a time).
+- ``end_capture`` requires every captured node (of an existing graph: every node this capture
+  added) to be an ancestor of the origin's dependency set, or of a node that
+  ``update_capture_dependencies(replace=True)`` took out of a set (``dropped``): CUDA exempts
+  those from ``cudaErrorStreamCaptureUnjoined``.
 - Status is ACTIVE until a violation invalidates it; an invalidated capture refuses further
   work and ``end_capture`` raises. Ending (successfully or not) makes every joined stream leave
   the capture and forgets the captured events.
@@ -79,14 +82,18 @@ class Capture:
 
     capturing = True  # an enqueue target that records instead of running (see eager.Eager)
 
-    def __init__(self, origin: Stream, mode: CaptureMode) -> None:
+    def __init__(self, origin: Stream, mode: CaptureMode, graph: Graph | None = None,
+                 deps: tuple[Node, ...] = ()) -> None:
         self.id = next(_ids)
         self.origin = origin
         self.mode = mode
         self.thread = threading.get_ident()
-        self.graph = Graph()
+        # a new graph, or an existing one captured into (begin_capture_to_graph): its nodes
+        # from ``first`` on are this capture's, the only ones end_capture checks are joined
+        self.graph = Graph() if graph is None else graph
+        self.first = len(self.graph._nodes)
         self.status = CaptureStatus.ACTIVE
-        self.deps: dict[Stream, tuple[Node, ...]] = {origin: ()}
+        self.deps: dict[Stream, tuple[Node, ...]] = {origin: deps}
         self.events: list[Event] = []
         # nodes update_capture_dependencies(replace=True) took out of a dependency set: CUDA
         # does not count them unjoined ("if they are unreachable from the stream")
@@ -177,6 +184,12 @@ class Capture:
             if self.status is not CaptureStatus.NONE:
                 if self.status is CaptureStatus.INVALIDATED:
                     raise CaptureInvalidatedError(f"{self!r} was invalidated: {self.reason}")
+                if not nbytes:  # a MEM_ALLOC node of 0 bytes, as Graph.add_mem_alloc_node
+                    # refuses it (cudaMallocAsync captured makes cudaGraphAddMemAllocNode's node);
+                    # a bad argument, as any other, leaves the capture as it was
+                    raise InvalidValueError(f"a stream-ordered allocation of 0 bytes cannot be "
+                                            f"captured into {self!r} (a graph allocation of 0 "
+                                            "bytes is refused)")
                 alloc = GraphAlloc(s.device, nbytes, self.graph._slabs)
                 self.add(s, NodeType.MEM_ALLOC, {"nbytes": nbytes, "ptr": alloc.ptr, "alloc": alloc})
                 return alloc.ptr
@@ -248,18 +261,29 @@ class _Keeper:
 
 
 # -- stream entry points ---------------------------------------------------------------------
-def begin(stream: Stream, mode: Any) -> None:
-    """``cudaStreamBeginCapture``."""
+def begin(stream: Stream, mode: Any, graph: Graph | None = None, deps: Any = ()) -> None:
+    """``cudaStreamBeginCapture``, or with ``graph`` ``cudaStreamBeginCaptureToGraph``: the
+    nodes go into that graph, the first of them after ``deps`` (nodes of it)."""
     if not isinstance(mode, CaptureMode):
         raise InvalidTypeError(f"mode must be a srt.CaptureMode, not {mode!r}")
     stream._check_alive()
     if stream._legacy:
         raise CaptureUnsupportedError("the legacy default stream cannot be captured; use a Stream")
-    cap = Capture(stream, mode)
+    first: tuple[Node, ...] = ()
+    if graph is not None:
+        if not isinstance(graph, Graph):
+            raise InvalidTypeError(f"begin_capture_to_graph needs a srt.Graph, not "
+                                   f"{type(graph).__name__}")
+        graph._check_alive()
+        first = tuple(dict.fromkeys(graph._as_nodes(deps, "deps")))
+    cap = Capture(stream, mode, graph, first)
     with _lock:  # checked and set at once: of two threads beginning on it, one captures
         other = stream._capture
         if other is not None:
             raise IllegalStateError(f"{stream!r} is already capturing ({other!r})")
+        into = next((c for c in _active if c.graph is graph), None) if graph is not None else None
+        if into is not None:  # two captures appending to one graph would interleave their nodes
+            raise IllegalStateError(f"{graph!r} is already being captured into by {into!r}")
         _active.add(cap)
         stream._set_target(cap)
 
@@ -309,7 +333,7 @@ def _unjoined(cap: Capture) -> list[Node]:
             continue
         seen.add(id(n))
         stack.extend(n._deps)
-    return [n for n in cap.graph._nodes if id(n) not in seen]
+    return [n for n in cap.graph._nodes[cap.first:] if id(n) not in seen]
 
 
 def info(stream: Stream) -> CaptureInfo:

@@ -47,9 +47,11 @@ class Compiled(NamedTuple):
 
 
 def compile_graph(template: Graph, disabled: set[int], stream: Stream,
-                  point: Callable[[int, Node, Device], Point] | None = None) -> Compiled:
+                  point: Callable[[int, Node, Device], Point] | None = None, *,
+                  use_node_priority: bool = False) -> Compiled:
     """Flatten ``template`` and instantiate it on ``stream``'s device; ``point`` makes the
-    record points of its record nodes (None: it has no event nodes)."""
+    record points of its record nodes (None: it has no event nodes), ``use_node_priority``:
+    ``cudaGraphInstantiateFlagUseNodePriority``, for the device's graph runner."""
     flat = flatten(template, disabled)
     nodes = [n for n, _, _ in flat]
     ops_of = _ops_for(stream)
@@ -58,7 +60,8 @@ def compile_graph(template: Graph, disabled: set[int], stream: Stream,
     events = None if point is None else eventnodes.plan(flat, anc, stream.device, point)
     marks = {} if events is None else events.marks
     if anc is None:
-        return Compiled(impl.graph_runner(flat, ops_of, marks), {}, events)
+        return Compiled(impl.graph_runner(flat, ops_of, marks,
+                                          use_node_priority=use_node_priority), {}, events)
 
     def wrapped(i: int, n: Node) -> NodeOp:
         op = ops_of(i, n)
@@ -68,7 +71,7 @@ def compile_graph(template: Graph, disabled: set[int], stream: Stream,
         return (_node_call, ((i, node_label(n, template), kind, name, anc[i], accesses, n.site),
                              *op))
 
-    runner = impl.graph_runner(flat, wrapped, marks)
+    runner = impl.graph_runner(flat, wrapped, marks, use_node_priority=use_node_priority)
     mem = {id(n): (i, anc[i], node_label(n, template)) for i, n in enumerate(nodes)
            if n is not None and n.type in (NodeType.MEM_ALLOC, NodeType.MEM_FREE)}
     return Compiled(runner, mem, events)

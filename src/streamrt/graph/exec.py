@@ -39,8 +39,11 @@ from . import memory
 from .compile import Compiled, compile_graph, node_label
 from .eventnodes import Point
 from .gcpause import paused
-from .graph import EVENTS, MEMORY, Graph, host_params, memcpy_params, memset_params
+from .graph import EVENTS, MEMORY, Graph
+from .instantiate import GraphInstantiateResult, refuse
+from .instantiate import check as check_instantiable
 from .node import Node, NodeType
+from .params import _event, host_params, memcpy_params, memset_params
 from .update import adopt, diff, kinds
 
 _DISABLEABLE = (NodeType.KERNEL, NodeType.MEMCPY, NodeType.MEMSET)  # as cudaGraphNodeSetEnabled
@@ -48,15 +51,22 @@ _DISABLEABLE = (NodeType.KERNEL, NodeType.MEMCPY, NodeType.MEMSET)  # as cudaGra
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from ..event import Event
+
 class GraphExec:
     """An executable graph (``cudaGraphExec_t``)."""
 
-    def __init__(self, graph: Graph, *, auto_free_on_launch: bool = False) -> None:
+    def __init__(self, graph: Graph, *, auto_free_on_launch: bool = False,
+                 use_node_priority: bool = False) -> None:
         if not isinstance(graph, Graph):
             raise InvalidTypeError(f"instantiate needs a Graph, not {type(graph).__name__}")
-        if not is_bool(auto_free_on_launch):
-            raise InvalidTypeError("auto_free_on_launch must be a bool")
+        if not is_bool(auto_free_on_launch) or not is_bool(use_node_priority):
+            raise InvalidTypeError("auto_free_on_launch and use_node_priority must be bools")
+        graph._check_alive()
+        check_instantiable(graph)  # the refusals that need no copy of the graph
         self.auto_free_on_launch = bool(auto_free_on_launch)
+        # cudaGraphInstantiateFlagUseNodePriority, passed to the backend's graph runner
+        self.use_node_priority = bool(use_node_priority)
         with paused():  # cloning makes many long-lived objects: keep instantiate linear
             self._template = graph.clone()
         template = self._template
@@ -110,7 +120,8 @@ class GraphExec:
             a = n._params["alloc"]
             f = freed.get(a)
             if f is not None and not anc[f.index] & bit[id(n)]:
-                raise InvalidValueError(f"{f!r} frees {a!r} but is not ordered after {n!r}")
+                raise refuse(GraphInstantiateResult.INVALID_STRUCTURE, self._original(f),
+                             f"{f!r} frees {a!r} but is not ordered after {n!r}")
             by_device.setdefault(a.device, []).append((a, n, f))
             self._allocs.append(a)
         for device, allocs in by_device.items():
@@ -142,7 +153,8 @@ class GraphExec:
             try:
                 plan = self._plans[key] = compile_graph(
                     self._template, self._disabled, stream,
-                    self._point if self._event_nodes else None)
+                    self._point if self._event_nodes else None,
+                    use_node_priority=self.use_node_priority)
             finally:
                 if gc_was:
                     gc.enable()
@@ -394,6 +406,7 @@ class GraphExec:
         """Take the parameters of ``graph`` (same topology) for later launches (``cudaGraphExecUpdate``)."""
         if not isinstance(graph, Graph):
             raise InvalidTypeError(f"update needs a Graph, not {type(graph).__name__}")
+        graph._check_alive()
         if self._destroyed:
             raise InvalidHandleError(f"{self!r} was destroyed")
         problem = diff(self._template, graph)
@@ -404,6 +417,44 @@ class GraphExec:
         with self._lock:
             changed = adopt(self._template, graph)
             self._refresh(lambda plan: all(plan.update(n) for n in changed))
+
+    # -- child graph and event nodes -------------------------------------------------------------
+    def set_child_graph_node_params(self, node: Node, child: Graph) -> None:
+        """Take the parameters of ``child`` into a child graph node for later launches
+        (``cudaGraphExecChildGraphNodeSetParams``): ``child`` must have the topology and node
+        kinds of the graph instantiated there, as ``update`` requires of a whole graph
+        (``GraphExecUpdateError`` otherwise, its ``.result`` saying why)."""
+        t = self._node(node, NodeType.GRAPH)
+        if not isinstance(child, Graph):
+            raise InvalidTypeError(f"a child graph node needs a Graph, not {type(child).__name__}")
+        child._check_alive()
+        mine = t._params["graph"]  # the exec's own copy of the child (never the user's)
+        problem = diff(mine, child)
+        if problem is not None:
+            result, bad, why = problem
+            raise GraphExecUpdateError(f"set_child_graph_node_params refused ({result.name}): "
+                                       f"{why}", result=result, node=bad)
+        with self._lock:
+            changed = adopt(mine, child)
+            # a backend graph holds the child inlined: its nodes take the change in place
+            self._refresh(lambda plan: all(plan.update(n) for n in changed))
+
+    def set_event_record_node_event(self, node: Node, event: Event) -> None:
+        """Make an EVENT_RECORD node record ``event`` in later launches
+        (``cudaGraphExecEventRecordNodeSetEvent``)."""
+        t = self._node(node, NodeType.EVENT_RECORD)
+        self._set(t, {"event": _event(event)})
+
+    def set_event_wait_node_event(self, node: Node, event: Event) -> None:
+        """Make a WAIT_EVENT node wait for ``event`` in later launches
+        (``cudaGraphExecEventWaitNodeSetEvent``)."""
+        t = self._node(node, NodeType.WAIT_EVENT)
+        self._set(t, {"event": _event(event)})
+
+    def _original(self, node: Node) -> Node:
+        """The instantiated graph's node that the template's top-level ``node`` copies."""
+        source = self._template._sources[0][0]
+        return node if source._destroyed else source._nodes[node.index]
 
 
 # -- helpers -------------------------------------------------------------------------------------

@@ -2,28 +2,39 @@
 
 Invariants: nodes are kept in creation order (``Node.index``); edges are stored on both ends;
 the graph is always acyclic (an edge that would close a cycle is refused); a child graph is
-cloned when added, so later changes to the original do not leak into the parent.
+cloned when added, so later changes to the original do not leak into the parent. A destroyed
+graph (``destroy``, ``cudaGraphDestroy``) and its nodes refuse every further use; what was
+made of it (clones, execs, the copy a child graph node holds) is independent of it and stays.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import instrument
-from ..device import Device, current_device, range_of
-from ..errors import InvalidAddressError, InvalidTypeError, InvalidValueError
+from ..device import Device, current_device
+from ..errors import (
+    IllegalStateError,
+    InvalidHandleError,
+    InvalidTypeError,
+    InvalidValueError,
+)
 from ..event import Event
 from ..kernel import Kernel, dim3
-from ..validate import as_path, check_byte, check_ptr, check_size, host_view, is_int
-from . import memory
+from ..validate import check_ptr, check_size
+from . import dot, memory
 from .gcpause import BULK, building, paused
 from .memory import GraphAlloc
 from .node import Node, NodeType
+from .params import _event, host_params, memcpy_params, memset_params
 
 if TYPE_CHECKING:
+    from types import TracebackType
+
+    from ..stream import Stream
     from .exec import GraphExec
 
 _ids = itertools.count(1)
@@ -53,12 +64,50 @@ class Graph:
         # creation order: it walks these, not the whole graph (a node's type never changes to
         # or from one of these kinds)
         self._marks: list[int] = []
+        # the devices of its kernel and MEM_ALLOC nodes (not its child graphs'), each with the
+        # index of its first such node; ``_device`` is the first of them (the one a graph has,
+        # compared by identity as nodes are added), for instantiate's device rules
+        self._device: Device | None = None
+        self._devices: dict[Device, int] = {}
+        self._destroyed = False
 
     def __repr__(self) -> str:
+        if self._destroyed:
+            return f"<Graph #{self.id} destroyed>"
         return f"<Graph #{self.id} {len(self._nodes)} nodes>"
+
+    # -- lifetime -----------------------------------------------------------------------------
+    def __enter__(self) -> Graph:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if not self._destroyed:  # a destroy() inside the block already did it
+            self.destroy()
+
+    def destroy(self) -> None:
+        """Destroy the graph (``cudaGraphDestroy``): it and its nodes refuse further use; execs,
+        clones and child graph nodes made from it stay. A second destroy is refused."""
+        self._check_alive()
+        from .refusals import capture_building  # (capture builds on this module)
+
+        cap = capture_building(self)
+        if cap is not None:  # the capture would go on adding nodes to a destroyed graph
+            raise IllegalStateError(f"{self!r} cannot be destroyed while {cap!r} captures into it")
+        self._destroyed = True
+        # nothing refers to these any more: what was made of the graph copied what it needs
+        # (clones and execs find nodes by index and count, never through this graph's list)
+        self._nodes, self._marks, self._keep = [], [], []
+        self._slabs, self._freed, self._devices = {}, set(), {}
+
+    def _check_alive(self) -> None:
+        if self._destroyed:
+            raise InvalidHandleError(f"graph #{self.id} was destroyed")
 
     # -- building ---------------------------------------------------------------------------
     def _add(self, type: NodeType, params: dict[str, Any], deps: Any) -> Node:
+        if self._destroyed:
+            self._check_alive()
         cls = deps.__class__
         if (cls is list or cls is tuple) and len(deps) <= 1 and (
                 not deps or (deps[0].__class__ is Node and deps[0].graph is self)):
@@ -78,13 +127,24 @@ class Graph:
                 own.append(d)
                 d._dependents.append(node)
         self._nodes.append(node)
-        if type in MARKED:
+        if type is NodeType.KERNEL:
+            if params["device"] is not self._device:
+                self._note_device(params["device"], node.index)
+        elif type in MARKED:
             self._marks.append(node.index)
             if type is NodeType.MEM_FREE:
                 self._freed.add(params["alloc"])
+            elif type is NodeType.MEM_ALLOC and params["alloc"].device is not self._device:
+                self._note_device(params["alloc"].device, node.index)
         if len(self._nodes) >= BULK:  # a large graph: no full collections while it grows
             building()
         return node
+
+    def _note_device(self, device: Device, index: int) -> None:
+        """Node ``index`` (a kernel or MEM_ALLOC node) is of ``device``."""
+        if self._device is None:
+            self._device = device
+        self._devices.setdefault(device, index)
 
     def _as_nodes(self, nodes: Any, what: str) -> list[Node]:
         if isinstance(nodes, Node):
@@ -98,6 +158,7 @@ class Graph:
             if not isinstance(n, Node):
                 raise InvalidTypeError(f"{what} must contain Nodes, not {type(n).__name__}")
             if n.graph is not self:
+                n.graph._check_alive()
                 raise InvalidValueError(f"{n!r} belongs to {n.graph!r}, not to {self!r}")
         return out
 
@@ -129,6 +190,8 @@ class Graph:
         """Add a GRAPH node; the child is cloned, as ``cudaGraphAddChildGraphNode`` does."""
         if not isinstance(child, Graph):
             raise InvalidTypeError(f"a child graph node needs a Graph, not {type(child).__name__}")
+        self._check_alive()
+        child._check_alive()
         if child._marked(MEMORY):
             raise InvalidValueError("a child graph cannot contain memory allocation or free nodes")
         return self._add(NodeType.GRAPH, {"graph": child._embedded_clone()}, deps)
@@ -147,13 +210,17 @@ class Graph:
 
     def add_mem_alloc_node(self, nbytes: int, deps: Any = ()) -> Node:
         """Add a MEM_ALLOC node; ``node.ptr`` is fixed now and stays valid across launches."""
+        self._check_alive()
         self._refuse_memory_node()
         n = check_size(nbytes)
+        if not n:  # as cudaGraphAddMemAllocNode (and cuda.core's graph allocations)
+            raise InvalidValueError("a graph allocation of 0 bytes is refused")
         alloc = GraphAlloc(Device(), n, self._slabs)
         return self._add(NodeType.MEM_ALLOC, {"nbytes": n, "ptr": alloc.ptr, "alloc": alloc}, deps)
 
     def add_mem_free_node(self, ptr: int, deps: Any = ()) -> Node:
         """Add a MEM_FREE node for graph memory (from a MEM_ALLOC node of this or another graph)."""
+        self._check_alive()
         self._refuse_memory_node()
         ptr = check_ptr(ptr)
         alloc = memory.find(ptr)
@@ -176,6 +243,7 @@ class Graph:
 
     def add_dependencies(self, frm: Any, to: Any) -> None:
         """Add edges ``frm[i] -> to[i]`` (``cudaGraphAddDependencies``); refuses cycles."""
+        self._check_alive()
         pairs = self._pairs(frm, to)
         for f, t in pairs:
             if f in t._deps:
@@ -193,6 +261,7 @@ class Graph:
 
     def remove_dependencies(self, frm: Any, to: Any) -> None:
         """Remove edges ``frm[i] -> to[i]`` (``cudaGraphRemoveDependencies``)."""
+        self._check_alive()
         pairs = self._pairs(frm, to)
         for f, t in pairs:
             if f not in t._deps:
@@ -218,14 +287,17 @@ class Graph:
     # -- queries ----------------------------------------------------------------------------
     def nodes(self) -> list[Node]:
         """Every node, in creation order (``cudaGraphGetNodes``)."""
+        self._check_alive()
         return list(self._nodes)
 
     def root_nodes(self) -> list[Node]:
         """Nodes without dependencies, in creation order (``cudaGraphGetRootNodes``)."""
+        self._check_alive()
         return [n for n in self._nodes if not n._deps]
 
     def edges(self) -> list[tuple[Node, Node]]:
         """Every edge as ``(from, to)``, ordered by the ``to`` node's creation then dependency order."""
+        self._check_alive()
         return [(d, n) for n in self._nodes for d in n._deps]
 
     def _walk(self) -> Iterable[Node]:
@@ -262,6 +334,7 @@ class Graph:
 
     def clone(self) -> Graph:
         """A copy with the same nodes, params and edges (``cudaGraphClone``)."""
+        self._check_alive()
         with paused():  # many long-lived objects at once (see gcpause)
             return self._clone()
 
@@ -270,6 +343,7 @@ class Graph:
         g._keep = list(self._keep)
         g._freed = set(self._freed)
         g._marks = list(self._marks)
+        g._device, g._devices = self._device, dict(self._devices)
         g._sources = ((self, len(self._nodes)), *self._sources)
         out = g._nodes
         graph_type = NodeType.GRAPH
@@ -311,6 +385,8 @@ class Graph:
         """The node of this clone that copies ``original`` (``cudaGraphNodeFindInClone``)."""
         if not isinstance(original, Node):
             raise InvalidTypeError(f"find_in_clone needs a Node, not {type(original).__name__}")
+        self._check_alive()
+        original.graph._check_alive()  # (the exec's per-node setters name nodes this way too)
         for source, count in self._sources:
             if original.graph is source and original.index < count:
                 return self._nodes[original.index]
@@ -318,80 +394,27 @@ class Graph:
 
     def to_dot(self, path: str | Path | None = None) -> str:
         """Graphviz text of the graph (``cudaGraphDebugDotPrint``); written to ``path`` if given."""
-        lines = [f"digraph streamrt_graph_{self.id} {{", "  node [shape=box, fontname=monospace];"]
-        self._dot_body(lines, "n", "  ")
-        lines.append("}")
-        text = "\n".join(lines) + "\n"
-        if path is not None:
-            p = as_path(path, "to_dot path")
-            try:
-                p.write_text(text)
-            except OSError as exc:  # as srt.trace: a path it cannot write is a bad argument
-                raise InvalidValueError(f"cannot write the graph to {str(p)!r}: {exc}") from None
-        return text
+        self._check_alive()
+        return dot.render(self, path)
 
-    def _dot_body(self, lines: list[str], prefix: str, indent: str) -> None:
-        for n in self._nodes:
-            name = f"{prefix}{n.index}"
-            if n.type is NodeType.GRAPH:
-                lines.append(f"{indent}subgraph cluster_{name} {{")
-                lines.append(f'{indent}  label="child graph #{n.index}";')
-                lines.append(f'{indent}  {name} [label="GRAPH", shape=point];')
-                n._params["graph"]._dot_body(lines, f"{name}_", indent + "  ")
-                lines.append(f"{indent}}}")
-            else:
-                label = n.label().replace('"', "'").replace(" ", "\\n", 1)
-                lines.append(f'{indent}{name} [label="#{n.index} {label}"];')
-        for d, n in self.edges():
-            lines.append(f"{indent}{prefix}{d.index} -> {prefix}{n.index};")
-
-    def instantiate(self, *, auto_free_on_launch: bool = False) -> GraphExec:
-        """Validate and compile into an executable graph (``cudaGraphInstantiate``)."""
+    def instantiate(self, *, auto_free_on_launch: bool = False, upload_stream: Stream | None = None,
+                    use_node_priority: bool = False) -> GraphExec:
+        """Validate and compile into an executable graph (``cudaGraphInstantiateWithParams``);
+        a refusal is a ``GraphInstantiateError``. ``upload_stream``: uploaded there too."""
+        from ..stream import Stream
         from .exec import GraphExec
 
-        return GraphExec(self, auto_free_on_launch=auto_free_on_launch)
-
-
-def _event(event: Any) -> Event:
-    if not isinstance(event, Event):
-        raise InvalidTypeError(f"an event node needs an Event, not {type(event).__name__}")
-    event._check_alive()
-    return event
-
-
-def memcpy_params(dst: Any, src: Any, nbytes: int) -> dict[str, Any]:
-    """Validate MEMCPY parameters; ranges inside graph memory are checked when mapped."""
-    n = check_size(nbytes)
-    for end, writable in ((dst, True), (src, False)):
-        if is_int(end):
-            _check_range(int(end), n)
-        else:
-            host_view(end, n, writable=writable)
-    return {"dst": dst, "src": src, "nbytes": n}
-
-
-def memset_params(ptr: Any, value: Any, nbytes: int) -> dict[str, Any]:
-    """Validate MEMSET parameters."""
-    n = check_size(nbytes)
-    ptr = check_ptr(ptr)
-    value = check_byte(value)
-    _check_range(ptr, n)
-    return {"ptr": ptr, "value": value, "nbytes": n}
-
-
-def host_params(fn: Any, args: Sequence[Any]) -> dict[str, Any]:
-    """Validate HOST parameters."""
-    if not callable(fn):
-        raise InvalidTypeError(f"a host node needs a callable, not {type(fn).__name__}")
-    return {"fn": fn, "args": tuple(args)}
-
-
-def _check_range(ptr: int, n: int) -> None:
-    found = range_of(ptr)
-    if found is None:
-        raise InvalidAddressError(f"{hex(ptr)} is not inside any allocation")
-    dev, r = found
-    if ptr - r.base + n > r.size:
-        raise InvalidAddressError(f"range {hex(ptr)}+{n} leaves its allocation")
-    if r.kind == "arena" and dev is not None:  # a pool's: the range must lie in one live block
-        dev._impl.endpoint(ptr, n)
+        if not isinstance(self, Graph):  # (called unbound, as Graph.instantiate(x))
+            raise InvalidTypeError(f"instantiate needs a Graph, not {type(self).__name__}")
+        if upload_stream is not None and not isinstance(upload_stream, Stream):
+            raise InvalidTypeError(f"upload_stream must be a Stream or None, not "
+                                   f"{type(upload_stream).__name__}")
+        ge = GraphExec(self, auto_free_on_launch=auto_free_on_launch,
+                       use_node_priority=use_node_priority)
+        if upload_stream is not None:  # as cudaGraphInstantiateFlagUpload: part of instantiate
+            try:
+                ge.upload(upload_stream)
+            except BaseException:
+                ge.destroy()  # a refused instantiate leaves no exec (its memory unmapped)
+                raise
+        return ge

@@ -364,6 +364,16 @@ class ExecMemory:
             device._impl.graph_unmap([(r.ptr, 0, r.size) for r in ranges], base)
 
 
+def trim(device: Device) -> None:
+    """``cudaDeviceGraphMemTrim``: retired memory of ``device`` whose work has run (its last
+    launch and the frees it waits for are done: the queues' counts, no synchronize) and none of
+    whose allocations is live goes now; the rest stays until it may."""
+    with LOCK:
+        mine = [mem for mem in held if any(arena[0] is device for arena in mem.arenas)]
+    for mem in mine:
+        mem.release()
+
+
 def _on_sync(device: Device) -> None:
     """A host synchronize: retired memory whose work it proved goes now."""
     if held:

@@ -32,7 +32,8 @@ class Node:
     """One node of a :class:`Graph`; edges are kept on both ends, in creation order.
 
     A node's ``_params`` dict is never changed in place, only replaced (``set_*_node_params``,
-    exec update): clones share it (``Graph.clone``)."""
+    exec update): clones share it (``Graph.clone``). A node of a destroyed graph refuses its
+    queries (``InvalidHandleError``); its ``type``, ``index`` and repr stay readable."""
 
     __slots__ = ("graph", "type", "index", "_params", "_deps", "_dependents", "site",
                  "__weakref__")
@@ -49,27 +50,35 @@ class Node:
     @property
     def dependencies(self) -> tuple[Node, ...]:
         """Nodes this one waits for."""
+        self.graph._check_alive()
         return tuple(self._deps)
 
     @property
     def dependents(self) -> tuple[Node, ...]:
         """Nodes waiting for this one."""
+        self.graph._check_alive()
         return tuple(self._dependents)
 
     @property
     def params(self) -> MappingProxyType:
         """The node's parameters (read-only view; use the exec's ``set_*_node_params`` to change)."""
+        self.graph._check_alive()
         return MappingProxyType(self._params)
 
     @property
     def ptr(self) -> int:
         """The address of a MEM_ALLOC node's allocation (fixed at node creation)."""
+        self.graph._check_alive()
         if self.type is not NodeType.MEM_ALLOC:
             raise InvalidValueError(f"{self!r} is not a MEM_ALLOC node")
         return self._params["ptr"]
 
     def label(self) -> str:
         """A short description: type, kernel name, key parameters."""
+        self.graph._check_alive()
+        return self._label()
+
+    def _label(self) -> str:
         p = self._params
         t = self.type
         if t is NodeType.KERNEL:
@@ -91,7 +100,9 @@ class Node:
         return t.name
 
     def __repr__(self) -> str:
-        return f"<Node #{self.index} {self.label()}>"
+        if self.graph._destroyed:
+            return f"<Node #{self.index} {self.type.name} of a destroyed graph>"
+        return f"<Node #{self.index} {self._label()}>"
 
 
 def _end(x: Any) -> str:

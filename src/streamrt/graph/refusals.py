@@ -160,3 +160,10 @@ def check_unsafe(what: str) -> None:
             f"{what} is not permitted while {culprits[0]!r} is active (use stream-ordered calls, "
             "a THREAD_LOCAL/RELAXED capture, or call it outside the capture)"
         )
+
+
+def capture_building(graph: Graph) -> Capture | None:
+    """The active capture adding nodes to ``graph``, if any."""
+    with _lock:
+        caps = list(_active)
+    return next((c for c in caps if c.graph is graph), None)

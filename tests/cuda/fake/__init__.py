@@ -28,8 +28,10 @@ What it models (each module's docstring says how):
   at launch and checked against the kernel's C parameter list;
 - stream-ordered pools (reuse rules, release threshold, trim, watermarks, limits), CUDA graphs
   (kernel, memcpy, memset, host, empty and event record/wait nodes, the event nodes acting where
-  they sit; exec independent of its graph; a launch is one stream operation), and the VMM calls
-  (``cuMem*``) with real shared mappings;
+  they sit; exec independent of its graph; a launch is one stream operation;
+  ``cudaGraphInstantiateWithParams`` with its flags and ``result_out``; the graph memory
+  attributes and trim of CUDA's own graph allocator, which nothing here uses, so they read 0),
+  and the VMM calls (``cuMem*``) with real shared mappings;
 - stream capture (``capture.py``): ``cudaStreamBeginCapture`` in the three modes records kernel
   launches, copies, memsets, host functions and graph launches as graph nodes, event record/wait
   as forks and joins, and ``cudaStreamEndCapture`` gives a graph that instantiates and launches

@@ -16,6 +16,14 @@ launches); a wait node whose record is not complete holds back only its dependen
 that do not depend on it run first, and the worker blocks only when nothing else is ready.
 Memcpy nodes may use pageable host memory (allowed in ordinary graphs; CUDA forbids it only in
 conditional-node bodies) and read or write it when the node runs, not when added.
+
+``cudaGraphInstantiateWithParams`` takes the flags the fake can honour (auto-free on launch and
+node priority are recorded on the exec, ``Exec.flags``: there are no memory nodes and no
+priorities among a launch's nodes here; upload with its stream) and reports in ``result_out``.
+The graph memory attributes read CUDA's own graph allocator, which nothing in the fake uses (no
+memory nodes: ``cudaGraphAddMemAllocNode`` is not faked and a capture refuses
+``cudaMallocAsync``): every device's four attributes are 0, the highs may be reset (set to 0)
+and nothing else set, and a trim has nothing to free.
 """
 
 from __future__ import annotations
@@ -30,6 +38,9 @@ from cuda.bindings import runtime as rt
 from . import capture, kernels, memory, state, streams
 from .binding import driver, runtime
 from .state import DRV_SUCCESS, LOCK, SUCCESS, E, R
+
+_F = rt.cudaGraphInstantiateFlags
+_MEM = rt.cudaGraphMemAttributeType
 
 
 class Node:
@@ -78,9 +89,10 @@ class NodeMark:
 
 
 class Exec:
-    def __init__(self, graph: Graph, device: int) -> None:
+    def __init__(self, graph: Graph, device: int, flags: int = 0) -> None:
         self.handle = state.new_handle()
         self.device = device
+        self.flags = flags  # cudaGraphInstantiateFlags it was made with
         self.graph = graph
         # node handle -> [kind, run, enabled], in the order a launch runs them (an event node's
         # run: its event's handle)
@@ -331,6 +343,38 @@ def cudaGraphInstantiate(graph: Any, flags: int) -> tuple:
     return (SUCCESS, rt.cudaGraphExec_t(x.handle))
 
 
+@runtime("cudaGraphInstantiateWithParams")
+def cudaGraphInstantiateWithParams(graph: Any, params: Any) -> tuple:
+    R_ = rt.cudaGraphInstantiateResult
+    if params is None:
+        return (E.cudaErrorInvalidValue, None)
+    flags = int(params.flags)
+    known = int(_F.cudaGraphInstantiateFlagAutoFreeOnLaunch) | int(_F.cudaGraphInstantiateFlagUpload) \
+        | int(_F.cudaGraphInstantiateFlagDeviceLaunch) | int(_F.cudaGraphInstantiateFlagUseNodePriority)
+    if flags & ~known:
+        params.result_out = R_.cudaGraphInstantiateError
+        return (E.cudaErrorInvalidValue, None)
+    if flags & int(_F.cudaGraphInstantiateFlagDeviceLaunch):
+        raise state.FakeUnsupported("cudaGraphInstantiateFlagDeviceLaunch: device launch is not modelled")
+    with LOCK:
+        g = GRAPHS.get(state.as_int(graph))
+        if g is None:
+            params.result_out = R_.cudaGraphInstantiateError
+            return (E.cudaErrorInvalidValue, None)
+        upload = None
+        if flags & int(_F.cudaGraphInstantiateFlagUpload):
+            upload = streams.resolve(params.uploadStream)
+            if upload is None:
+                params.result_out = R_.cudaGraphInstantiateError
+                return (E.cudaErrorInvalidResourceHandle, None)
+        x = Exec(g, state.current_device(), flags)
+        EXECS[x.handle] = x
+        if upload is not None:
+            upload.enqueue(lambda: None, "graph upload")
+        params.result_out = R_.cudaGraphInstantiateSuccess
+    return (SUCCESS, rt.cudaGraphExec_t(x.handle))
+
+
 def _exec_and_stream(exec_: Any, stream: Any) -> tuple[Any, Any, Any]:
     """The exec and stream named by the handles, or the error CUDA gives (call holding LOCK)."""
     x = EXECS.get(state.as_int(exec_))
@@ -439,4 +483,35 @@ def cudaGraphNodeSetEnabled(exec_: Any, node: Any, enabled: int) -> tuple:
         if step is None:
             return (E.cudaErrorInvalidValue,)
         step[2] = bool(int(enabled))
+    return (SUCCESS,)
+
+
+# -- CUDA's own graph allocator: unused by anything the fake runs (see the module docstring) ------
+def _device_ok(device: Any) -> bool:
+    return isinstance(device, int) and 0 <= device < len(streams.DEVICES)
+
+
+@runtime("cudaDeviceGetGraphMemAttribute")
+def cudaDeviceGetGraphMemAttribute(device: int, attr: Any) -> tuple:
+    if not _device_ok(int(device)):
+        return (E.cudaErrorInvalidDevice, None)
+    if int(attr) not in {int(a) for a in _MEM}:
+        return (E.cudaErrorInvalidValue, None)
+    return (SUCCESS, drv.cuuint64_t(0))
+
+
+@runtime("cudaDeviceSetGraphMemAttribute")
+def cudaDeviceSetGraphMemAttribute(device: int, attr: Any, value: Any) -> tuple:
+    if not _device_ok(int(device)):
+        return (E.cudaErrorInvalidDevice,)
+    highs = (int(_MEM.cudaGraphMemAttrUsedMemHigh), int(_MEM.cudaGraphMemAttrReservedMemHigh))
+    if int(attr) not in highs or int(value) != 0:  # a high watermark may only be reset
+        return (E.cudaErrorInvalidValue,)
+    return (SUCCESS,)
+
+
+@runtime("cudaDeviceGraphMemTrim")
+def cudaDeviceGraphMemTrim(device: int) -> tuple:
+    if not _device_ok(int(device)):
+        return (E.cudaErrorInvalidDevice,)
     return (SUCCESS,)

@@ -126,7 +126,10 @@ class CpuDevice(DeviceImpl):
         return CpuQueue(name)
 
     def graph_runner(self, flat: Flat, op_of: Callable[[int, Node], NodeOp],
-                     marks: dict[int, Mark] | None = None) -> GraphRunner:
+                     marks: dict[int, Mark] | None = None, *,
+                     use_node_priority: bool = False) -> GraphRunner:
+        # use_node_priority is accepted: the cpu backend has no priorities (stream priorities
+        # order nothing here either), so the replay's order among ready nodes stays as it is
         return replay.build(flat, op_of, marks or {})
 
     def graph_mark(self, name: str) -> CpuMark:

@@ -46,6 +46,8 @@ class CudaDevice(DeviceImpl):
 
     pools: CudaPools
     runner_per_stream = False  # one cudaGraphExec_t per device, launched on any of its streams
+    # the graph of an exec is built on the launching device, its kernels loaded there
+    graph_spans_devices = False
 
     def __init__(self, index: int, pinned: Ranges) -> None:
         self.index = index
@@ -163,13 +165,39 @@ class CudaDevice(DeviceImpl):
         return hit
 
     def graph_runner(self, flat: Flat, op_of: Callable[[int, Node], NodeOp],
-                     marks: dict[int, Mark] | None = None) -> NativeGraph:
+                     marks: dict[int, Mark] | None = None, *,
+                     use_node_priority: bool = False) -> NativeGraph:
         """Build and instantiate the CUDA graph of a flattened frontend graph (from its nodes:
         ``op_of`` is not used)."""
-        return NativeGraph(self, flat, marks or {})  # type: ignore[arg-type]
+        return NativeGraph(self, flat, marks or {},  # type: ignore[arg-type]
+                           use_node_priority=use_node_priority)
 
     def graph_mark(self, name: str) -> CudaMark:
         return CudaMark(self, name)
+
+    def graph_node_check(self) -> Callable[[Node], str | None]:
+        """A kernel node needs a CUDA body (what ``function`` loads) to be a CUDA kernel node."""
+        return _cuda_body_missing
+
+    # -- CUDA's own graph allocator (cudaGraphAddMemAllocNode's): none of the frontend's graph
+    # memory, which is mapped with the VMM calls below, but counted in the device's attributes
+    def graph_mem_native(self) -> tuple[int, int, int, int]:
+        """``cudaDeviceGetGraphMemAttribute`` of the four attributes, in their enum's order."""
+        activate(self.index)
+        used, used_high, reserved, reserved_high = (
+            int(check(rt.cudaDeviceGetGraphMemAttribute(self.index, attr))) for attr in _GRAPH_MEM_ATTRS)
+        return used, used_high, reserved, reserved_high
+
+    def graph_mem_reset_high(self) -> None:
+        """``cudaDeviceSetGraphMemAttribute`` of both highs to 0 (which resets them to current)."""
+        activate(self.index)
+        for attr in _GRAPH_MEM_ATTRS[1::2]:
+            check(rt.cudaDeviceSetGraphMemAttribute(self.index, attr, drv.cuuint64_t(0)))
+
+    def graph_mem_trim(self) -> None:
+        """``cudaDeviceGraphMemTrim``."""
+        activate(self.index)
+        check(rt.cudaDeviceGraphMemTrim(self.index))
 
     # -- graph memory: virtual memory management (what CUDA's own graph memory is built on) ----
     def _vmm_prop(self) -> Any:
@@ -231,6 +259,22 @@ class CudaDevice(DeviceImpl):
 
 
 opened: dict[int, CudaDevice] = {}  # every opened device, for peer copies
+
+_GRAPH_MEM_ATTRS = (  # cudaGraphMemAttributeType: used current, used high, reserved current, high
+    rt.cudaGraphMemAttributeType.cudaGraphMemAttrUsedMemCurrent,
+    rt.cudaGraphMemAttributeType.cudaGraphMemAttrUsedMemHigh,
+    rt.cudaGraphMemAttributeType.cudaGraphMemAttrReservedMemCurrent,
+    rt.cudaGraphMemAttributeType.cudaGraphMemAttrReservedMemHigh,
+)
+
+
+def _cuda_body_missing(node: Node) -> str | None:
+    """Why a kernel node cannot be a CUDA kernel node (None: it can)."""
+    k = node._params["kernel"]
+    if k.cuda_source and k.signature is not None:
+        return None
+    return (f"kernel {k.name!r} has no CUDA body: declare it with @srt.kernel(cuda=SOURCE, "
+            "signature='ptr, i32, ...') to run it in a graph on cuda")
 
 
 class Ranges:

@@ -3,17 +3,19 @@
 Capture, the capture errors, exec update rules and events stay in the frontend (DESIGN.md §1);
 this module turns the flattened node list of one exec into a real CUDA graph
 (``cudaGraphAdd*Node``), instantiates it once per device (the device's graph runner, whichever
-of its streams launches it) and launches it with one ``cudaGraphLaunch``. Event nodes are
-CUDA's own (``cuGraphAddEventRecordNode``/``cuGraphAddEventWaitNode``): a record node records
-its mark's CUDA event (mark.py); a wait node waits for a CUDA event set on the exec just
-before each launch (``cuGraphExecEventWaitNodeSetEvent``: the marker event of the position the
-frontend bound it to), and set back to a never-recorded one right after, so the exec holds no
-event it does not own between launches. Parameter updates and
-enable/disable reach the instantiated graph in place (``cudaGraphExec*NodeSetParams``,
-``cudaGraphNodeSetEnabled``), so the graph is kept as long as its exec: CUDA names exec nodes by
-the graph's. Host nodes run through the backend's host-function trampoline, so their Python
-callables run on a Python thread, never on the driver's. A launching queue holds the graph until
-it has passed the launch (``CudaQueue.hold``); the graph's jobs go when it is collected.
+of its streams launches it; ``cudaGraphInstantiateWithParams``, whose refusal is a
+``GraphInstantiateError`` naming the frontend node) and launches it with one
+``cudaGraphLaunch``. Event nodes are CUDA's own (``cuGraphAddEventRecordNode``/
+``cuGraphAddEventWaitNode``): a record node records its mark's CUDA event (mark.py); a wait node
+waits for a CUDA event set on the exec just before each launch
+(``cuGraphExecEventWaitNodeSetEvent``: the marker event of the position the frontend bound it
+to), and set back to a never-recorded one right after, so the exec holds no event it does not
+own between launches. Parameter updates and enable/disable reach the instantiated graph in place
+(``cudaGraphExec*NodeSetParams``, ``cudaGraphNodeSetEnabled``), so the graph is kept as long as
+its exec: CUDA names exec nodes by the graph's. Host nodes run through the backend's
+host-function trampoline, so their Python callables run on a Python thread, never on the
+driver's. A launching queue holds the graph until it has passed the launch
+(``CudaQueue.hold``); the graph's jobs go when it is collected.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import weakref
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
+from ...graph.instantiate import GraphInstantiateResult, refuse
 from ...graph.node import NodeType
 from ...labels import fn_label
 from ...validate import host_view, is_int
@@ -63,7 +66,8 @@ class _Launches:
 class NativeGraph(GraphRunner):
     """One instantiated CUDA graph (``cudaGraphExec_t``) of a frontend exec on one device."""
 
-    def __init__(self, dev: CudaDevice, flat: Flat, marks: dict[int, CudaMark]) -> None:
+    def __init__(self, dev: CudaDevice, flat: Flat, marks: dict[int, CudaMark], *,
+                 use_node_priority: bool = False) -> None:
         self.dev = dev
         self._launches = _Launches()
         self._keep: list[Any] = []  # parameter buffers the nodes point at
@@ -86,7 +90,7 @@ class NativeGraph(GraphRunner):
             made: list[int] = []
             for i, (node, deps, _on) in enumerate(flat):
                 made.append(self._add(self.graph, node, [made[d] for d in deps], i))
-            self.exec = check(rt.cudaGraphInstantiate(self.graph, 0))
+            self.exec = self._instantiate(flat, made, use_node_priority)
         except BaseException:
             self._release_jobs()
             rt.cudaGraphDestroy(self.graph)
@@ -97,6 +101,26 @@ class NativeGraph(GraphRunner):
         for node, _deps, on in flat:  # disabled nodes: built, then switched off
             if not on and node in self._built:
                 self._enable(self._built[node], False)
+
+    def _instantiate(self, flat: Flat, made: list[int], use_node_priority: bool) -> Any:
+        """``cudaGraphInstantiateWithParams``; a refusal with a result raises
+        ``GraphInstantiateError`` naming the flattened node CUDA names (None for a join)."""
+        params = rt.cudaGraphInstantiateParams()
+        params.flags = (int(rt.cudaGraphInstantiateFlags.cudaGraphInstantiateFlagUseNodePriority)
+                        if use_node_priority else 0)
+        err, exec_ = rt.cudaGraphInstantiateWithParams(self.graph, params)
+        result = int(params.result_out)
+        if err != 0 and result != GraphInstantiateResult.SUCCESS:
+            at = 0 if params.errNode_out is None else int(params.errNode_out)
+            node = next((n for (n, _d, _on), h in zip(flat, made) if at and h == at), None)
+            why = f"cudaGraphInstantiateWithParams: {getattr(err, 'name', err)}"
+            try:
+                res = GraphInstantiateResult(result)
+            except ValueError:  # a result newer than this enum
+                res = GraphInstantiateResult.ERROR
+                why += f" (cudaGraphInstantiateResult {result})"
+            raise refuse(res, node, why)
+        return check((err, exec_))
 
     # -- nodes ---------------------------------------------------------------------------------
     def _add(self, graph: Any, node: Node | None, deps: list[int], i: int) -> int:
