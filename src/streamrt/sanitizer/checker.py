@@ -17,7 +17,7 @@ State and invariants (guarded by ``_lock``, except ``_inflight``: see there):
   (the live generations' bases, sorted; live ones never overlap) for one inside; both answer
   only for a generation live when the operation was enqueued and outside its own graph
   launch's memory nodes. Anything else (the host ran ahead and reused the address, a graph's
-  own memory, a bug) scans ``_classes``: per size class k, generations spanning fewer than
+  own memory, a bug) asks ``_index`` (lookup.py): per size class k, generations spanning fewer than
   ``2**k`` bytes by base, so only those that can reach the address are looked at.
 - A new access is judged against that generation: its alloc not ordered before the access:
   use-before-alloc; outside the requested bytes: out-of-bounds (the rounding slack included);
@@ -52,6 +52,7 @@ from ..pool import registry
 from ..pool.arena import ALIGN
 from .finding import Finding, _finding
 from .generation import _age, _Gen
+from .lookup import SizeIndex
 from .order import _alloc_before, _before_free, _Event, _top
 
 _set_current, _reset_current = instrument._current.set, instrument._current.reset
@@ -80,8 +81,7 @@ class Sanitizer:
         self._at: dict[int, list[_Gen]] = {}
         self._live: dict[int, _Gen] = {}
         self._live_bases = SortedList()
-        self._classes: dict[int, SortedList] = {}
-        self._by_uid: dict[int, _Gen] = {}
+        self._index = SizeIndex()
         self._freed: deque[_Gen] = deque()
         self._inflight: dict[int, deque[OpInfo]] = {}
         self._since = 0  # enqueue sequence of the latest restart: operations before it go unjudged
@@ -91,7 +91,7 @@ class Sanitizer:
         while it was off is unknown, so the history goes, and the live allocations count as made
         before everything to come (pool memory allocated earlier was "never covered" before)."""
         with self._lock:
-            for x in (self._at, self._live, self._live_bases, self._classes, self._by_uid,
+            for x in (self._at, self._live, self._live_bases, self._index,
                       self._freed, self._inflight):
                 x.clear()
             # ops enqueued while it was off may still run: checked against the new history,
@@ -125,12 +125,7 @@ class Sanitizer:
             if ptr not in self._live:
                 self._live_bases.add(ptr)
             self._live[ptr] = g
-            self._by_uid[g.uid] = g
-            k = (g.cap - g.lo).bit_length()
-            cls = self._classes.get(k)
-            if cls is None:
-                cls = self._classes[k] = SortedList()
-            cls.add((g.lo, g.uid))
+            self._index.add(g)
             # a pool hands the same address out again and again: remember only the last few
             # generations that started there (older ones would only slow every lookup down)
             hist = self._at.setdefault(ptr, [])
@@ -152,8 +147,7 @@ class Sanitizer:
             hist.remove(g)
             if not hist:
                 del self._at[g.lo]
-        if self._by_uid.pop(g.uid, None) is not None:
-            self._classes[(g.cap - g.lo).bit_length()].discard((g.lo, g.uid))
+        self._index.discard(g)
 
     def on_free(self, stream: Any, ptr: int) -> None:
         """A stream-ordered (stream given) or host free of the allocation at ``ptr``."""
@@ -232,31 +226,16 @@ class Sanitizer:
             if hist is not None:
                 x = hist[-1]
                 a = x.alloc
-                if x.free is None and a.seq < seq and hi == x.hi and a.index < 0 and len(
-                        x.starts) == 1:
-                    # the common case, inline: all of a live allocation made before op was
-                    # enqueued, with a single segment remembering only earlier work of op's
-                    # own stream (see _Gen.access), and nothing to prune
+                if x.free is None and a.seq < seq and hi <= x.hi and a.index < 0 and runs is None:
+                    # the common case: a live allocation made before op was enqueued, by the
+                    # host or by a stream whose position op's clocks cover, touched inside
                     sid = a.sid
-                    tsid = top.sid
-                    if not sid or (a.pos < top.pos if sid == tsid else (
+                    if not sid or (a.pos < top.pos if sid == top.sid else (
                             top.clock.get(sid, 0) >= a.pos or top.host.get(sid, 0) >= a.pos)):
-                        w, r = x.states[0]
-                        for b in w:
-                            if b.parent is not None or b.sid != tsid or b is top:
-                                break
-                        else:
-                            for b in r:
-                                if b.parent is not None or b.sid != tsid or b is top:
-                                    break
-                            else:
-                                if write:
-                                    w.clear()
-                                    w.append(op)
-                                r.clear()
-                                if not write:
-                                    r.append(op)
-                                return None
+                        if len(x.starts) > x._prune_at:
+                            x.prune(self._floor())
+                        aop = x.access(op, lo, hi, write)
+                        return None if aop is None else self._race(op, ptr, nbytes, write, x, aop)
                 for x in reversed(hist):
                     if x.alloc.seq < seq:
                         f = x.free
@@ -315,11 +294,15 @@ class Sanitizer:
                         aop = r
             if aop is None:
                 return None
-            return self._find(
-                "race", ptr, nbytes, op, aop,
-                f"{op.describe()} {'writes' if write else 'reads'} {hex(ptr)}+{nbytes} "
-                f"while {aop.describe()} {'writes' if not write or _wrote(g, aop) else 'reads'}"
-                " it, and neither is ordered before the other", g)
+            return self._race(op, ptr, nbytes, write, g, aop)
+
+    def _race(self, op: OpInfo, ptr: int, nbytes: int, write: bool, g: _Gen, aop: OpInfo
+              ) -> Finding:
+        return self._find(
+            "race", ptr, nbytes, op, aop,
+            f"{op.describe()} {'writes' if write else 'reads'} {hex(ptr)}+{nbytes} "
+            f"while {aop.describe()} {'writes' if not write or _wrote(g, aop) else 'reads'}"
+            " it, and neither is ordered before the other", g)
 
     def _scan(self, op: OpInfo, lo: int, hi: int) -> _Gen | None:
         """The generation an access of ``[lo, hi)`` means, from every one remembered whose memory
@@ -327,15 +310,7 @@ class Sanitizer:
         (the one live there in op's own order among a launch's graph allocations), else the
         newest."""
         seq = _top(op).seq
-        found: list[_Gen] = []
-        for stop in (lo + 1, hi):
-            for k, cls in self._classes.items():
-                for _base, uid in cls.irange((lo - (1 << k) + 1,), (stop - 1, _NONE)):
-                    g = self._by_uid[uid]
-                    if g.lo < stop and lo < g.cap:
-                        found.append(g)
-            if found:
-                break
+        found = self._index.around(lo, hi)
         if not found:
             return None
         found.sort(key=_newest_first)
