@@ -48,6 +48,7 @@ from .graph import (
     NodeType,
     exchange_capture_mode,
 )
+from .graph.conditional import ConditionalHandle, ConditionalType
 from .graph.exec import GraphExec
 from .graph.instantiate import GraphInstantiateResult
 from .graph.scope import graph_capture
@@ -77,6 +78,7 @@ __all__ = [
     "sanitizer", "trace",
     # graphs
     "Graph", "Node", "NodeType", "GraphExec", "GraphExecUpdateResult", "GraphInstantiateResult",
+    "ConditionalType", "ConditionalHandle",
     "CaptureMode",
     "CaptureStatus", "CaptureInfo", "graph_capture", "exchange_capture_mode",
     # errors

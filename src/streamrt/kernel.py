@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, overload
 import numpy as np
 
 from .backends.base import LAST_VIEWS
-from .errors import InvalidTypeError, InvalidValueError
+from .errors import IllegalStateError, InvalidTypeError, InvalidValueError
 from .validate import is_int
 
 if TYPE_CHECKING:
@@ -139,7 +139,7 @@ def kernel(
 class KernelContext:
     """What a kernel body sees: launch dimensions, device, stream, and bounds-checked memory views."""
 
-    __slots__ = ("grid", "block", "device", "stream", "_view", "_runs", "_info")
+    __slots__ = ("grid", "block", "device", "stream", "_view", "_runs", "_info", "_conds")
 
     def __init__(self, grid: Dim3, block: Dim3, device: Device, stream: Stream) -> None:
         self.grid = grid
@@ -154,6 +154,23 @@ class KernelContext:
         # context per launch (see backends/cpu/queues.py); keyed by the body, not the Kernel, so
         # a Kernel whose ``fn`` was replaced runs the new one
         self._runs: dict[Any, Callable[..., Any]] = {}
+        # the conditional handles this kernel may set: those of the graph levels it is in
+        # (a kernel node's context in a compiled graph; none for an eager launch)
+        self._conds: frozenset = _NO_CONDS
+
+    def set_condition(self, handle: Any, value: int) -> None:
+        """Set a conditional handle's value (``cudaGraphSetConditional``): only in a kernel of
+        the graph that owns the handle (or of a body inside it)."""
+        from .graph.conditional import ConditionalHandle, check_value
+
+        if not isinstance(handle, ConditionalHandle):
+            raise InvalidTypeError(f"set_condition needs a ConditionalHandle, not "
+                                   f"{type(handle).__name__}")
+        v = check_value(value, "a condition value")
+        if handle not in self._conds:
+            raise IllegalStateError(f"set_condition({handle!r}): only a kernel of the graph that "
+                                    f"owns it, or of a body inside that graph, may set it")
+        handle.cell()[0] = v
 
     def _runner(self, fn: Any) -> Callable[..., Any]:
         """``fn`` bound to this context (made once per body; at most 256 kept)."""
@@ -199,4 +216,5 @@ class KernelContext:
     strided = _fast_strided
 
 
+_NO_CONDS: frozenset = frozenset()
 _last = LAST_VIEWS  # the views made last (see backends/base.py), a module global: no attribute load

@@ -333,6 +333,11 @@ class DeviceImpl(ABC):
     # whether one graph may hold kernel and memory nodes of several devices of this backend
     # (CUDA host graphs may; a backend whose runner builds one graph per device may not)
     graph_spans_devices = True
+    # whether the backend's graph runner builds conditional nodes of its own (reading each
+    # handle's value at ``handle.ptr`` and setting its default at each launch); False: a
+    # conditional node of ``flat`` is an operation like any other (``op_of`` makes it: the
+    # frontend's, running the bodies' runners) and the frontend writes the defaults first
+    graph_conditionals_native = False
 
     def graph_runner(self, flat: Flat, op_of: Callable[[int, Node], NodeOp],
                      marks: dict[int, Mark] | None = None, *,

@@ -48,6 +48,8 @@ from ..errors import (
     InvalidTypeError,
     InvalidValueError,
 )
+from .conditional import BODY_KINDS, body_refusal
+from .conditional import rule as body_rule
 from .graph import MEMORY, Graph, memcpy_params, memset_params
 from .memory import GraphAlloc, find
 from .node import NodeType
@@ -144,9 +146,24 @@ class Capture:
                 return None
             if self.status is CaptureStatus.INVALIDATED:
                 raise CaptureInvalidatedError(f"{self!r} was invalidated: {self.reason}")
+            if self.graph._body:
+                self._body_rule(type, params)
             node = self.graph._add(type, params, self.deps[stream])
             self.deps[stream] = (node,)
             return node
+
+    def _body_rule(self, type: Any, params: dict[str, Any]) -> None:
+        """Capturing into a conditional body: work of a kind a body cannot hold is a violation
+        (the capture is invalidated, as for any unsupported call)."""
+        why = None
+        if type not in BODY_KINDS:
+            why = f"a {type.name} node: {body_rule()}"
+        elif type is NodeType.GRAPH:
+            why = body_refusal(params["graph"])
+        if why is not None:
+            reason = f"{self.graph!r} is a conditional body, which cannot take {why}"
+            self.invalidate(reason)
+            raise CaptureUnsupportedError(reason)
 
     # -- the enqueue target's methods (see eager.Eager) --------------------------------------
     def kernel(self, s: Stream, kernel: Any, ctx: Any, args: tuple) -> None:
@@ -190,6 +207,8 @@ class Capture:
                     raise InvalidValueError(f"a stream-ordered allocation of 0 bytes cannot be "
                                             f"captured into {self!r} (a graph allocation of 0 "
                                             "bytes is refused)")
+                if self.graph._body:  # before any graph memory is reserved for it
+                    self._body_rule(NodeType.MEM_ALLOC, {})
                 alloc = GraphAlloc(s.device, nbytes, self.graph._slabs)
                 self.add(s, NodeType.MEM_ALLOC, {"nbytes": nbytes, "ptr": alloc.ptr, "alloc": alloc})
                 return alloc.ptr

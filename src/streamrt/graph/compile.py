@@ -23,7 +23,7 @@ from ..errors import InvalidValueError
 from ..kernel import KernelContext
 from ..labels import WRAPPER, fn_label
 from ..validate import is_int
-from . import eventnodes
+from . import conditional, eventnodes
 from .node import Node, NodeType
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from .eventnodes import EventNodes, Point
     from .graph import Graph
 
-__all__ = ["Compiled", "compile_graph", "flatten", "reach", "reaches", "topo"]
+__all__ = ["Compiled", "Nested", "compile_graph", "flatten", "reach", "reaches", "topo"]
 
 
 class Compiled(NamedTuple):
@@ -54,32 +54,116 @@ def compile_graph(template: Graph, disabled: set[int], stream: Stream,
     ``cudaGraphInstantiateFlagUseNodePriority``, for the device's graph runner."""
     flat = flatten(template, disabled)
     nodes = [n for n, _, _ in flat]
-    ops_of = _ops_for(stream)
     impl = stream.device._impl
     anc = reach([deps for _, deps, _ in flat]) if instrument.listeners else None
     events = None if point is None else eventnodes.plan(flat, anc, stream.device, point)
     marks = {} if events is None else events.marks
+    # the handles of its conditional nodes (an update may bring another graph's) and those made
+    # for it: its kernels may set them, wherever they lie in the graph (ctx.set_condition)
+    used = list(dict.fromkeys(n._params["handle"] for n in template._marked((NodeType.CONDITIONAL,))))
+    conds = frozenset((*used, *template._tree_handles()[0])) if used else frozenset()
+    ops_of = _Level(stream, anc is not None).ops(anc, conds, lambda n: node_label(n, template),
+                                                 None)
+    runner = impl.graph_runner(flat, ops_of, marks, use_node_priority=use_node_priority)
+    if used and not impl.graph_conditionals_native:
+        prologue = conditional.defaults_op(used)
+        if prologue is not None:
+            runner = _Prologue(runner, prologue)
     if anc is None:
-        return Compiled(impl.graph_runner(flat, ops_of, marks,
-                                          use_node_priority=use_node_priority), {}, events)
-
-    def wrapped(i: int, n: Node) -> NodeOp:
-        op = ops_of(i, n)
-        if op is None:
-            return None
-        kind, name, accesses = _describe(n)
-        return (_node_call, ((i, node_label(n, template), kind, name, anc[i], accesses, n.site),
-                             *op))
-
-    runner = impl.graph_runner(flat, wrapped, marks, use_node_priority=use_node_priority)
+        return Compiled(runner, {}, events)
     mem = {id(n): (i, anc[i], node_label(n, template)) for i, n in enumerate(nodes)
            if n is not None and n.type in (NodeType.MEM_ALLOC, NodeType.MEM_FREE)}
     return Compiled(runner, mem, events)
 
 
+class _Level:
+    """Makes the operations of one graph level (the flattened graph, or a conditional node's
+    body) for a replaying backend: bodies are compiled into runners of their own, and a
+    conditional node's operation runs them (conditional.run)."""
+
+    def __init__(self, stream: Stream, instrumented: bool) -> None:
+        self.stream = stream
+        self.instrumented = instrumented
+
+    def ops(self, anc: list[Reach] | None, conds: frozenset, label: Callable[[Node], str],
+            outer: int | None) -> Callable[[int, Node], NodeOp]:
+        """``op_of`` for a level: ``anc`` its DAG places (instrumented), ``conds`` the handles
+        its kernels may set, ``label`` how findings name its nodes, ``outer`` the index in the
+        launch of the conditional node a body belongs to (None: the top level)."""
+        base = _ops_for(self.stream, conds,
+                        lambda i, n: self.conditional(i, n, anc, conds, label, outer))
+        if anc is None:
+            return base
+
+        def wrapped(i: int, n: Node) -> NodeOp:
+            op = base(i, n)
+            if op is None or n.type is NodeType.CONDITIONAL:  # its body nodes are the nodes
+                return op
+            kind, name, accesses = _describe(n)
+            return (_node_call, ((i if outer is None else outer, label(n), kind, name, anc[i],
+                                  accesses, n.site), *op))
+
+        return wrapped
+
+    def conditional(self, i: int, n: Node, anc: list[Reach] | None, conds: frozenset,
+                    label: Callable[[Node], str], outer: int | None) -> NodeOp:
+        """A conditional node's operation: its bodies compiled, run as the value says."""
+        p = n._params
+        impl = self.stream.device._impl
+        index = i if outer is None else outer
+        here = label(n)
+        ops = []
+        for k, body in enumerate(p["bodies"]):
+            flat = flatten(body, set())
+            banc = reach([deps for _, deps, _ in flat]) if self.instrumented else None
+
+            def name(m: Node, body: Graph = body, k: int = k) -> str:
+                inner = f"#{m.index}" if m.graph is body else f"#{m.index} of a child graph"
+                return f"{inner} of body {k} of {here}"
+
+            runner = impl.graph_runner(
+                flat, self.ops(banc, conds, name, index), {})
+            ops.append(runner.op_launch(self.stream._q))
+        h = p["handle"]
+        return (conditional.run, (h, h.cell(), int(p["kind"]), tuple(ops),
+                                  None if anc is None else anc[i]))
+
+
+class _Prologue(GraphRunner):
+    """A replaying backend's runner with the handles' defaults written first at each launch."""
+
+    __slots__ = ("runner", "prologue")
+
+    def __init__(self, runner: GraphRunner, prologue: tuple) -> None:
+        self.runner = runner
+        self.prologue = prologue
+
+    def op_launch(self, queue: Any, events: tuple = ()) -> tuple[Callable[..., Any], tuple]:
+        fn, args = self.runner.op_launch(queue, events)
+        return _prologued, (self.prologue, fn, args)
+
+    def upload(self, queue: Any) -> None:
+        self.runner.upload(queue)
+
+    def update(self, node: Node) -> bool:
+        return self.runner.update(node)
+
+    def set_enabled(self, node: Node, enabled: bool) -> bool:
+        return self.runner.set_enabled(node, enabled)
+
+
+def _prologued(prologue: tuple, fn: Callable[..., Any], args: tuple) -> None:
+    """Stream operation: the defaults, then the graph."""
+    prologue[0](*prologue[1])
+    fn(*args)
+
+
 def _node_call(meta: tuple, fn: Any, args: tuple) -> None:
     """An instrumented node: its own OpInfo, nested in the launch, with its DAG ancestry."""
     index, label, kind, name, ancestors, accesses, site = meta
+    nest = conditional.NEST.get()
+    if nest is not None:  # a body node: its place in the launch is below its conditional node's
+        ancestors = Nested(nest[0], nest[1], ancestors)
     parent = instrument.current()  # the launch (replays run nodes in a copy of its context)
     op = instrument.OpInfo(None, kind, name, {}, accesses, site=site)  # (site: see OpInfo.site)
     op.parent = parent
@@ -162,14 +246,59 @@ def reach(deps: list[list[int]]) -> list[Reach]:
     return out
 
 
-def reaches(a: Reach, x: Reach) -> bool:
+class Nested(NamedTuple):
+    """A body node's place in its launch: its conditional node's place (``outer``, a
+    :data:`Reach` or a Nested), the number of the body execution it ran in (``run``: those of one
+    conditional node run one after another, in that order) and its place in its body."""
+
+    outer: Any
+    run: int
+    inner: Reach
+
+
+def reaches(a: Reach | Nested, x: Reach | Nested) -> bool:
     """Whether the node at ``a`` is an ancestor of the node at ``x`` (see :func:`reach`)."""
+    if a.__class__ is Nested or x.__class__ is Nested:
+        return _nested_reaches(a, x)
     if a[0] == x[0]:
         return a[1] < x[1]
-    return x[2].get(a[0], -1) >= a[1]
+    return x[2].get(a[0], -1) >= a[1]  # type: ignore[union-attr]
 
 
-def _ops_for(stream: Stream) -> Any:
+def _depth(r: Any) -> int:
+    d = 0
+    while r.__class__ is Nested:
+        r = r.outer
+        d += 1
+    return d
+
+
+def _nested_reaches(a: Any, x: Any) -> bool:
+    """:func:`reaches` where a body node is involved: a body node is ordered as its conditional
+    node is against nodes outside it; inside one conditional node, an earlier body execution
+    precedes a later one whole, and within one execution the body's DAG orders."""
+    da, dx = _depth(a), _depth(x)
+    while da > dx:  # a lies deeper: compare the conditional node execution it is in
+        if a.outer is x:
+            return True  # a runs inside x (only a conditional node holds bodies)
+        a, da = a.outer, da - 1
+    while dx > da:
+        if x.outer is a:
+            return False
+        x, dx = x.outer, dx - 1
+    if da == 0:
+        return reaches(a, x)
+    if a.outer is x.outer:  # one conditional node execution
+        if a.run != x.run:
+            return a.run < x.run  # type: ignore[no-any-return]
+        return reaches(a.inner, x.inner)
+    return reaches(a.outer, x.outer)
+
+
+def _ops_for(stream: Stream, conds: frozenset = frozenset(),
+             cond_op: Callable[[int, Node], NodeOp] | None = None) -> Any:
+    """``op_of`` for a replaying backend: ``conds`` the handles kernels may set
+    (``ctx.set_condition``), ``cond_op`` the operation of a conditional node."""
     q = stream._q
     impl = stream.device._impl
 
@@ -180,6 +309,8 @@ def _ops_for(stream: Stream) -> Any:
             # the node runs on the device it was made for (cudaGraphKernelNodeParams: the
             # context at creation), whichever device's stream launches the graph
             ctx = KernelContext(p["grid"], p["block"], p["device"], stream)
+            if conds:
+                ctx._conds = conds
             k = p["kernel"]
             if k.bind is not None and not instrument.listeners:  # views made now, once
                 return (direct(k.bind(ctx, *p["args"])), ())
@@ -195,6 +326,8 @@ def _ops_for(stream: Stream) -> Any:
             return q.op_fill(impl.endpoint(p["ptr"], k), p["value"], k) if k else None
         if t is NodeType.HOST:
             return q.op_host(p["fn"], p["args"])
+        if t is NodeType.CONDITIONAL and cond_op is not None:
+            return cond_op(i, n)
         return None  # EMPTY and memory nodes (handled at launch on the host); event nodes
         # are the backend's own (bound at launch: eventnodes.py)
 

@@ -1,5 +1,5 @@
 """Graphviz text of a graph (``cudaGraphDebugDotPrint``): nodes by creation index, child
-graphs as clusters."""
+graphs and conditional nodes' bodies as clusters."""
 
 from __future__ import annotations
 
@@ -40,6 +40,16 @@ def _body(graph: Graph, lines: list[str], prefix: str, indent: str) -> None:
             lines.append(f'{indent}  {name} [label="GRAPH", shape=point];')
             _body(n._params["graph"], lines, f"{name}_", indent + "  ")
             lines.append(f"{indent}}}")
+        elif n.type is NodeType.CONDITIONAL:  # the node, then each body as a cluster under it
+            label = n.label().replace('"', "'").replace(" ", "\\n", 1)
+            lines.append(f'{indent}{name} [label="#{n.index} {label}", shape=diamond];')
+            for k, body in enumerate(n._params["bodies"]):
+                lines.append(f"{indent}subgraph cluster_{name}_b{k} {{")
+                lines.append(f'{indent}  label="body {k} of #{n.index}";')
+                lines.append(f'{indent}  {name}_b{k} [label="body {k}", shape=point];')
+                _body(body, lines, f"{name}_b{k}_", indent + "  ")
+                lines.append(f"{indent}}}")
+                lines.append(f"{indent}{name} -> {name}_b{k} [style=dashed];")
         else:
             label = n.label().replace('"', "'").replace(" ", "\\n", 1)
             lines.append(f'{indent}{name} [label="#{n.index} {label}"];')

@@ -26,6 +26,8 @@ from ..event import Event
 from ..kernel import Kernel, dim3
 from ..validate import check_ptr, check_size
 from . import dot, memory
+from .conditional import BODY_KINDS, ConditionalHandle, ConditionalType, body_refusal, check_value
+from .conditional import rule as _rule
 from .gcpause import BULK, building, paused
 from .memory import GraphAlloc
 from .node import Node, NodeType
@@ -41,7 +43,8 @@ _ids = itertools.count(1)
 _ONE_GRID, _ONE_BLOCK = dim3(1, "grid"), dim3(1, "block")
 MEMORY = (NodeType.MEM_ALLOC, NodeType.MEM_FREE)
 EVENTS = (NodeType.WAIT_EVENT, NodeType.EVENT_RECORD)
-MARKED = frozenset((*MEMORY, *EVENTS, NodeType.GRAPH))  # the kinds ``Graph._marks`` lists
+MARKED = frozenset((*MEMORY, *EVENTS, NodeType.GRAPH, NodeType.CONDITIONAL))  # ``_marks``' kinds
+NESTS = (NodeType.GRAPH, NodeType.CONDITIONAL)  # the kinds holding graphs
 
 
 class Graph:
@@ -69,6 +72,13 @@ class Graph:
         # compared by identity as nodes are added), for instantiate's device rules
         self._device: Device | None = None
         self._devices: dict[Device, int] = {}
+        # conditional handles made for this graph (``create_conditional_handle``) and those of
+        # them a conditional node (here or in a body inside) uses; a body (``node.bodies``) knows
+        # the graph holding its node (``_parent``) and takes only BODY_KINDS
+        self._handles: list[ConditionalHandle] = []
+        self._cond_used: set[ConditionalHandle] = set()
+        self._body = False
+        self._parent: Graph | None = None
         self._destroyed = False
 
     def __repr__(self) -> str:
@@ -89,16 +99,28 @@ class Graph:
         """Destroy the graph (``cudaGraphDestroy``): it and its nodes refuse further use; execs,
         clones and child graph nodes made from it stay. A second destroy is refused."""
         self._check_alive()
+        if self._body:
+            raise InvalidValueError(f"{self!r} is a conditional node's body: it is destroyed with "
+                                    "the graph holding the node")
         from .refusals import capture_building  # (capture builds on this module)
 
         cap = capture_building(self)
         if cap is not None:  # the capture would go on adding nodes to a destroyed graph
             raise IllegalStateError(f"{self!r} cannot be destroyed while {cap!r} captures into it")
-        self._destroyed = True
+        self._kill()
         # nothing refers to these any more: what was made of the graph copied what it needs
         # (clones and execs find nodes by index and count, never through this graph's list)
         self._nodes, self._marks, self._keep = [], [], []
         self._slabs, self._freed, self._devices = {}, set(), {}
+
+    def _kill(self) -> None:
+        """Mark this graph and its nodes' bodies destroyed."""
+        self._destroyed = True
+        for i in self._marks:
+            n = self._nodes[i]
+            if n.type is NodeType.CONDITIONAL:
+                for b in n._params["bodies"]:
+                    b._kill()
 
     def _check_alive(self) -> None:
         if self._destroyed:
@@ -108,6 +130,9 @@ class Graph:
     def _add(self, type: NodeType, params: dict[str, Any], deps: Any) -> Node:
         if self._destroyed:
             self._check_alive()
+        if self._body and type not in BODY_KINDS:
+            raise InvalidValueError(f"a {type.name} node cannot be added to {self!r}: "
+                                    f"{_rule()}")
         cls = deps.__class__
         if (cls is list or cls is tuple) and len(deps) <= 1 and (
                 not deps or (deps[0].__class__ is Node and deps[0].graph is self)):
@@ -194,6 +219,10 @@ class Graph:
         child._check_alive()
         if child._marked(MEMORY):
             raise InvalidValueError("a child graph cannot contain memory allocation or free nodes")
+        if self._body:
+            why = body_refusal(child)
+            if why is not None:
+                raise InvalidValueError(f"{child!r} cannot be a child graph of {self!r}: {why}")
         return self._add(NodeType.GRAPH, {"graph": child._embedded_clone()}, deps)
 
     def add_empty_node(self, deps: Any = ()) -> Node:
@@ -227,6 +256,61 @@ class Graph:
         if alloc is None:
             raise InvalidValueError(f"{hex(ptr)} is not graph memory (from a MEM_ALLOC node)")
         return self._add(NodeType.MEM_FREE, {"ptr": ptr, "alloc": alloc}, deps)
+
+    # -- conditional nodes -------------------------------------------------------------------------
+    def create_conditional_handle(self, default: int | None = None) -> ConditionalHandle:
+        """A handle for a conditional node of this graph or of a body inside it
+        (``cudaGraphConditionalHandleCreate``); ``default`` is set at every launch
+        (``cudaGraphCondAssignDefault``), None: the value stays as the last launch left it."""
+        self._check_alive()
+        d = None if default is None else check_value(default, "default")
+        h = ConditionalHandle(self, d, current_device())
+        self._handles.append(h)
+        return h
+
+    def add_conditional_node(self, handle: ConditionalHandle, kind: ConditionalType,
+                             size: int = 1, deps: Any = ()) -> Node:
+        """Add a CONDITIONAL node (``cudaGraphAddNode``, ``cudaGraphCondType``): IF (size 2:
+        if/else), WHILE (size 1) or SWITCH (any size); its bodies are ``node.bodies``."""
+        self._check_alive()
+        if not isinstance(handle, ConditionalHandle):
+            raise InvalidTypeError(f"a conditional node needs a ConditionalHandle, not "
+                                   f"{type(handle).__name__}")
+        if not isinstance(kind, ConditionalType):
+            if isinstance(kind, bool) or not isinstance(kind, int):
+                raise InvalidTypeError(f"kind must be a srt.ConditionalType, not {type(kind).__name__}")
+            try:
+                kind = ConditionalType(kind)
+            except ValueError:
+                raise InvalidValueError(f"{kind} is not a srt.ConditionalType") from None
+        if isinstance(size, bool) or not isinstance(size, int):
+            raise InvalidTypeError(f"size must be an int, not {type(size).__name__}")
+        most = {ConditionalType.IF: 2, ConditionalType.WHILE: 1}.get(kind)
+        if size < 1 or (most is not None and size > most):
+            many = {2: "1 or 2 bodies", 1: "1 body"}.get(most or 0, "at least 1 body")
+            raise InvalidValueError(f"a {kind.name} node has {many}, not {size}")
+        owner = handle.graph
+        g: Graph | None = self
+        while g is not None and g is not owner:
+            g = g._parent
+        if g is None:
+            raise InvalidValueError(f"{handle!r} belongs to {owner!r}: a conditional node of "
+                                    f"{self!r} cannot use it")
+        if handle in owner._cond_used:
+            raise InvalidValueError(f"{handle!r} is already used by a conditional node: a handle "
+                                    "serves one conditional node")
+        bodies = []
+        for _ in range(size):
+            b = Graph()
+            b._body, b._parent = True, self
+            bodies.append(b)
+        node = self._add(NodeType.CONDITIONAL, {"handle": handle, "kind": kind,
+                                                "bodies": tuple(bodies), "device": handle.device},
+                         deps)
+        owner._cond_used.add(handle)
+        if handle.device is not self._device:
+            self._note_device(handle.device, node.index)
+        return node
 
     # -- edges ------------------------------------------------------------------------------
     def _pairs(self, frm: Any, to: Any) -> list[tuple[Node, Node]]:
@@ -305,6 +389,23 @@ class Graph:
             yield n
             if n.type is NodeType.GRAPH:
                 yield from n._params["graph"]._walk()
+            elif n.type is NodeType.CONDITIONAL:
+                for b in n._params["bodies"]:
+                    yield from b._walk()
+
+    def _tree_handles(self) -> tuple[list[ConditionalHandle], set[ConditionalHandle]]:
+        """The handles made for this graph and the graphs inside it (child graphs, bodies),
+        and those a conditional node among them uses."""
+        made, used = list(self._handles), set(self._cond_used)
+        for i in self._marks:
+            n = self._nodes[i]
+            inner = (n._params["graph"],) if n.type is NodeType.GRAPH else \
+                n._params["bodies"] if n.type is NodeType.CONDITIONAL else ()
+            for g in inner:
+                m, u = g._tree_handles()
+                made += m
+                used |= u
+        return made, used
 
     def _marked(self, types: tuple[NodeType, ...], *, nested: bool = True) -> list[Node]:
         """The nodes of ``types`` in ``_walk`` order (child graphs' too, if ``nested``), found
@@ -317,6 +418,9 @@ class Graph:
                 out.append(n)
             if nested and n.type is NodeType.GRAPH:
                 out += n._params["graph"]._marked(types)
+            elif nested and n.type is NodeType.CONDITIONAL:
+                for b in n._params["bodies"]:
+                    out += b._marked(types)
         return out
 
     # -- clone, DOT, instantiate -------------------------------------------------------------
@@ -324,6 +428,12 @@ class Graph:
         """The clone a child graph node owns (``node.params["graph"]``)."""
         g = self.clone()
         g._embedded = True
+        return g
+
+    def _body_clone(self, parent: Graph) -> Graph:
+        """A copy of this body for the copy ``parent`` of the graph holding its node."""
+        g = self._clone()
+        g._body, g._parent = True, parent
         return g
 
     def _refuse_memory_node(self) -> None:
@@ -344,6 +454,7 @@ class Graph:
         g._freed = set(self._freed)
         g._marks = list(self._marks)
         g._device, g._devices = self._device, dict(self._devices)
+        g._handles, g._cond_used = list(self._handles), set(self._cond_used)
         g._sources = ((self, len(self._nodes)), *self._sources)
         out = g._nodes
         graph_type = NodeType.GRAPH
@@ -358,6 +469,9 @@ class Graph:
             if n.type is graph_type:
                 params = dict(params)
                 params["graph"] = params["graph"]._embedded_clone()
+            elif n.type is NodeType.CONDITIONAL:
+                params = dict(params)
+                params["bodies"] = tuple(b._body_clone(g) for b in params["bodies"])
             # other params dicts are shared: a node's dict is never changed in place (see Node)
             c = Node(g, n.type, i, params)
             c.site = n.site
@@ -406,6 +520,10 @@ class Graph:
 
         if not isinstance(self, Graph):  # (called unbound, as Graph.instantiate(x))
             raise InvalidTypeError(f"instantiate needs a Graph, not {type(self).__name__}")
+        self._check_alive()
+        if self._body:
+            raise InvalidValueError(f"{self!r} is a conditional node's body: it runs as part of "
+                                    "the graph holding the node, not on its own")
         if upload_stream is not None and not isinstance(upload_stream, Stream):
             raise InvalidTypeError(f"upload_stream must be a Stream or None, not "
                                    f"{type(upload_stream).__name__}")

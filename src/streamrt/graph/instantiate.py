@@ -14,9 +14,11 @@ and the node:
   exec maps its memory, ``GraphExec._map_memory``). Cycles cannot be built (``Graph`` refuses
   the edge that would close one), so no refusal names them.
 
-ERROR is what a backend reports for any other reason; CONDITIONAL_HANDLE_UNUSED belongs to
-conditional nodes. This module imports only errors and node types, so backends may raise the
-same error with the same results.
+- CONDITIONAL_HANDLE_UNUSED: a conditional handle made for the graph (or a graph inside it) that
+  no conditional node uses; ``.node`` is None (the handle is in the message).
+
+ERROR is what a backend reports for any other reason. This module imports only errors and node
+types, so backends may raise the same error with the same results.
 """
 
 from __future__ import annotations
@@ -58,14 +60,21 @@ def devices(graph: Graph) -> dict[Any, Node]:
     nodes = graph._nodes
     for dev, i in graph._devices.items():
         out.setdefault(dev, nodes[i])
-    for n in graph._marked((NodeType.GRAPH,), nested=False):
-        for dev, inner in devices(n._params["graph"]).items():
-            out.setdefault(dev, inner)
+    for n in graph._marked((NodeType.GRAPH, NodeType.CONDITIONAL), nested=False):
+        inner = (n._params["graph"],) if n.type is NodeType.GRAPH else n._params["bodies"]
+        for g in inner:
+            for dev, m in devices(g).items():
+                out.setdefault(dev, m)
     return out
 
 
 def check(graph: Graph) -> None:
     """Refuse a graph no backend of its devices can run (see the module docstring)."""
+    made, used = graph._tree_handles()
+    for h in made:
+        if h not in used:
+            raise refuse(GraphInstantiateResult.CONDITIONAL_HANDLE_UNUSED, None,
+                         f"{h!r} is used by no conditional node")
     found = devices(graph)
     if not found:
         return

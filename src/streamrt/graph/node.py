@@ -26,6 +26,7 @@ class NodeType(Enum):
     EVENT_RECORD = 7
     MEM_ALLOC = 10
     MEM_FREE = 11
+    CONDITIONAL = 13
 
 
 class Node:
@@ -73,6 +74,15 @@ class Node:
             raise InvalidValueError(f"{self!r} is not a MEM_ALLOC node")
         return self._params["ptr"]
 
+    @property
+    def bodies(self) -> tuple[Graph, ...]:
+        """A CONDITIONAL node's body graphs (``cudaConditionalNodeParams.phGraph_out``): add
+        their nodes there; IF with size 2 is if/else, SWITCH runs body ``value``."""
+        self.graph._check_alive()
+        if self.type is not NodeType.CONDITIONAL:
+            raise InvalidValueError(f"{self!r} is not a CONDITIONAL node")
+        return self._params["bodies"]  # type: ignore[no-any-return]
+
     def label(self) -> str:
         """A short description: type, kernel name, key parameters."""
         self.graph._check_alive()
@@ -95,6 +105,9 @@ class Node:
             return f"MEM_ALLOC {hex(p['ptr'])} {p['nbytes']} B"
         if t is NodeType.MEM_FREE:
             return f"MEM_FREE {hex(p['ptr'])}"
+        if t is NodeType.CONDITIONAL:
+            return (f"CONDITIONAL {p['kind'].name} handle #{p['handle'].id}"
+                    f" ({len(p['bodies'])} {'body' if len(p['bodies']) == 1 else 'bodies'})")
         if t in (NodeType.EVENT_RECORD, NodeType.WAIT_EVENT):
             return f"{t.name} {p['event']!r}"
         return t.name

@@ -4,7 +4,9 @@ a new one are refused, and taking the new parameters.
 Nodes pair by creation order. Refused: a topology change (TOPOLOGY_CHANGED), a node-type change
 (NODE_TYPE_CHANGED), a kernel node moved to another device, a copy or memset whose direction or
 device changed (PARAMETERS_CHANGED), any change to a memory node (NOT_SUPPORTED); a kernel node
-may switch to another kernel function on its device.
+may switch to another kernel function on its device. A conditional node keeps its kind, size and
+device (PARAMETERS_CHANGED) and pairs its bodies' nodes as a child graph's; it takes the new
+graph's handle (the new graph's kernels set that one), whose default comes with it.
 """
 
 from __future__ import annotations
@@ -71,6 +73,17 @@ def diff(old: Graph, new: Graph) -> tuple[GraphExecUpdateResult, Node | None, st
             sub = diff(po["graph"], pn["graph"])
             if sub is not None:
                 return sub[0], n, f"in child graph {n!r}: {sub[2]}"
+        if t is NodeType.CONDITIONAL:
+            if po["kind"] is not pn["kind"] or len(po["bodies"]) != len(pn["bodies"]):
+                return R.PARAMETERS_CHANGED, n, f"{n!r} changed its kind or size"
+            if po["device"] is not pn["device"]:
+                return R.PARAMETERS_CHANGED, n, f"{n!r} moved to another device"
+            if (po["handle"].default is None) != (pn["handle"].default is None):
+                return R.PARAMETERS_CHANGED, n, f"{n!r}: its handle's default was added or removed"
+            for k, (bo, bn) in enumerate(zip(po["bodies"], pn["bodies"])):
+                sub = diff(bo, bn)
+                if sub is not None:
+                    return sub[0], n, f"in body {k} of {n!r}: {sub[2]}"
     return None
 
 
@@ -80,6 +93,13 @@ def adopt(old: Graph, new: Graph) -> list[Node]:
     for o, n in zip(old._nodes, new._nodes):
         if o.type is NodeType.GRAPH:
             changed += adopt(o._params["graph"], n._params["graph"])
+        elif o.type is NodeType.CONDITIONAL:
+            # the new graph's handle (its kernels set that one) with the exec's bodies, which
+            # take the new bodies' parameters
+            for bo, bn in zip(o._params["bodies"], n._params["bodies"]):
+                changed += adopt(bo, bn)
+            o._params = {**n._params, "bodies": o._params["bodies"]}
+            changed.append(o)
         elif o.type not in (NodeType.MEM_ALLOC, NodeType.MEM_FREE):
             o._params = dict(n._params)
             changed.append(o)

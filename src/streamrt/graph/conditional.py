@@ -1,0 +1,191 @@
+"""Conditional nodes (CUDA 12.4+ ``cudaGraphConditionalHandle``, ACL ``aclmdlRICond*``):
+handles, the body rules, and how a replaying backend runs a conditional node.
+
+State and invariants:
+- A handle belongs to the graph it was made for (``graph``) and holds one device ``uint64`` at
+  ``ptr`` (ACL's ``aclmdlRICondHandleGetCondPtr``: any kernel or copy may write it;
+  ``ctx.set_condition`` does, as ``cudaGraphSetConditional``). The storage is the handle's
+  own, shared by every exec of the graph, and freed when the handle is collected: the nodes
+  of graphs and the operations of plans that use it hold the handle.
+- A handle is used by at most one conditional node: in its own graph or in a body inside it
+  (``Graph._cond_used``, kept by clones). Instantiate refuses a graph holding a handle no
+  conditional node uses (CONDITIONAL_HANDLE_UNUSED).
+- ``default`` (None: none) is written at the start of every launch (``cudaGraphCondAssignDefault``),
+  in stream order, before any node runs: a replaying backend runs the frontend's prologue
+  (:func:`defaults_op`), a backend with conditional nodes of its own sets it natively.
+- A body (``node.bodies``) is a graph of its own, ``_body`` set: it takes kernel, empty,
+  memcpy, memset, child (of those kinds) and conditional nodes only (:data:`BODY_KINDS`).
+- Replays (:func:`run`): IF runs body 0 when the value is not 0, else body 1 if there is one;
+  WHILE runs body 0 while the value is not 0, tested before each iteration; SWITCH runs body
+  ``value`` when it is below the node's size. The value is read when the node runs.
+- The sanitizer sees body nodes as nodes of the launch: their place in the DAG is
+  :class:`~streamrt.graph.compile.Nested` (the conditional node's place, the body execution's
+  number, the node's place in the body); ``NEST`` carries the body execution being run.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import itertools
+import weakref
+from enum import IntEnum
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .. import instrument
+from ..errors import InvalidTypeError, InvalidValueError
+from .node import NodeType
+
+if TYPE_CHECKING:
+    from ..device import Device
+    from .graph import Graph
+
+__all__ = ["BODY_KINDS", "ConditionalHandle", "ConditionalType", "NEST", "body_refusal",
+           "defaults_op", "run"]
+
+
+class ConditionalType(IntEnum):
+    """``cudaGraphConditionalNodeType``."""
+
+    IF = 0
+    WHILE = 1
+    SWITCH = 2
+
+
+BODY_KINDS = frozenset((NodeType.KERNEL, NodeType.EMPTY, NodeType.MEMCPY, NodeType.MEMSET,
+                        NodeType.GRAPH, NodeType.CONDITIONAL))
+
+_U64 = np.dtype(np.uint64)
+_ids = itertools.count(1)
+
+
+class ConditionalHandle:
+    """A conditional node's condition (``cudaGraphConditionalHandle``): a device ``uint64``."""
+
+    __slots__ = ("id", "graph", "default", "device", "ptr", "_cell", "__weakref__")
+
+    def __init__(self, graph: Graph, default: int | None, device: Device) -> None:
+        self.id = next(_ids)
+        self.graph = graph  # the graph it was made for (a body's handle: that body)
+        self.default = default
+        self.device = device
+        impl = device._impl
+        self.ptr = impl.malloc(8)
+        from ..pool import registry  # (registry builds on the device layer, as graphs do)
+
+        registry._requested[self.ptr] = 8
+        if instrument.listeners:
+            instrument.notify("alloc", None, self.ptr, 8)
+        self._cell: np.ndarray | None = None  # a host view of the value, where the backend has one
+        weakref.finalize(self, _release, impl, self.ptr)
+        if default is not None:  # the value before any launch, as a launch would set it
+            try:
+                self.cell()[0] = default
+            except Exception:  # noqa: S110 - a backend without host views sets it at launch
+                pass
+
+    def __repr__(self) -> str:
+        d = "" if self.default is None else f" default={self.default}"
+        return f"<ConditionalHandle #{self.id} of graph #{self.graph.id}{d}>"
+
+    def cell(self) -> np.ndarray:
+        """A one-element ``uint64`` host view of the value (replaying backends: the memory is
+        the host's); made once."""
+        c = self._cell
+        if c is None:
+            c = self._cell = self.device._impl.view(self.ptr, (1,), _U64, False)
+        return c
+
+
+def _release(impl: Any, ptr: int) -> None:
+    from ..pool import registry
+
+    registry._requested.pop(ptr, None)
+    try:
+        impl.free(ptr)
+    except Exception:  # noqa: S110 - the device was reset meanwhile: the memory is gone already
+        pass
+
+
+def check_value(value: Any, what: str) -> int:
+    """A condition value: an int in ``[0, 2**64)``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise InvalidTypeError(f"{what} must be an int, not {type(value).__name__}")
+    v = int(value)
+    if not 0 <= v < 1 << 64:
+        raise InvalidValueError(f"{what} must be in [0, 2**64), not {v}")
+    return v
+
+
+def body_refusal(graph: Graph) -> str | None:
+    """Why ``graph`` (a child graph being added to a body) cannot be in a body, or None."""
+    for n in graph._nodes:
+        if n.type not in BODY_KINDS:
+            return f"{n!r}: {_RULE}"
+        if n.type is NodeType.GRAPH:
+            why = body_refusal(n._params["graph"])
+            if why is not None:
+                return why
+    return None
+
+
+_RULE = "a conditional body takes kernel, empty, memcpy, memset, child graph and conditional nodes only"
+
+
+def rule() -> str:
+    """The body rule, as refusals state it."""
+    return _RULE
+
+
+# -- replaying ------------------------------------------------------------------------------------
+# the body execution being run, for the sanitizer: (the conditional node's place in the DAG, the
+# execution's number); None outside bodies
+NEST: contextvars.ContextVar[tuple[Any, int] | None] = contextvars.ContextVar(
+    "streamrt_nest", default=None)
+_runs = itertools.count(1)  # body executions: numbers only compared within one conditional node
+
+
+def run(h: ConditionalHandle, cell: np.ndarray, kind: int, bodies: tuple, reach: Any) -> None:
+    """Stream operation (a replaying backend's conditional node): read the value, run the body
+    it selects (``bodies``: each body's ``(fn, args)``), as often as the kind says. ``reach``
+    (instrumented plans): the node's place in the DAG, for its body nodes'."""
+    if reach is not None:
+        nest = NEST.get()
+        if nest is not None:  # a conditional node inside a body: its place in that execution
+            from .compile import Nested
+
+            reach = Nested(nest[0], nest[1], reach)
+    if kind == 1:  # WHILE
+        fn, args = bodies[0]
+        while cell[0]:
+            _body(fn, args, reach)
+        return
+    v = int(cell[0])
+    # IF: body 0 when not 0, else body 1 if there is one; SWITCH: body v
+    k = (0 if v else 1 if len(bodies) == 2 else -1) if kind == 0 else v if v < len(bodies) else -1
+    if k >= 0:
+        _body(*bodies[k], reach)
+
+
+def _body(fn: Any, args: tuple, reach: Any) -> None:
+    if reach is None:
+        fn(*args)
+        return
+    token = NEST.set((reach, next(_runs)))
+    try:
+        fn(*args)
+    finally:
+        NEST.reset(token)
+
+
+def defaults_op(handles: list[ConditionalHandle]) -> tuple[Any, tuple] | None:
+    """The operation writing the handles' defaults (those that have one), or None."""
+    writes = [(h.cell(), h.default, h) for h in handles if h.default is not None]
+    return (_set_defaults, (writes,)) if writes else None
+
+
+def _set_defaults(writes: list[tuple[np.ndarray, int, ConditionalHandle]]) -> None:
+    """Stream operation: ``cudaGraphCondAssignDefault`` at the start of a launch."""
+    for cell, value, _ in writes:
+        cell[0] = value
