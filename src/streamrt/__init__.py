@@ -54,6 +54,7 @@ from .graph.instantiate import GraphInstantiateResult
 from .graph.scope import graph_capture
 from .graph.update import GraphExecUpdateResult
 from .host_memory import free, free_host, malloc, malloc_host, memcpy, memset, read, write
+from .interop import from_dlpack, host_array
 from .kernel import Dim3, Kernel, KernelContext, kernel
 from .pool import MemPool, MemPoolAttr
 from .stream import Event, Stream, current_stream
@@ -73,7 +74,7 @@ __all__ = [
     "malloc", "free", "malloc_host", "free_host", "memcpy", "memset", "read", "write",
     "MemPool", "MemPoolAttr",
     # tensors and two-phase operators
-    "Tensor", "TensorDesc", "ops",
+    "Tensor", "TensorDesc", "ops", "from_dlpack", "host_array",
     # tools
     "sanitizer", "trace",
     # graphs

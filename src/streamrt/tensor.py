@@ -198,7 +198,8 @@ def _stream(stream: Any) -> Any:
 class Tensor:
     """A device tensor: a :class:`TensorDesc` and a device pointer (``aclTensor``)."""
 
-    __slots__ = ("desc", "device", "stream", "_ptr", "_key", "_owner", "_storage", "__weakref__")
+    __slots__ = ("desc", "device", "stream", "_ptr", "_key", "_owner", "_storage", "_keep",
+                 "__weakref__")
 
     def __init__(
         self, desc: TensorDesc, ptr: int, *, device: Any = None, stream: Any = None
@@ -221,6 +222,7 @@ class Tensor:
         self._key = _intern((desc._kid, dev))  # metadata + device: the executor-cache key part
         self._owner = True
         self._storage = desc.storage_nbytes  # bytes from ptr the memory holds (views inherit it)
+        self._keep: Any = None  # what the memory needs alive (an imported producer's array)
 
     # -- construction -----------------------------------------------------------------------
     @classmethod
@@ -304,6 +306,27 @@ class Tensor:
         s.memcpy(host, ptr, nbytes)
         s.synchronize()  # surfaces a failure of the work that produced the data
         return np.ndarray(d.shape, d.dtype, host, d._boff, d._bstrides).copy()
+
+    # -- interoperability (interop.py) --------------------------------------------------------------
+    def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None,
+                   copy: bool | None = None) -> Any:
+        """DLPack export, zero-copy (versioned capsule when ``max_version >= (1, 0)``)."""
+        from . import interop
+
+        return interop.export(self, stream=stream, max_version=max_version, dl_device=dl_device,
+                              copy=copy)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """``(device type, device id)`` as DLPack names them."""
+        from . import interop
+
+        return interop.dlpack_device(self)
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        """The data after the device's pending work (a view of a cpu tensor's memory)."""
+        from . import interop
+
+        return interop.array_of(self, dtype, copy)
 
     def free(self, stream: Any = None) -> None:
         """Return the memory to its pool in ``stream`` order (default: the allocating stream)."""

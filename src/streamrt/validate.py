@@ -53,7 +53,20 @@ def check_ptr(ptr: Any, what: str = "pointer") -> int:
 
 
 def host_view(obj: Any, nbytes: int, *, writable: bool) -> np.ndarray:
-    """A flat ``uint8`` view of a host buffer (numpy array, bytearray, memoryview, bytes)."""
+    """A flat ``uint8`` view of a host buffer (numpy array, bytearray, memoryview, bytes, or a
+    DLPack producer of host memory: a PyTorch CPU tensor, say), zero-copy."""
+    if not isinstance(obj, np.ndarray) and hasattr(obj, "__dlpack__") and \
+            not type(obj).__module__.startswith("streamrt"):  # (a Tensor is device memory)
+        try:
+            host = int(obj.__dlpack_device__()[0]) in (1, 3)  # kDLCPU, kDLCUDAHost
+        except Exception:  # noqa: BLE001 - not a working producer: judged as any other object
+            host = False
+        if host:
+            try:
+                obj = np.from_dlpack(obj)
+            except (BufferError, TypeError, ValueError, RuntimeError) as exc:
+                raise InvalidValueError(f"a copy endpoint of type {type(obj).__name__}: its "
+                                        f"DLPack export failed: {exc}") from None
     if isinstance(obj, np.ndarray):
         if obj.dtype.hasobject:  # its bytes are PyObject pointers: never copied as data
             raise InvalidTypeError(f"a host buffer of dtype {obj.dtype} holds Python objects, "

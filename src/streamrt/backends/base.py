@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ..errors import NotSupportedError
+from ..errors import InvalidAddressError, NotSupportedError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -42,8 +42,9 @@ class MemRange(NamedTuple):
     """A backend allocation: ``size`` bytes at ``base``; ``device`` is -1 for pinned host memory.
 
     ``kind`` is ``"malloc"`` (``srt.malloc``), ``"host"`` (``srt.malloc_host``), ``"arena"``
-    (a range :meth:`DeviceImpl.reserve` made for a pool), ``"pool"`` (a native pool's block) or
-    ``"graph"`` (graph memory: ``mapped`` False while no executable graph maps it)."""
+    (a range :meth:`DeviceImpl.reserve` made for a pool), ``"pool"`` (a native pool's block),
+    ``"graph"`` (graph memory: ``mapped`` False while no executable graph maps it) or
+    ``"external"`` (foreign memory mapped by :meth:`DeviceImpl.register`)."""
 
     base: int
     size: int
@@ -292,6 +293,16 @@ class DeviceImpl(ABC):
     def owns(self, ptr: int) -> bool:
         """True when ``ptr`` is the start of a live :meth:`malloc` allocation of this device."""
 
+    def register(self, buf: np.ndarray) -> int:
+        """Map foreign host memory (``buf``: a ``uint8`` numpy view of it, a DLPack import) into
+        the device's addresses, zero-copy; returns its pointer (MemRange kind "external"). The
+        frontend keeps the memory's owner alive until :meth:`unregister`."""
+        raise NotSupportedError(f"{type(self).__name__}.register")
+
+    def unregister(self, ptr: int) -> None:
+        """Forget a :meth:`register` mapping (the memory stays its owner's)."""
+        raise NotSupportedError(f"{type(self).__name__}.unregister")
+
     @abstractmethod
     def free_all(self) -> None:
         """Release every allocation of the device (device reset)."""
@@ -449,3 +460,17 @@ class Backend(ABC):
         """The allocation of any device of this backend, or its pinned host memory, holding
         ``ptr`` (None: none)."""
         raise NotSupportedError(f"{type(self).__name__}.range_of")
+
+    def host_view(self, ptr: int, nbytes: int) -> np.ndarray:
+        """A zero-copy ``uint8`` view of ``nbytes`` of this backend's pinned host memory at
+        ``ptr`` (``srt.host_array``); a range leaving its allocation is refused. By default the
+        pointer is a real host address (as CUDA's pinned memory is)."""
+        import ctypes
+
+        import numpy as np
+
+        r = self.range_of(ptr)
+        if r is None or r.kind != "host" or ptr + nbytes > r.end:
+            raise InvalidAddressError(f"{hex(ptr)}+{nbytes} is not inside pinned host memory")
+        raw = (ctypes.c_uint8 * nbytes).from_address(ptr) if nbytes else bytearray()
+        return np.frombuffer(raw, np.uint8)

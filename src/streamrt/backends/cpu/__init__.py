@@ -8,12 +8,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ...errors import InvalidAddressError, OutOfMemoryError
 from ...validate import env_int
 from ..base import Backend, MemRange
 from .device import CpuDevice, physical_memory
 from .queues import CpuQueue, delay_us, in_operations, set_delay_us
 from .space import HOST_DEVICE, SPACE, hex_
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["SPACE", "CpuBackend", "CpuDevice", "CpuQueue", "delay_us", "in_operations",
            "physical_memory", "set_delay_us"]
@@ -45,6 +50,12 @@ class CpuBackend(Backend):
         if alloc is None or alloc.device != HOST_DEVICE:
             raise InvalidAddressError(f"free_host of {hex_(ptr)}: not a live pinned host allocation")
         SPACE.release(ptr)
+
+    def host_view(self, ptr: int, nbytes: int) -> np.ndarray:
+        alloc = SPACE.find(ptr)
+        if alloc is None or alloc.device != HOST_DEVICE:
+            raise InvalidAddressError(f"{hex_(ptr)} is not inside pinned host memory")
+        return SPACE.span(ptr, nbytes)
 
     def range_of(self, ptr: int) -> MemRange | None:
         alloc = SPACE.find(ptr)

@@ -90,6 +90,14 @@ class CpuDevice(DeviceImpl):
     def used(self) -> int:
         return self._used
 
+    def register(self, buf: np.ndarray) -> int:
+        return SPACE.register(self.index, buf).base
+
+    def unregister(self, ptr: int) -> None:
+        alloc = SPACE.get(ptr)
+        if alloc is not None and alloc.kind == "external":
+            SPACE.release(ptr)
+
     def owns(self, ptr: int) -> bool:
         alloc = SPACE.get(ptr)
         return alloc is not None and alloc.device == self.index and alloc.kind == "malloc"

@@ -103,6 +103,13 @@ class AddressSpace:
         self.reclaim.drain()
         return alloc
 
+    def register(self, device: int, buf: np.ndarray) -> Allocation:
+        """Map foreign host memory (``buf``, a ``uint8`` view of it) at a new address of
+        ``device``'s window, zero-copy: kind "external", exactly ``buf.size`` bytes."""
+        alloc = self.allocate(device, buf.size, "external", buf=buf)
+        alloc.size = buf.size  # (addresses are reserved rounded up; the bounds are the buffer's)
+        return alloc
+
     def _gap(self, start: int, need: int) -> int:
         """The lowest free ``need`` bytes (a guard included) of the window at ``start``: never
         an address of the next device's window, where a lookup would find the wrong device."""
