@@ -12,6 +12,12 @@ without one, so its three views are made at every replay (the general path). Row
 - fork/join layers of width 2, 8 and 64 (``w`` independent nodes after a join node, joined by
   the next), about 1000 nodes of ``tiny_add``, per node, vs the chain of the same kernel
   (target <= 2x): the scheduler's own cost per node, where it shows most;
+- a WHILE conditional node whose body is a chain of ``BODY`` (4) tiny kernels and a counter
+  kernel (``count_to``: it counts the iterations in device memory and sets the handle to 0 after
+  ``nodes // 5`` of them), per executed node, vs the same nodes unrolled in one chain (the
+  counter kernel in each iteration, its handle ``None``: it counts and tests, setting nothing),
+  kernels with and without binders (target <= 2x): what a loop on the device costs per node
+  executed, where it shows most (tiny bodies);
 - the fixed cost of a graph launch: a 1-node graph of a kernel that does nothing, launched
   repeatedly then synchronized, vs ``s.launch`` of the same kernel (target <= 1.5x).
 
@@ -37,6 +43,7 @@ from streamrt.kernel import KernelContext, dim3
 
 N_ELEMS = 256
 WIDTHS = (2, 8, 64)
+BODY = 4  # tiny kernels in the WHILE body (and the counter kernel after them)
 
 
 @srt.kernel
@@ -65,6 +72,38 @@ def nop(ctx):
     pass
 
 
+@srt.kernel
+def count_to(ctx, total, n, h):
+    """One more iteration (``total`` an int64 in device memory); after every ``n``-th, the
+    WHILE loop ends (``h`` its handle; ``None`` in the unrolled chain: it tests, sets nothing)."""
+    t = ctx.array(total, (1,), np.int64)
+    v = t.item() + 1  # (a Python int: a tiny node, as the others are; np.add of 1 costs 1.8 us)
+    t[0] = v
+    if v % n == 0 and h is not None:
+        ctx.set_condition(h, 0)
+
+
+@count_to.binder
+def _count_to_bound(ctx, total, n, h):
+    t = ctx.array(total, (1,), np.int64)
+
+    def step() -> None:
+        v = t.item() + 1
+        t[0] = v
+        if v % n == 0 and h is not None:
+            ctx.set_condition(h, 0)
+    return step
+
+
+@srt.kernel
+def count_to_plain(ctx, total, n, h):
+    t = ctx.array(total, (1,), np.int64)
+    v = t.item() + 1
+    t[0] = v
+    if v % n == 0 and h is not None:
+        ctx.set_condition(h, 0)
+
+
 def chain(k: srt.Kernel, nodes: int, ptrs: tuple) -> srt.Graph:
     """``nodes`` launches of ``k`` one after another."""
     g = srt.Graph()
@@ -85,6 +124,30 @@ def fork_join(k: srt.Kernel, nodes: int, width: int, ptrs: tuple, lanes: list[in
                  for i in range(width)]
         join = g.add_kernel_node(k, *ptrs, deps=layer)
         count += width + 1
+    return g
+
+
+def while_loop(k: srt.Kernel, count: srt.Kernel, iters: int, ptrs: tuple,
+               total: int) -> srt.Graph:
+    """A WHILE node running ``BODY`` launches of ``k`` and ``count`` ``iters`` times a launch."""
+    g = srt.Graph()
+    h = g.create_conditional_handle(default=1)
+    body = g.add_conditional_node(h, srt.ConditionalType.WHILE).bodies[0]
+    prev: tuple = ()
+    for _ in range(BODY):
+        prev = (body.add_kernel_node(k, *ptrs, deps=prev),)
+    body.add_kernel_node(count, total, iters, h, deps=prev)
+    return g
+
+
+def unrolled(k: srt.Kernel, count: srt.Kernel, iters: int, ptrs: tuple, total: int) -> srt.Graph:
+    """The WHILE node's body ``iters`` times in one chain (the same nodes, in the same order)."""
+    g = srt.Graph()
+    prev: tuple = ()
+    for _ in range(iters):
+        for _ in range(BODY):
+            prev = (g.add_kernel_node(k, *ptrs, deps=prev),)
+        prev = (g.add_kernel_node(count, total, iters, None, deps=prev),)
     return g
 
 
@@ -186,6 +249,37 @@ def run(nodes: int = 1000, launches: int = 10, n_rounds: int = 9, quick: bool = 
         res[f"{key}_us"] = ours
         rows.append(row(f"graph replay, fork/join layers of width {w} ({sizes[key]} nodes) vs "
                         "the chain, per node (kernel with binder)", ours, peer, ratios, 2.0, tag))
+    # a loop on the device: a WHILE body vs the same body unrolled, per node executed
+    iters = max(nodes // (BODY + 1), 2)
+    total = srt.malloc(8)
+    srt.write(total, np.zeros(1, np.int64))
+    ran = iters * (BODY + 1)  # nodes a launch of either runs
+    loops: dict[str, tuple[srt.GraphExec, srt.GraphExec]] = {
+        key: (while_loop(k, cnt, iters, ptrs, total).instantiate(),
+              unrolled(k, cnt, iters, ptrs, total).instantiate())
+        for key, k, cnt in (("bound", tiny_add, count_to), ("plain", tiny_add_plain, count_to_plain))}
+    for key, (w, u) in loops.items():
+        w.upload(s)
+        u.upload(s)
+        before = int(srt.read(total, (1,), np.int64)[0])
+        w.launch(s)  # warm, and a check: the loop ran its iterations, no more
+        s.synchronize()
+        after = int(srt.read(total, (1,), np.int64)[0])
+        assert after - before == iters, (key, after - before, iters)
+        replay(u)()
+    for key, what in (("bound", "with"), ("plain", "without")):
+        w, u = loops[key]
+        ours, peer, ratios = rounds(timed(replay(w), launches * ran),
+                                    timed(replay(u), launches * ran), n_rounds)
+        res[f"while_{key}_us"], res[f"unrolled_{key}_us"] = ours, peer
+        rows.append(row(f"graph replay, WHILE node, body a chain of {BODY} tiny kernels and a "
+                        f"counter kernel, {iters} iterations ({ran} nodes run) vs the same body "
+                        f"unrolled {iters} times in one chain, per node run (kernels {what} "
+                        "binder)", ours, peer, ratios, 2.0, tag))
+    for w, u in loops.values():
+        w.destroy()
+        u.destroy()
+    srt.free(total)
     # fixed cost of a launch: a 1-node graph vs s.launch of the same kernel that does nothing
     one = srt.Graph()
     one.add_kernel_node(nop)

@@ -13,7 +13,8 @@ EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.py"
 
 def test_examples_exist():
     assert {p.name for p in EXAMPLES} >= {
-        "stream_ordered_pool.py", "two_phase_invoke.py", "graph_capture.py"}
+        "stream_ordered_pool.py", "two_phase_invoke.py", "graph_capture.py",
+        "jacobi_until_converged.py"}
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
