@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from types import MethodType
 from typing import TYPE_CHECKING, Any, NamedTuple, overload
@@ -81,7 +82,7 @@ def dim3(value: Any, what: str = "grid") -> Dim3:
 class Kernel:
     """A kernel: a Python body ``fn(ctx, *args)`` and, optionally, CUDA C source for the cuda backend."""
 
-    __slots__ = ("fn", "name", "cuda_source", "signature", "bind", "__weakref__")
+    __slots__ = ("fn", "name", "cuda_source", "signature", "bind", "_lo", "_hi", "__weakref__")
 
     def __init__(
         self,
@@ -93,14 +94,38 @@ class Kernel:
     ) -> None:
         if not callable(fn):
             raise InvalidTypeError(f"a kernel body must be callable, not {type(fn).__name__}")
-        self.fn = fn
+        self.fn = fn  # (sets _lo and _hi: see __setattr__)
         self.name = name or getattr(fn, "__name__", "kernel")
         self.cuda_source = cuda
         self.signature = signature
         self.bind: Callable[..., Callable[[], Any]] | None = None
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        if name == "fn":  # the arguments a launch may pass after ctx, checked where it is made
+            object.__setattr__(self, "_lo", 0)
+            object.__setattr__(self, "_hi", _UNBOUNDED)
+            lo_hi = _arity(value)
+            if lo_hi is not None:
+                object.__setattr__(self, "_lo", lo_hi[0])
+                object.__setattr__(self, "_hi", lo_hi[1])
+
     def __repr__(self) -> str:
         return f"<Kernel {self.name}>"
+
+    def _refuse(self, n: int) -> None:
+        """A launch (or kernel node) passing ``n`` arguments the body cannot take: refused where
+        it is made, not at a later synchronize."""
+        want = f"{self._lo}" if self._lo == self._hi else (
+            f"at least {self._lo}" if self._hi == _UNBOUNDED else f"{self._lo} to {self._hi}")
+        raise InvalidTypeError(f"kernel {self.name!r} takes {want} argument(s) after ctx, "
+                               f"{n} given")
+
+    def check_args(self, args: tuple) -> None:
+        """Refuse an argument count the body cannot take."""
+        n = len(args)
+        if n < self._lo or n > self._hi:
+            self._refuse(n)
 
     def binder(self, fn: Callable[..., Callable[[], Any]]) -> Callable[..., Callable[[], Any]]:
         """Decorator: ``fn(ctx, *args)`` makes the views once and returns a no-argument callable
@@ -111,6 +136,31 @@ class Kernel:
             raise InvalidTypeError(f"a binder must be callable, not {type(fn).__name__}")
         self.bind = fn
         return fn
+
+
+_UNBOUNDED = 1 << 30
+
+
+def _arity(fn: Any) -> tuple[int, int] | None:
+    """The positional arguments ``fn(ctx, *args)`` takes after ``ctx``: (fewest, most), or None
+    when its signature cannot be read or it takes keywords only past ctx (anything goes)."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    lo = hi = 0
+    for p in sig.parameters.values():
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            hi += 1
+            if p.default is p.empty:
+                lo += 1
+        elif p.kind is p.VAR_POSITIONAL:
+            hi = _UNBOUNDED
+        elif p.kind is p.KEYWORD_ONLY and p.default is p.empty:
+            return None  # a required keyword no launch can pass: the call fails as it would
+    if hi == 0:
+        return None  # not even ctx: the call fails where it runs, as it would
+    return max(lo - 1, 0), hi - 1 if hi != _UNBOUNDED else _UNBOUNDED
 
 
 @overload

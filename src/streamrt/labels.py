@@ -7,10 +7,11 @@ its stream for good.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["WRAPPER", "describe", "fn_label", "host_call"]
+__all__ = ["WRAPPER", "describe", "fn_label", "host_call", "site_line"]
 
 # set on a callable ``w(info, fn, args)`` that runs ``fn(*args)`` for an observer (the
 # sanitizer's and tracer's wrapper): the label is the wrapped operation's
@@ -53,3 +54,18 @@ def _describe(fn: Callable[..., Any], args: tuple, exc: BaseException | None) ->
     if fn is host_call and args:
         return f"host function {fn_label(args[0])!r}"
     return getattr(fn, "__name__", repr(fn))
+
+
+def site_line(code: Any, lasti: int) -> str:
+    """``file:line`` of the instruction at byte offset ``lasti`` of ``code`` (a frame's
+    ``f_code`` and ``f_lasti``, kept instead of the line: working the line out costs more)."""
+    try:
+        line = next((ln for start, end, ln in code.co_lines() if start <= lasti < end), None)
+        name = code.co_filename
+        try:
+            name = os.path.relpath(name)
+        except ValueError:  # another drive (Windows)
+            pass
+        return f"{name}:{line}" if line is not None else name
+    except Exception:  # noqa: BLE001 - a label never raises
+        return ""

@@ -16,6 +16,7 @@ as :class:`LaunchError` by the first synchronize that covers them.
 from __future__ import annotations
 
 import itertools
+import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -33,6 +34,7 @@ from .kernel import Kernel, KernelContext, dim3, exact_ints
 from .pool import ArenaPool, MemPool
 from .pool.registry import _owners
 from .sync import after_sync, covered, reach, retire
+from .labels import site_line
 from .validate import check_bool, check_byte, check_ptr, check_size, is_bool, is_int
 
 _owners_get = _owners.get  # live pool pointer -> pool
@@ -42,6 +44,9 @@ __all__ = ["Stream", "Event", "current_stream"]  # current_stream: device.py, as
 _ids = itertools.count(1)
 # process-wide switches read on every enqueue, recomputed whenever one changes
 _launch_blocking = False  # every enqueue synchronous (sync.set_launch_blocking)
+_getframe = sys._getframe
+_SITES = 256  # kernel launches whose sites a stream remembers (a power of two)
+_SITE_MASK = _SITES - 1
 _global_slow = False  # launch blocking, a sanitizer or a tracer: the slow path for every stream
 _observed = False  # a sanitizer or tracer and no launch blocking (instrument.launch applies)
 
@@ -65,7 +70,7 @@ class Stream:
     __slots__ = (
         "device", "id", "priority", "non_blocking", "_legacy", "_q", "_pos", "_clock", "_host",
         "_destroyed", "_ctxs", "_ctx1", "_target", "_slow", "_lock", "_inline", "_recorded",
-        "_push", "_cv", "_snap", "_wref", "__weakref__",
+        "_push", "_cv", "_snap", "_wref", "_sites", "__weakref__",
     )
 
     def __init__(
@@ -110,6 +115,9 @@ class Stream:
         self._destroyed = False
         self._ctxs: dict[Any, KernelContext] = {}
         self._ctx1 = self._context(1, 1)
+        # where the latest kernel launches were made, for a LaunchError: slot pos % _SITES holds
+        # (pos, code, instruction offset), the line worked out only when a failure names it
+        self._sites: list[tuple[int, Any, int] | None] = [None] * _SITES
         # where validated work goes: EAGER (the queue), or the Capture the stream takes part in
         self._target: Any = EAGER
         # held by an instrumented enqueue on a cpu queue from its count to its submit, so
@@ -246,16 +254,25 @@ class Stream:
             ctx = self._context(grid, block)  # validates (numpy ints pass, others are refused)
         if self._slow or _global_slow or type(kernel) is not Kernel:
             if _observed and not self._slow and self._inline and type(kernel) is Kernel:
-                return instrument.launch(self, kernel, ctx, args)  # the same, in fewer steps
+                kernel.check_args(args)
+                instrument.launch(self, kernel, ctx, args)  # the same, in fewer steps
+                self._note_site(self._pos)
+                return None
             return self._launch_slow(kernel, ctx, args)
         # the hottest path of the runtime: a non-blocking stream with no capture or hooks
+        n = len(args)
+        if n < kernel._lo or n > kernel._hi:  # refused here, at the launch's line
+            kernel._refuse(n)
         push = self._push
         if push is not None:  # the queue's operations are the work: add it (InlineQueue)
             try:  # the body bound to the context: no tuple made per launch holds the context
                 run = ctx._runs[kernel.fn]
             except (KeyError, TypeError):
                 run = ctx._runner(kernel.fn)
-            self._pos += 1
+            p = self._pos + 1
+            self._pos = p
+            f = _getframe(1)
+            self._sites[p & _SITE_MASK] = (p, f.f_code, f.f_lasti)
             push((run, args))
             q = self._q
             if q.idle:  # type: ignore[attr-defined]
@@ -265,6 +282,7 @@ class Stream:
         fn, a = q.op_launch(kernel, ctx, args)  # a refused argument raises before counting
         self._pos += 1
         q.submit(fn, a)
+        self._note_site(self._pos)
 
     def _context(self, grid: Any, block: Any) -> KernelContext:
         ctx = KernelContext(dim3(grid, "grid"), dim3(block, "block"), self.device, self)
@@ -275,8 +293,25 @@ class Stream:
     def _launch_slow(self, kernel: Any, ctx: KernelContext, args: tuple) -> None:
         if type(kernel) is not Kernel:
             raise InvalidTypeError(f"launch needs an @srt.kernel, not {type(kernel).__name__}")
+        kernel.check_args(args)
         self._check_alive()
+        before = self._pos
         self._target.kernel(self, kernel, ctx, args)
+        if self._pos != before:  # enqueued (not captured): the launch is the latest operation
+            self._note_site(self._pos, 3)
+
+    def _note_site(self, pos: int, depth: int = 2) -> None:
+        """Remember where the launch at ``pos`` was made (``depth`` frames up: the caller of
+        ``launch``)."""
+        f = _getframe(depth)
+        self._sites[pos & _SITE_MASK] = (pos, f.f_code, f.f_lasti)
+
+    def _site_of(self, pos: int) -> str:
+        """``file:line`` of the kernel launch at ``pos``, or "" (not a launch, or too long ago)."""
+        e = self._sites[pos & _SITE_MASK]
+        if e is None or e[0] != pos:
+            return ""
+        return site_line(e[1], e[2])
 
     def memcpy(self, dst: Any, src: Any, nbytes: int) -> None:
         """Enqueue a copy (``cudaMemcpyAsync``); each side a device pointer or a host buffer.

@@ -112,7 +112,8 @@ def after_sync(device: Device, covered: list[tuple[Stream, int]], extra: list | 
     errors: list[tuple[int, BaseException, str, str]] = []
     for s, upto in covered:
         for pos, exc, what in s._q.take_errors(upto):
-            errors.append((pos, exc, what, s.name))
+            site = s._site_of(pos)
+            errors.append((pos, exc, what, f"{s.name} (launched at {site})" if site else s.name))
     for q in extra or ():
         for pos, exc, what in q.take_errors():
             errors.append((pos, exc, what, q.name))

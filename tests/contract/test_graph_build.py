@@ -167,7 +167,9 @@ def test_graph_bad_params_refused(buf, dev):
     cases = [
         (srt.InvalidTypeError, "kernel", lambda: g.add_kernel_node(print, buf)),
         (srt.InvalidValueError, "grid", lambda: g.add_kernel_node(fill_kernel, buf, N, 1.0, grid=0)),
-        (srt.InvalidTypeError, "block", lambda: g.add_kernel_node(fill_kernel, buf, block=1.5)),
+        (srt.InvalidTypeError, "block", lambda: g.add_kernel_node(fill_kernel, buf, N, 1.0,
+                                                                  block=1.5)),
+        (srt.InvalidTypeError, "takes 3 argument", lambda: g.add_kernel_node(fill_kernel, buf)),
         (srt.InvalidValueError, ">= 0", lambda: g.add_memset_node(buf, 0, -1)),
         (srt.InvalidValueError, "0-255", lambda: g.add_memset_node(buf, 256, 4)),
         (srt.InvalidTypeError, "int", lambda: g.add_memset_node(buf, 1.0, 4)),

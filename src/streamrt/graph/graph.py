@@ -192,6 +192,7 @@ class Graph:
         """Add a KERNEL node (``cudaGraphAddKernelNode``)."""
         if not isinstance(kernel, Kernel):
             raise InvalidTypeError(f"a kernel node needs an @srt.kernel, not {type(kernel).__name__}")
+        kernel.check_args(args)
         # the default launch shape without a lookup (dim3 caches the same objects)
         params = {"kernel": kernel, "args": args,
                   "grid": _ONE_GRID if grid.__class__ is int and grid == 1 else dim3(grid, "grid"),

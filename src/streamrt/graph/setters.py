@@ -66,6 +66,7 @@ class NodeUpdates:
                                block: Any = None) -> None:
         """Replace a kernel node's arguments (and launch shape) for later launches."""
         t = self._node(node, NodeType.KERNEL)
+        t._params["kernel"].check_args(args)
         p = dict(t._params)
         p["args"] = tuple(args)
         if grid is not None:

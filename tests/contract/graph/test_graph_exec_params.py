@@ -198,7 +198,7 @@ def test_graph_exec_set_params_refusals(s, bufs):
     with pytest.raises(srt.InvalidTypeError):
         ge.set_host_node_params(h, 5)
     with pytest.raises(srt.InvalidValueError):  # a node of another graph
-        ge.set_kernel_node_params(srt.Graph().add_kernel_node(fill_kernel), a)
+        ge.set_kernel_node_params(srt.Graph().add_kernel_node(fill_kernel, a, N, 1.0), a, N, 1.0)
     with pytest.raises(srt.InvalidTypeError):
         ge.set_kernel_node_params("node", a)
     # the refusals changed nothing
