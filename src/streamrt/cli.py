@@ -1,4 +1,4 @@
-"""The ``streamrt`` command: ``demo``, ``bench``, ``info``."""
+"""The ``streamrt`` command: ``demo``, ``bench``, ``info`` (``info --ops``: the operators)."""
 
 from __future__ import annotations
 
@@ -9,17 +9,32 @@ import sys
 
 import numpy as np
 
-from . import __version__, bench, demos, sanitizer
+from . import __version__, bench, demos, ops, sanitizer
 from .backends import BACKENDS, get_backend
 from .backends.cpu import delay_us
 from .demos import SECTION_NAMES
 from .device import Device
 from .errors import BackendUnavailableError, StreamRTError
+from .ops.docs import summary
 from .sync import launch_blocking
 from .trace import trace
 
 
+def _ops() -> int:
+    """``streamrt info --ops``: every operator, its slots, attributes, dtypes and workspace."""
+    print(f"operators ({len(ops.OPS)}); help(ops.NAME) shows one in full")
+    print("  phase 1: ws_size, ex = ops.NAME.get_workspace_size(*tensors, **attrs)")
+    print("  phase 2: ops.NAME(workspace, ws_size, ex, stream)")
+    print("  both:    ops.run(ops.NAME, *tensors, stream=s, **attrs)")
+    for op in ops.OPS.values():
+        for line in summary(op):
+            print(f"  {line}")
+    return 0
+
+
 def _info(args: argparse.Namespace) -> int:
+    if args.ops:
+        return _ops()
     print(f"streamrt {__version__}  (Python {platform.python_version()}, numpy {np.__version__}, "
           f"{platform.machine()}, {os.cpu_count()} cores)")
     print("backends:")
@@ -114,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="repeat the whole set N times: medians, ranges, pass in every run")
     b.set_defaults(fn=_bench)
     i = sub.add_parser("info", help="versions, backends, devices, settings")
+    i.add_argument("--ops", action="store_true",
+                   help="list the operators instead: inputs -> outputs, attributes with their "
+                        "defaults, dtypes, workspace")
     i.set_defaults(fn=_info)
     args, extra = ap.parse_known_args(argv)
     if extra:  # with the usage of the command they were given to

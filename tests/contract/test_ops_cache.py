@@ -29,6 +29,13 @@ def T(s, a, dtype=F32):
     return srt.Tensor.from_numpy(np.asarray(a, dtype), stream=s)
 
 
+def ws_size(op, *tensors, **attrs) -> int:
+    """Phase 1's workspace size; the executor is destroyed (a dropped one is a leak)."""
+    size, ex = op.get_workspace_size(*tensors, **attrs)
+    ex.destroy()
+    return size
+
+
 def rnd(shape, seed=0, dtype=F32):
     return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
 
@@ -41,7 +48,7 @@ def test_cache_hit_after_miss(s):
         ops.run(ops.softmax, x, out, stream=s, cache=c)
     st = c.stats()
     assert (st["hits"], st["misses"], st["entries"]) == (2, 1, 1)
-    assert st["bytes"] == ops.softmax.get_workspace_size(x, out)[0] > 0
+    assert st["bytes"] == ws_size(ops.softmax, x, out) > 0
     after = ops.stats()["softmax"]
     assert after["plans"] - before["plans"] == 1 + 1  # the run's plan and the size query above
     assert after["cache_hits"] - before["cache_hits"] == 2
@@ -204,8 +211,8 @@ def test_cache_evicts_least_recently_used_by_entries(s):
 def test_cache_evicts_by_bytes(s):
     x1, o1 = T(s, rnd((256, 8))), T(s, np.zeros((256, 8)))
     x2, o2 = T(s, rnd((128, 8))), T(s, np.zeros((128, 8)))
-    w1 = ops.softmax.get_workspace_size(x1, o1)[0]
-    w2 = ops.softmax.get_workspace_size(x2, o2)[0]
+    w1 = ws_size(ops.softmax, x1, o1)
+    w2 = ws_size(ops.softmax, x2, o2)
     assert w1 > w2 > 0
     c = ops.ExecutorCache(max_bytes=w1 + w2 - 1)
     ops.run(ops.softmax, x1, o1, stream=s, cache=c)

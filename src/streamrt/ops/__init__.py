@@ -2,7 +2,10 @@
 
 ``op.get_workspace_size(*tensors, **attrs) -> (size, executor)`` is phase 1 (metadata only);
 ``op(workspace, size, executor, stream)`` is phase 2 (enqueue only); ``run`` does both with the
-workspace from the pool, and optionally an :class:`ExecutorCache`.
+workspace from the pool, and optionally an :class:`ExecutorCache`. Each operator documents its
+slots, attributes, dtypes and workspace (``help(ops.add)``, ``streamrt info --ops``; ``ops.docs``);
+the kernels it enqueues are named after it (``ops.reduce_sum (_sum_level)``) in sanitizer
+findings and traces. Executor lifetime: see :class:`Executor` (``with ex:`` destroys it).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from ..kernel import Kernel
 from ..tensor import TensorDesc
 
 __all__ = ["F16", "F32", "F64", "FLOATS", "WS_ALIGN", "acc_dtype", "view", "region",
-           "Layout", "two_step"]
+           "Layout", "two_step", "for_op", "kernel_name"]
 
 F16, F32, F64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
 FLOATS = (F16, F32, F64)
@@ -46,12 +46,21 @@ def region(ctx: Any, ws: int, off: int, shape: tuple, dtype: np.dtype) -> np.nda
     return ctx.array(ws + off, shape, dtype)
 
 
-def two_step(views: Callable[..., tuple]) -> Callable[[Callable[..., None]], Kernel]:
+def kernel_name(op: str, fn: str) -> str:
+    """What the sanitizer, traces and failures call a kernel of ``ops.<op>``: the public
+    operator first, its inner kernel after (``ops.reduce_sum (_sum_level)``)."""
+    return f"ops.{op} ({fn})"
+
+
+def two_step(views: Callable[..., tuple], op: str | None = None
+             ) -> Callable[[Callable[..., None]], Kernel]:
     """Decorator: the kernel ``fn(*views(ctx, *args))``, with a binder making the views once.
 
     ``views`` makes views only (no computing, no reading): graph replay calls it when the plan
     is built and then only ``fn`` (``Kernel.binder``), while eager launches and checked replays
-    (sanitizer, tracer) run both every time. The kernel is named after ``fn``."""
+    (sanitizer, tracer) run both every time. The kernel is named ``kernel_name(op, fn)`` (a
+    kernel that several operators share is named after ``fn``; each operator launches its own
+    copy, :func:`for_op`)."""
 
     def make(fn: Callable[..., None]) -> Kernel:
         def body(ctx: Any, *args: Any) -> None:
@@ -59,11 +68,19 @@ def two_step(views: Callable[..., tuple]) -> Callable[[Callable[..., None]], Ker
 
         body.__name__, body.__qualname__, body.__module__ = fn.__name__, fn.__qualname__, \
             fn.__module__
-        k = Kernel(body, name=fn.__name__)
+        k = Kernel(body, name=fn.__name__ if op is None else kernel_name(op, fn.__name__))
         k.binder(lambda ctx, *args: functools.partial(fn, *views(ctx, *args)))
         return k
 
     return make
+
+
+def for_op(k: Kernel, op: str) -> Kernel:
+    """The shared kernel ``k`` as ``ops.<op>`` launches it: the same body and binder (launch
+    caches key on the body, so nothing is duplicated), named for the operator."""
+    named = Kernel(k.fn, name=kernel_name(op, k.fn.__name__))
+    named.bind = k.bind
+    return named
 
 
 class Layout:

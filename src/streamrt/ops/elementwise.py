@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..tensor import TensorDesc
-from .common import Layout, region, two_step, view
+from .common import Layout, for_op, region, two_step, view
 from .cuda import plan_binary
 from .framework import Attr, Op, Plan, float_attr
 
@@ -46,8 +46,22 @@ def _binary_kernel(x: Any, y: Any, xb: Any, yb: Any, o: Any, ufunc: Any, alpha: 
 
 
 class _Binary(Op):
+    """What ``add`` and ``mul`` share: broadcasting, the casts, one kernel per operator."""
+
     inputs = ("x", "y")
-    ufunc: Any = None
+    _ufunc: Any = None  # private: pydoc would show numpy's docstring of a public ufunc
+    slot_docs = {
+        "x": "any shape that broadcasts with y (numpy rules); read in place, strided or not.",
+        "y": "any shape that broadcasts with x.",
+        "out": "the broadcast shape of x and y; may be x or y itself (in place), never a "
+               "partial overlap.",
+    }
+    dtype_doc = ("Mixed dtypes are accepted on cpu (computed in numpy's result type of x and "
+                 "y, then cast to out); cuda needs one dtype for every tensor.")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._kernel = for_op(_binary_kernel, self.name)  # named ops.add / ops.mul in findings
 
     def _check(self, x: TensorDesc, y: TensorDesc, o: TensorDesc) -> tuple[int, ...]:
         """The broadcast shape, which ``out`` must have."""
@@ -78,30 +92,34 @@ class _Binary(Op):
         impl = "same_shape" if x.shape == y.shape == shape else "broadcast"
         if xoff >= 0 or yoff >= 0:
             impl += "+cast" if not scaled else "+scale"
-        params = (self.ufunc, x, y, o, cdt, xoff, yoff, cdt.type(alpha) if scaled else None)
+        params = (self._ufunc, x, y, o, cdt, xoff, yoff, cdt.type(alpha) if scaled else None)
         grid = min(blocks, 65535)
         launch_needed = o.numel > 0
+        kernel = self._kernel
 
         def enqueue(s: Any, ws: int | None, a: list) -> None:
             if launch_needed:
-                s.launch(_binary_kernel, a[0], a[1], a[2], ws, params, grid=grid, block=BLOCK)
+                s.launch(kernel, a[0], a[1], a[2], ws, params, grid=grid, block=BLOCK)
 
         return Plan(lay.total(), enqueue, impl, {"blocks": blocks, "block": BLOCK})
 
 
 class Add(_Binary):
-    """``out = x + alpha * y`` with broadcasting (``aclnnAdd``)."""
+    """``out = x + alpha * y``, elementwise with numpy broadcasting (``aclnnAdd``)."""
 
     name = "add"
-    ufunc = np.add
-    attrs = {"alpha": Attr(float_attr, 1.0)}
+    _ufunc = np.add
+    attrs = {"alpha": Attr(float_attr, 1.0, "the factor of y, rounded to the compute dtype.")}
+    workspace_doc = ("x and/or y cast to the compute dtype when the dtypes differ, and "
+                     "alpha * y when alpha != 1; 0 bytes for one dtype and alpha == 1.")
 
 
 class Mul(_Binary):
-    """``out = x * y`` with broadcasting (``aclnnMul``)."""
+    """``out = x * y``, elementwise with numpy broadcasting (``aclnnMul``)."""
 
     name = "mul"
-    ufunc = np.multiply
+    _ufunc = np.multiply
+    workspace_doc = "x and/or y cast to the compute dtype when the dtypes differ; else 0 bytes."
 
 
 add = Add()

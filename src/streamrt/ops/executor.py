@@ -13,10 +13,19 @@ State of one executor (DESIGN.md §4):
   new tensors) never changes it.
 - ``_owner``: the creating thread. Every public call from another thread raises ExecutorError
   (the seed's rule: two-phase resources belong to the calling thread, like aclnn's cache).
+- ``_site``: where phase 1 was called (``(file, line)``, "" inside ``ops.run``), for the leak
+  warning.
 Module state: ``_live`` counts executors created and not yet RELEASED (``live_executors`` in
 ``ops.stats()``), guarded by ``_lock``. ``_release`` is idempotent, so the owner's ``destroy`` and
-the queued release may race harmlessly. An executor that is never destroyed stays counted even
-once unreferenced, as an aclnn executor would: that is how a leak shows.
+the queued release may race harmlessly.
+
+Lifetime (aclnn's rules): a one-shot executor is released after its one run; a repeatable one,
+or one that never ran, must be destroyed by its user (``destroy()``, or ``with ex:``). One
+garbage-collected while still READY is a leak of the program: ``__del__`` warns
+(``ResourceWarning``, naming the op and the phase-1 call site) and releases it, so that
+``live_executors`` does not grow forever. Executors that an ``ExecutorCache`` holds, a graph
+keeps, or ``ops.run`` releases are never collected while READY, so they never warn; nor does a
+CONSUMED one collected before its queued release ran (its work was discarded).
 
 Release choice: a one-shot executor is released by a host function enqueued right after its
 kernels (``stream.launch_host_func``): "when its work completes" in stream order, with no
@@ -33,12 +42,14 @@ that ``_launch`` queues after ``_enqueue``; ``_launch`` is the place to branch o
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import ExecutorError
+from ..instrument import format_site
 from ..pool import device_of, usable_bytes
 from ..validate import is_int
 
@@ -90,12 +101,21 @@ def check_room(what: str, ptr: int, need: int, device: Any, align: int = 1) -> i
 
 
 class Executor:
-    """Phase 1's product: the validated plan of one operator call (``aclOpExecutor``)."""
+    """Phase 1's product: the validated plan of one operator call (``aclOpExecutor``).
+
+    Lifetime, as in aclnn: a non-repeatable executor runs once and is released when that run's
+    work completes (nothing to do). A repeatable one (``set_repeatable()``), or one that was
+    never run, must be destroyed: ``ex.destroy()`` (``aclDestroyAclOpExecutor``), or use it as
+    a context manager, ``with ex: ...``, which destroys it on leaving (work already enqueued
+    keeps its own arguments and completes). One dropped undestroyed is released when collected,
+    with a ``ResourceWarning`` naming the operator and where it was planned. Executors owned by
+    an ``ops.ExecutorCache`` or made by ``ops.run`` are released by them.
+    """
 
     __slots__ = (
         "op", "op_name", "device", "impl", "tiling", "descs", "n_inputs", "_ws", "_fn",
         "_addrs", "_repeatable", "_state", "_ran", "_owner", "_runs", "_ins", "_outs", "_checked", "_counts",
-        "__weakref__",
+        "_site", "__weakref__",
     )
 
     def __init__(
@@ -114,8 +134,8 @@ class Executor:
         self._fn: Callable[[Stream, int | None, list], None] | None = plan.enqueue
         self._addrs = addrs
         self._repeatable = False
-        self._state = READY
         self._ran = False
+        self._site: Any = ""
         self._owner = threading.current_thread()
         self._runs = 0
         # the owner thread's counters of the op: only the owner runs an executor (phase 2 checks
@@ -129,6 +149,7 @@ class Executor:
         self._outs = tuple(sp for sp in spans if sp[0] >= n_inputs)
         with _lock:
             _live += 1
+        self._state = READY  # last: ``__del__`` releases only an executor that was counted
 
     def __repr__(self) -> str:
         state = ("ready", "ran, release queued", "released")[self._state]
@@ -211,6 +232,37 @@ class Executor:
         """Release the executor (``aclDestroyAclOpExecutor``); a no-op once it was released."""
         self._check_owner("destroy")
         self._release()
+
+    def __enter__(self) -> Executor:
+        """``with ex:``: the executor, destroyed when the block ends (even by an exception)."""
+        self._check_owner("with")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()
+
+    def __del__(self) -> None:
+        try:
+            state = self._state
+        except AttributeError:  # __init__ failed before counting it
+            return
+        if state == RELEASED:
+            return
+        try:
+            self._release()  # first: counted right even if the warning is turned into an error
+            if state == READY:  # nobody destroyed it: the program's leak (see the module doc)
+                site = self._site
+                where = f" planned at {format_site(site)}" if site else ""
+                what = (f"ran {self._runs} time(s)" if self._ran else "never ran")
+                warnings.warn(
+                    f"ops.{self.op_name} executor{where} was garbage-collected undestroyed "
+                    f"({'repeatable, ' if self._repeatable else ''}{what}); call "
+                    "ex.destroy() or use `with ex:` (released now)", ResourceWarning,
+                    stacklevel=2)
+        except Warning:  # -W error: raised, so that it shows (as an unraisable exception)
+            raise
+        except Exception:  # noqa: S110 - interpreter shutdown: module globals may be gone
+            pass
 
     # -- phase 2 internals ---------------------------------------------------------------------
     def _enqueue(self, stream: Stream, workspace: int | None) -> None:

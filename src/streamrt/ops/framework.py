@@ -28,6 +28,7 @@ from ..stream import Stream, current_stream
 from ..tensor import Tensor, TensorDesc
 from ..validate import check_bool, is_bool, is_int
 from .common import FLOATS, WS_ALIGN
+from .docs import attr_type, compose
 from .executor import (
     INNER,
     INNER_FIND_KERNEL,
@@ -56,10 +57,15 @@ class Plan(NamedTuple):
 
 
 class Attr(NamedTuple):
-    """An attribute: a checker ``check(op_name, attr_name, value) -> value`` and a default."""
+    """An attribute: a checker ``check(op_name, attr_name, value) -> value``, a default, and
+    what it means (one sentence, for the operator's docstring and ``streamrt info --ops``)."""
 
     check: Callable[[str, str, Any], Any]
     default: Any
+    doc: str = ""
+
+    def __repr__(self) -> str:
+        return f"Attr({attr_type(self.check)}, default={self.default!r})"
 
 
 def _bad(op: str, msg: str, code: int = PARAM_INVALID) -> ExecutorError:
@@ -111,7 +117,12 @@ def normalize_axis(op: str, axis: int, ndim: int, name: str = "axis") -> int:
 
 
 class Op:
-    """Base of the two-phase operators: declares tensor slots and attributes; plans in ``_plan``."""
+    """Base of the two-phase operators: declares tensor slots and attributes; plans in ``_plan``.
+
+    A subclass with a ``name`` gets its docstring composed from its declarations (``ops.docs``):
+    its own docstring (what it computes), ``slot_docs``, each ``Attr``'s doc, ``dtype_doc`` and
+    ``workspace_doc``; ``help(ops.<name>)`` shows it.
+    """
 
     name: ClassVar[str] = ""
     version: ClassVar[int] = 1  # part of every cache key: bump it when a plan changes
@@ -121,6 +132,17 @@ class Op:
     attrs: ClassVar[dict[str, Attr]] = {}
     dtypes: ClassVar[tuple[np.dtype, ...]] = FLOATS
     formats: ClassVar[tuple[str, ...]] = ND_FORMATS
+    slot_docs: ClassVar[dict[str, str]] = {}  # one line per tensor slot
+    dtype_doc: ClassVar[str] = ("Mixed dtypes are accepted on cpu (computed in float32, or "
+                                "float64 if any tensor is); cuda needs one dtype for every tensor.")
+    workspace_doc: ClassVar[str] = "0 bytes."  # what phase 1's workspace holds, and when
+    _written_doc: ClassVar[str] = ""  # the subclass's own docstring, before composing
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        if cls.__dict__.get("name"):  # an operator (not an abstract family like _Binary)
+            cls._written_doc = cls.__dict__.get("__doc__") or ""
+            cls.__doc__ = compose(cls)
 
     def __init__(self) -> None:
         self._stats = OpStats()
@@ -135,6 +157,7 @@ class Op:
     def get_workspace_size(self, *tensors: Any, **attrs: Any) -> tuple[int, Executor]:
         """Phase 1 (``aclnnXxxGetWorkspaceSize``): validate metadata, plan; never reads data."""
         ex = self._make(tensors, attrs)
+        ex._site = instrument._raw_site()  # where it was planned, named if it leaks (cheap)
         return ex._ws, ex
 
     def _make(self, tensors: tuple, attrs: dict[str, Any]) -> Executor:
@@ -218,7 +241,10 @@ class Op:
     # -- phase 2 ---------------------------------------------------------------------------------
     def __call__(self, workspace: int | None, workspace_size: int, executor: Executor,
                  stream: Stream | None = None) -> None:
-        """Phase 2 (``aclnnXxx``): check the workspace and executor, then enqueue only."""
+        """Phase 2 (``aclnnXxx``): check the workspace and executor, then enqueue only.
+
+        A non-repeatable executor is released once this run's work completes; a repeatable one
+        stays until ``executor.destroy()`` (or the end of ``with executor:``)."""
         name = self.name
         if executor is None:
             raise _bad(name, "executor is None", NULLPTR)
@@ -267,7 +293,7 @@ def _check_workspace(name: str, ws: Any, size: int, ex: Executor) -> None:
     # a workspace refused above is an error, not a sanitizer finding too: nothing was enqueued,
     # and a finding would raise again at the next synchronize an error the caller handled
     if instrument.listeners:
-        instrument.notify("tag", ws, f"workspace of {name}")  # names it in later findings
+        instrument.notify("tag", ws, f"workspace of ops.{name}")  # names it in later findings
 
 
 def stats(*, reset: bool = False) -> dict[str, Any]:

@@ -49,7 +49,7 @@ def _mm_direct_views(ctx: Any, ap: int, bp: int, op_: int, ws: int | None, p: tu
             view(ctx, op_, od, False))
 
 
-@two_step(_mm_direct_views)
+@two_step(_mm_direct_views, "matmul")
 def _mm_direct(a: tuple, b: tuple, o: Any) -> None:
     np.matmul(_cast(a), _cast(b), out=o, casting="unsafe")
 
@@ -60,7 +60,7 @@ def _mm_partials_views(ctx: Any, ap: int, bp: int, ws: int, p: tuple) -> tuple:
             region(ctx, ws, part_off, part_shape, acc), bounds)
 
 
-@two_step(_mm_partials_views)
+@two_step(_mm_partials_views, "matmul")
 def _mm_partials(a: tuple, b: tuple, part: Any, bounds: tuple) -> None:
     x, y = _cast(a), _cast(b)
     for i, (k0, k1) in enumerate(bounds):  # one block of the grid per split
@@ -72,7 +72,7 @@ def _mm_reduce_views(ctx: Any, op_: int, ws: int, p: tuple) -> tuple:
     return region(ctx, ws, part_off, part_shape, acc), view(ctx, op_, od, False)
 
 
-@two_step(_mm_reduce_views)
+@two_step(_mm_reduce_views, "matmul")
 def _mm_reduce(part: Any, o: Any) -> None:
     np.sum(part, axis=0, out=o)
 
@@ -82,6 +82,14 @@ class Matmul(Op):
 
     name = "matmul"
     inputs = ("a", "b")
+    slot_docs = {
+        "a": "(..., M, K), at least 2-d; strided or not.",
+        "b": "(..., K, N), at least 2-d; its batch dims broadcast with a's (numpy rules).",
+        "out": "(*batch, M, N): the broadcast batch dims, then M and N.",
+    }
+    workspace_doc = ("a and/or b cast to float32 when float16 (or to float64 when the other "
+                     "is), and, with split-K (K >= 2048 and M * N <= 65536), the partial "
+                     "products of up to 8 K-slices in the accumulation dtype; else 0 bytes.")
 
     def _dims(self, a: TensorDesc, b: TensorDesc, o: TensorDesc) -> tuple[int, int, int, tuple]:
         """``(M, K, N, batch)``; checks ranks, inner dims, batch broadcast and ``out``'s shape."""

@@ -35,7 +35,7 @@ def _softmax_stats_views(ctx: Any, xp: int, op_: int, ws: int, p: tuple) -> tupl
             axis, acc)
 
 
-@two_step(_softmax_stats_views)
+@two_step(_softmax_stats_views, "softmax")
 def _softmax_stats(x: Any, e: Any, m: Any, total: Any, axis: int, acc: np.dtype) -> None:
     np.max(x, axis=axis, keepdims=True, out=m)
     np.subtract(x, m, out=e, casting="unsafe")
@@ -49,7 +49,7 @@ def _softmax_apply_views(ctx: Any, op_: int, ws: int, p: tuple) -> tuple:
     return o, _scratch(ctx, ws, buf_off, xd.shape, acc, o), region(ctx, ws, sum_off, sshape, acc)
 
 
-@two_step(_softmax_apply_views)
+@two_step(_softmax_apply_views, "softmax")
 def _softmax_apply(o: Any, e: Any, total: Any) -> None:
     np.divide(e, total, out=o, casting="unsafe")
 
@@ -59,7 +59,12 @@ class Softmax(Op):
 
     name = "softmax"
     inputs = ("x",)
-    attrs = {"axis": Attr(int_attr, -1)}
+    attrs = {"axis": Attr(int_attr, -1, "the axis normalised (negative counts from the end).")}
+    slot_docs = {"x": "at least 1-d, strided or not.",
+                 "out": "x's shape; may be x itself (in place)."}
+    workspace_doc = ("each row's max and sum of exponentials (one value per row, float32 for "
+                     "float16 else the accumulation dtype), plus the exponentials themselves "
+                     "when out is float16.")
 
     def _axis(self, x: TensorDesc, o: TensorDesc, attrs: dict) -> int:
         """The normalised axis; checks ``x``'s rank and ``out``'s shape."""
@@ -103,7 +108,7 @@ def _ln_stats_views(ctx: Any, xp: int, op_: int, ws: int, p: tuple) -> tuple:
             axes, acc, eps)
 
 
-@two_step(_ln_stats_views)
+@two_step(_ln_stats_views, "layer_norm")
 def _ln_stats(x: Any, d: Any, mean: Any, rstd: Any, axes: tuple, acc: np.dtype,
               eps: float) -> None:
     np.mean(x, axis=axes, keepdims=True, dtype=acc, out=mean)
@@ -124,7 +129,7 @@ def _ln_apply_views(ctx: Any, op_: int, wp: int | None, bp: int | None, ws: int,
             None if bd is None else view(ctx, bp, bd, True))
 
 
-@two_step(_ln_apply_views)
+@two_step(_ln_apply_views, "layer_norm")
 def _ln_apply(o: Any, d: Any, rstd: Any, w: Any, b: Any) -> None:
     np.multiply(d, rstd, out=d, casting="unsafe")
     if w is not None:
@@ -136,16 +141,30 @@ def _ln_apply(o: Any, d: Any, rstd: Any, w: Any, b: Any) -> None:
 
 
 class LayerNorm(Op):
-    """Normalise over the last ``normalized_ndim`` axes, then ``* weight + bias`` (aclnnLayerNorm).
+    """``out = (x - mean) / sqrt(var + eps) * weight + bias`` over the last axes (aclnnLayerNorm).
 
-    ``weight`` and ``bias`` are optional (None); when given, their shape is the normalised shape
-    and fixes ``normalized_ndim`` (default 1).
+    The mean and (biased) variance are taken over the last ``normalized_ndim`` axes. ``weight``
+    and ``bias`` are optional (None: a scale of 1, a shift of 0); when given, their shape is the
+    normalised shape and fixes ``normalized_ndim``.
     """
 
     name = "layer_norm"
     inputs = ("x", "weight", "bias")
     optional = frozenset({"weight", "bias"})
-    attrs = {"eps": Attr(float_attr, 1e-5), "normalized_ndim": Attr(optional_int_attr, None)}
+    attrs = {
+        "eps": Attr(float_attr, 1e-5, "added to the variance; finite and >= 0."),
+        "normalized_ndim": Attr(optional_int_attr, None, "how many trailing axes are normalised "
+                                "(1 to x.ndim); None: weight's or bias's ndim, else 1."),
+    }
+    slot_docs = {
+        "x": "at least normalized_ndim dimensions, none of the normalised ones empty.",
+        "weight": "the normalised shape (x.shape[-normalized_ndim:]).",
+        "bias": "the normalised shape.",
+        "out": "x's shape; may be x itself (in place).",
+    }
+    workspace_doc = ("each row's mean and 1/sqrt(var + eps) (one value per row, float32 for "
+                     "float16 else the accumulation dtype), plus the centred values when out "
+                     "is float16.")
 
     def _k(self, x: TensorDesc, w: TensorDesc | None, b: TensorDesc | None, o: TensorDesc,
            attrs: dict) -> int:

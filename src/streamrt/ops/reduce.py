@@ -30,7 +30,7 @@ def _pack_views(ctx: Any, xp: int, dst: int, p: tuple) -> tuple:
     return ctx.array(dst, packed_shape, acc), view(ctx, xp, xd, True).transpose(perm)
 
 
-@two_step(_pack_views)
+@two_step(_pack_views, "reduce_sum")
 def _pack(dst: Any, x: Any) -> None:
     np.copyto(dst, x, casting="unsafe")
 
@@ -47,7 +47,7 @@ def _sum_level_views(ctx: Any, src: int, dst: int, p: tuple) -> tuple:
     return blocks, rest, acc
 
 
-@two_step(_sum_level_views)
+@two_step(_sum_level_views, "reduce_sum")
 def _sum_level(blocks: tuple | None, rest: tuple | None, acc: np.dtype) -> None:
     if blocks is not None:
         np.sum(blocks[0], axis=2, dtype=acc, out=blocks[1])
@@ -62,7 +62,7 @@ def _sum_final_views(ctx: Any, src: int, op_: int, p: tuple) -> tuple:
     return x, (o.reshape(a, b) if od.is_contiguous else o), od.is_contiguous, acc
 
 
-@two_step(_sum_final_views)
+@two_step(_sum_final_views, "reduce_sum")
 def _sum_final(x: Any, o: Any, contiguous: bool, acc: np.dtype) -> None:
     if contiguous:
         np.sum(x, axis=1, dtype=acc, out=o)
@@ -74,17 +74,30 @@ def _zero_views(ctx: Any, op_: int, od: TensorDesc) -> tuple:
     return (view(ctx, op_, od, False),)
 
 
-@two_step(_zero_views)
+@two_step(_zero_views, "reduce_sum")
 def _zero(o: Any) -> None:
     o[...] = 0
 
 
 class ReduceSum(Op):
-    """Sum over ``axis`` (None: all, an int or a tuple), ``keepdims`` as numpy (aclnnReduceSum)."""
+    """``out = x.sum(axis, keepdims=keepdims)``: a tree reduction (``aclnnReduceSum``)."""
 
     name = "reduce_sum"
     inputs = ("x",)
-    attrs = {"axis": Attr(axes_attr, None), "keepdims": Attr(bool_attr, False)}
+    attrs = {
+        "axis": Attr(axes_attr, None, "the axes summed: None for all, an int, or a tuple of "
+                                      "distinct ints (negative counts from the end)."),
+        "keepdims": Attr(bool_attr, False, "keep each summed axis as a size-1 dimension."),
+    }
+    slot_docs = {
+        "x": "any shape (0-d too), strided or not.",
+        "out": "x's shape without the summed axes (with them as 1 if keepdims); an empty sum "
+               "is 0.",
+    }
+    workspace_doc = ("the partial sums of each tree level (in float32 for float16, else the "
+                     "accumulation dtype), plus x packed when it is strided or its summed axes "
+                     "are not adjacent; 0 bytes when one level suffices (at most 256 summed "
+                     "elements of a contiguous x).")
 
     def _axes(self, x: TensorDesc, o: TensorDesc, attrs: dict) -> tuple[int, ...]:
         """The reduced axes, normalised and sorted; checks ``out``'s shape."""

@@ -57,7 +57,7 @@ def _pack_views(ctx: Any, xp: int, ws: int, p: tuple) -> tuple:
     return region(ctx, ws, pack_off, od.shape, acc), view(ctx, xp, xd, True).reshape(-1)
 
 
-@two_step(_pack_views)
+@two_step(_pack_views, "cumsum")
 def _pack(dst: Any, x: Any) -> None:
     np.copyto(dst, x, casting="unsafe")
 
@@ -69,7 +69,7 @@ def _scan_blocks_views(ctx: Any, xp: int, op_: int, ws: int | None, p: tuple) ->
             None if sums_off >= 0 else _finish_views(ctx, op_, ws, p), bounds, acc)
 
 
-@two_step(_scan_blocks_views)
+@two_step(_scan_blocks_views, "cumsum")
 def _scan_blocks(x: Any, t: Any, sums: Any, fin: tuple | None, bounds: tuple,
                  acc: np.dtype) -> None:
     for s, e in bounds:
@@ -84,7 +84,7 @@ def _scan_sums_views(ctx: Any, ws: int, p: tuple) -> tuple:
     return (region(ctx, ws, p[7], p[8], p[3]),)
 
 
-@two_step(_scan_sums_views)
+@two_step(_scan_sums_views, "cumsum")
 def _scan_sums(sums: Any) -> None:
     np.cumsum(sums, axis=-1, out=sums)
 
@@ -95,7 +95,7 @@ def _scan_offsets_views(ctx: Any, op_: int, ws: int, p: tuple) -> tuple:
             _finish_views(ctx, op_, ws, p), bounds)
 
 
-@two_step(_scan_offsets_views)
+@two_step(_scan_offsets_views, "cumsum")
 def _scan_offsets(t: Any, sums: Any, fin: tuple | None, bounds: tuple) -> None:
     for i, (s, e) in enumerate(bounds[1:]):  # block i + 1 follows blocks 0..i
         np.add(t[..., s:e], sums[..., i : i + 1], out=t[..., s:e], casting="unsafe")
@@ -107,7 +107,13 @@ class Cumsum(Op):
 
     name = "cumsum"
     inputs = ("x",)
-    attrs = {"axis": Attr(optional_int_attr, None)}
+    attrs = {"axis": Attr(optional_int_attr, None, "the axis scanned (negative counts from the "
+                                                   "end); None scans x flattened in C order.")}
+    slot_docs = {"x": "any shape (0-d only with axis=None), strided or not.",
+                 "out": "x's shape, or (x.size,) with axis=None."}
+    workspace_doc = ("the block totals of the scan (when the axis spans more than one block of "
+                     "512+ elements), a float32 buffer when out is float16, and x packed when "
+                     "axis=None and x is strided; 0 bytes for a one-block float32/64 scan.")
 
     def _axis(self, x: TensorDesc, o: TensorDesc, attrs: dict) -> int | None:
         """The normalised axis (None: flattened); checks ``out``'s shape."""
