@@ -220,7 +220,8 @@ class KernelContext:
         if handle not in self._conds:
             raise IllegalStateError(f"set_condition({handle!r}): only a kernel of the graph that "
                                     f"owns it, or of a body inside that graph, may set it")
-        handle.cell()[0] = v
+        # through the context's view: the sanitizer sees the write as the kernel's
+        self.array(handle.ptr, (1,), _U64)[0] = v
 
     def _runner(self, fn: Any) -> Callable[..., Any]:
         """``fn`` bound to this context (made once per body; at most 256 kept)."""
@@ -267,4 +268,5 @@ class KernelContext:
 
 
 _NO_CONDS: frozenset = frozenset()
+_U64 = np.dtype(np.uint64)
 _last = LAST_VIEWS  # the views made last (see backends/base.py), a module global: no attribute load

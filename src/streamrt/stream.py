@@ -31,10 +31,10 @@ from .event import Event
 from .graph import capture
 from .graph import memory as graph_memory
 from .kernel import Kernel, KernelContext, dim3, exact_ints
+from .labels import site_line
 from .pool import ArenaPool, MemPool
 from .pool.registry import _owners
 from .sync import after_sync, covered, reach, retire
-from .labels import site_line
 from .validate import check_bool, check_byte, check_ptr, check_size, is_bool, is_int
 
 _owners_get = _owners.get  # live pool pointer -> pool

@@ -66,7 +66,7 @@ def compile_graph(template: Graph, disabled: set[int], stream: Stream,
                                                  None)
     runner = impl.graph_runner(flat, ops_of, marks, use_node_priority=use_node_priority)
     if used and not impl.graph_conditionals_native:
-        prologue = conditional.defaults_op(used)
+        prologue = conditional.defaults_op(used, anc is not None)
         if prologue is not None:
             runner = _Prologue(runner, prologue)
     if anc is None:
@@ -126,7 +126,7 @@ class _Level:
             ops.append(runner.op_launch(self.stream._q))
         h = p["handle"]
         return (conditional.run, (h, h.cell(), int(p["kind"]), tuple(ops),
-                                  None if anc is None else anc[i]))
+                                  None if anc is None else (index, here, anc[i])))
 
 
 class _Prologue(GraphRunner):

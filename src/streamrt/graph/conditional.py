@@ -146,26 +146,48 @@ NEST: contextvars.ContextVar[tuple[Any, int] | None] = contextvars.ContextVar(
 _runs = itertools.count(1)  # body executions: numbers only compared within one conditional node
 
 
-def run(h: ConditionalHandle, cell: np.ndarray, kind: int, bodies: tuple, reach: Any) -> None:
+def run(h: ConditionalHandle, cell: np.ndarray, kind: int, bodies: tuple, meta: Any) -> None:
     """Stream operation (a replaying backend's conditional node): read the value, run the body
-    it selects (``bodies``: each body's ``(fn, args)``), as often as the kind says. ``reach``
-    (instrumented plans): the node's place in the DAG, for its body nodes'."""
-    if reach is not None:
+    it selects (``bodies``: each body's ``(fn, args)``), as often as the kind says. ``meta``
+    (instrumented plans): the node's index in the launch, its label and its place in the DAG,
+    for its reads of the value and its body nodes' places."""
+    reach = None
+    if meta is not None:
+        reach = meta[2]
         nest = NEST.get()
         if nest is not None:  # a conditional node inside a body: its place in that execution
             from .compile import Nested
 
             reach = Nested(nest[0], nest[1], reach)
+        meta = (meta[0], meta[1], reach)
     if kind == 1:  # WHILE
         fn, args = bodies[0]
-        while cell[0]:
+        while _value(h, cell, meta):
             _body(fn, args, reach)
         return
-    v = int(cell[0])
+    v = _value(h, cell, meta)
     # IF: body 0 when not 0, else body 1 if there is one; SWITCH: body v
     k = (0 if v else 1 if len(bodies) == 2 else -1) if kind == 0 else v if v < len(bodies) else -1
     if k >= 0:
         _body(*bodies[k], reach)
+
+
+def _value(h: ConditionalHandle, cell: np.ndarray, meta: Any) -> int:
+    """The value, read now; observed (``meta``), the read is an access of the node's, after
+    the body executions before it and before those after it."""
+    if meta is not None:
+        from .compile import Nested
+
+        index, label, reach = meta
+        op = instrument.OpInfo(None, "conditional", label, {}, ((h.ptr, 8, False),))
+        op.parent = instrument.current()
+        op.index, op.node, op.ancestors = index, label, Nested(reach, next(_runs), None)
+        instrument.run(op, _nothing, ())
+    return int(cell[0])
+
+
+def _nothing() -> None:
+    """(A read of the value is the whole operation: its access.)"""
 
 
 def _body(fn: Any, args: tuple, reach: Any) -> None:
@@ -179,10 +201,28 @@ def _body(fn: Any, args: tuple, reach: Any) -> None:
         NEST.reset(token)
 
 
-def defaults_op(handles: list[ConditionalHandle]) -> tuple[Any, tuple] | None:
-    """The operation writing the handles' defaults (those that have one), or None."""
+def defaults_op(handles: list[ConditionalHandle], observed: bool = False
+                ) -> tuple[Any, tuple] | None:
+    """The operation writing the handles' defaults (those that have one), or None; ``observed``:
+    the writes are accesses of the launch, before every node of it."""
     writes = [(h.cell(), h.default, h) for h in handles if h.default is not None]
-    return (_set_defaults, (writes,)) if writes else None
+    if not writes:
+        return None
+    return (_set_defaults_observed if observed else _set_defaults, (writes,))
+
+
+# a place in a launch's DAG before every node (``compile.reaches``: chain -1 is no chain, and a
+# node knowing nothing of it has it at -1 >= -1)
+_FIRST = (-1, -1, {})
+
+
+def _set_defaults_observed(writes: list[tuple[np.ndarray, int, ConditionalHandle]]) -> None:
+    """:func:`_set_defaults`, each write an access ordered before the launch's nodes."""
+    op = instrument.OpInfo(None, "conditional", "default", {},
+                           tuple((h.ptr, 8, True) for _, _, h in writes))
+    op.parent = instrument.current()
+    op.index, op.node, op.ancestors = -1, "handle defaults", _FIRST
+    instrument.run(op, _set_defaults, (writes,))
 
 
 def _set_defaults(writes: list[tuple[np.ndarray, int, ConditionalHandle]]) -> None:

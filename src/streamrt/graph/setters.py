@@ -44,6 +44,10 @@ class NodeUpdates:
             raise InvalidTypeError(f"expected a Node, not {type(node).__name__}")
         if self._destroyed:
             raise InvalidHandleError(f"{self!r} was destroyed")
+        if node.graph._body:  # as cudaGraphExec*NodeSetParams: nodes of the exec's graph only
+            raise InvalidValueError(f"{node!r} lies in a conditional node's body: an exec's "
+                                    "per-node setters take nodes of its graph; update bodies "
+                                    "with ge.update(graph)")
         t = node if node.graph is self._template else self._template.find_in_clone(node)
         if types and t.type not in types:
             raise InvalidValueError(f"{node!r} is a {t.type.name} node, not {types[0].name}")

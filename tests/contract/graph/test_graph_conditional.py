@@ -828,9 +828,6 @@ def test_a_failed_while_trip_stops_the_loop(s, mem):
     assert get(mem) == 1  # one trip, no endless loop
 
 
-@pytest.mark.xfail(strict=True, reason="a body node's failure is labelled 'graph node: run' (the "
-                   "conditional node's replay function), not the failing body node: replay._in_node "
-                   "adds one NODE_NOTE per level and labels._describe reports the last (outermost)")
 def test_a_body_kernel_failure_names_the_node(s, mem):
     g = srt.Graph()
     n = g.add_conditional_node(g.create_conditional_handle(default=1), T.IF)
@@ -974,9 +971,6 @@ def test_sanitizer_race_in_every_trip_of_a_racy_while_body(s, mem, san):
     assert 1 <= len(rep) <= 3  # a and b, in one trip or each
 
 
-@pytest.mark.xfail(strict=True, reason="a conditional node's read of its handle (h.ptr) is no "
-                   "access the sanitizer sees: a memset node writing h.ptr unordered with the "
-                   "node is no finding (the value it reads is a race)")
 def test_sanitizer_race_between_a_handle_write_and_the_conditional_node(s, mem, san):
     g = srt.Graph()
     h = g.create_conditional_handle(default=0)
@@ -1015,3 +1009,46 @@ def test_trace_lists_body_nodes_inside_the_launch(s, mem, tmp_path):
         if e["name"] in ("add_k", "countdown_k", "log_k"):
             assert lo <= e["ts"] and e["ts"] + e["dur"] <= hi + 1e-3
             assert "body" in str(e["args"].get("position")), e
+
+
+def test_sanitizer_orders_set_condition_before_the_next_test_and_defaults_first(s, mem, san):
+    """A WHILE body kernel setting the handle, the node's reads between iterations and the
+    launch's default write are ordered: a correct loop has no finding; a kernel outside the
+    body setting the handle, unordered with the node, is one."""
+    @srt.kernel
+    def countdown(ctx, c, h):
+        v = ctx.array(c, (1,), np.int64)
+        v -= 1
+        if v[0] <= 0:
+            ctx.set_condition(h, 0)
+
+    c = slot(mem, ACC)
+    srt.write(c, np.array([3], np.int64))
+    g = srt.Graph()
+    h_ok = g.create_conditional_handle(default=1)
+    w = g.add_conditional_node(h_ok, srt.ConditionalType.WHILE)
+    w.bodies[0].add_kernel_node(countdown, c, h_ok)
+    g.instantiate().launch(s)
+    s.synchronize()
+    assert san.report() == []
+    assert get(mem) == 0  # three trips
+    g2 = srt.Graph()
+    h2 = g2.create_conditional_handle(default=1)
+    n2 = g2.add_conditional_node(h2, srt.ConditionalType.IF)
+    n2.bodies[0].add_empty_node()
+    srt.write(c, np.array([1], np.int64))
+    g2.add_kernel_node(countdown, c, h2)  # no edge to the node reading h2
+    g2.instantiate().launch(s)
+    s.synchronize()
+    assert any(f.kind == "race" for f in san.report())
+
+
+def test_per_node_setters_refuse_body_nodes_saying_why(s, mem):
+    g = srt.Graph()
+    n = g.add_conditional_node(g.create_conditional_handle(default=1), T.IF)
+    k = n.bodies[0].add_kernel_node(add_k, slot(mem, ACC), 1)
+    ge = g.instantiate()
+    with pytest.raises(srt.InvalidValueError, match="ge.update"):
+        ge.set_kernel_node_params(k, slot(mem, ACC), 2)
+    with pytest.raises(srt.InvalidValueError, match="ge.update"):
+        ge.set_node_enabled(k, False)

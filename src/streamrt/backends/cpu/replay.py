@@ -199,6 +199,10 @@ def _in_node(exc: BaseException, fn: Any, args: tuple) -> BaseException:
     """Name the failing node: the stream reports the whole launch as the operation."""
     if getattr(fn, WRAPPER, False):  # wrapped for an observer: the node's own call
         fn, args = args[1], args[2]
+    notes = getattr(exc, "__notes__", None)
+    if isinstance(notes, list) and any(isinstance(n, str) and n.startswith(NODE_NOTE)
+                                       for n in notes):
+        return exc  # a node inside a conditional node's body named itself: the innermost fails
     if fn is not None:
         try:
             exc.add_note(NODE_NOTE + describe(fn, args))
