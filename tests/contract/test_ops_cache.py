@@ -9,16 +9,11 @@ import pytest
 
 import streamrt as srt
 from streamrt import ops
+from tests.contract.ops_fixtures import ops_stream  # noqa: F401 (the fixture s)
 
 F32, F64 = np.float32, np.float64
 
 
-@pytest.fixture
-def s(dev):
-    st = srt.Stream(dev, non_blocking=True)
-    yield st
-    st.synchronize()
-    st.destroy()
 
 
 def live() -> int:

@@ -11,25 +11,14 @@ import streamrt as srt
 from streamrt import ops
 from streamrt.backends.cpu import SPACE
 from tests.conftest import fail_second_launch
+from tests.contract.ops_fixtures import T, live, ops_stream  # noqa: F401 (the fixture s)
 
 F32 = np.float32
 NULLPTR, INVALID, INNER = 161001, 161002, 561000
 
 
-@pytest.fixture
-def s(dev):
-    st = srt.Stream(dev, non_blocking=True)
-    yield st
-    st.synchronize()
-    st.destroy()
 
 
-def live() -> int:
-    return ops.stats()["live_executors"]
-
-
-def T(s, a):
-    return srt.Tensor.from_numpy(np.asarray(a, F32), stream=s)
 
 
 def softmax_setup(s, rows=4, cols=8):

@@ -12,28 +12,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import streamrt as srt
 from streamrt import ops
 from streamrt.errors import ExecutorError
+from tests.contract.ops_fixtures import T, live, ops_stream  # noqa: F401 (the fixture s)
 
 F32 = np.float32
 HERE = Path(__file__).name
 
 
-@pytest.fixture
-def s(dev):
-    st = srt.Stream(dev, non_blocking=True)
-    yield st
-    st.synchronize()
-    st.destroy()
 
 
-def live() -> int:
-    return ops.stats()["live_executors"]
-
-
-def T(s, a):
-    return srt.Tensor.from_numpy(np.asarray(a, F32), stream=s)
 
 
 def setup(s):

@@ -14,16 +14,11 @@ import pytest
 import streamrt as srt
 from streamrt import ops
 from tests.conftest import BAD_ACCESS, fail_second_launch, no_sanitizer
+from tests.contract.ops_fixtures import ops_stream  # noqa: F401 (the fixture s)
 
 F32 = np.float32
 
 
-@pytest.fixture
-def s(dev):
-    st = srt.Stream(dev, non_blocking=True)
-    yield st
-    st.synchronize()
-    st.destroy()
 
 
 @pytest.fixture

@@ -12,17 +12,12 @@ import pytest
 
 import streamrt as srt
 from streamrt import ops
+from tests.contract.ops_fixtures import ops_stream  # noqa: F401 (the fixture s)
 
 F16, F32, F64 = np.float16, np.float32, np.float64
 TOL = {np.dtype(F16): 2e-2, np.dtype(F32): 2e-4, np.dtype(F64): 1e-9}
 
 
-@pytest.fixture
-def s(dev):
-    st = srt.Stream(dev, non_blocking=True)
-    yield st
-    st.synchronize()
-    st.destroy()
 
 
 def rand(shape, dtype, seed=0):

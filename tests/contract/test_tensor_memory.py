@@ -6,14 +6,7 @@ import numpy as np
 import pytest
 
 import streamrt as srt
-
-
-@pytest.fixture
-def s(dev):
-    st = srt.Stream(dev, non_blocking=True)
-    yield st
-    st.synchronize()
-    st.destroy()
+from tests.contract.ops_fixtures import ops_stream  # noqa: F401 (the fixture s)
 
 
 # -- Tensor -------------------------------------------------------------------------------------

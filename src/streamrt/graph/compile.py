@@ -61,7 +61,7 @@ def compile_graph(template: Graph, disabled: set[int], stream: Stream,
     # the handles of its conditional nodes (an update may bring another graph's) and those made
     # for it: its kernels may set them, wherever they lie in the graph (ctx.set_condition)
     used = list(dict.fromkeys(n._params["handle"] for n in template._marked((NodeType.CONDITIONAL,))))
-    conds = frozenset((*used, *template._tree_handles()[0])) if used else frozenset()
+    conds = frozenset((*used, *conditional.tree_handles(template)[0])) if used else frozenset()
     ops_of = _Level(stream, anc is not None).ops(anc, conds, lambda n: node_label(n, template),
                                                  None)
     runner = impl.graph_runner(flat, ops_of, marks, use_node_priority=use_node_priority)

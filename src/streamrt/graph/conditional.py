@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from .graph import Graph
 
 __all__ = ["BODY_KINDS", "ConditionalHandle", "ConditionalType", "NEST", "body_refusal",
-           "defaults_op", "run"]
+           "defaults_op", "node_args", "refuse_unused", "run", "tree_handles"]
 
 
 class ConditionalType(IntEnum):
@@ -116,6 +116,64 @@ def check_value(value: Any, what: str) -> int:
     if not 0 <= v < 1 << 64:
         raise InvalidValueError(f"{what} must be in [0, 2**64), not {v}")
     return v
+
+
+def node_args(graph: Graph, handle: Any, kind: Any, size: Any) -> tuple[ConditionalType, Graph]:
+    """Check ``add_conditional_node``'s arguments on ``graph``: the kind, and the graph that
+    owns the handle (``graph`` or a graph ``graph`` is a body inside)."""
+    if not isinstance(handle, ConditionalHandle):
+        raise InvalidTypeError(f"a conditional node needs a ConditionalHandle, not "
+                               f"{type(handle).__name__}")
+    if not isinstance(kind, ConditionalType):
+        if isinstance(kind, bool) or not isinstance(kind, int):
+            raise InvalidTypeError(f"kind must be a srt.ConditionalType, not {type(kind).__name__}")
+        try:
+            kind = ConditionalType(kind)
+        except ValueError:
+            raise InvalidValueError(f"{kind} is not a srt.ConditionalType") from None
+    if isinstance(size, bool) or not isinstance(size, int):
+        raise InvalidTypeError(f"size must be an int, not {type(size).__name__}")
+    most = {ConditionalType.IF: 2, ConditionalType.WHILE: 1}.get(kind)
+    if size < 1 or (most is not None and size > most):
+        many = {2: "1 or 2 bodies", 1: "1 body"}.get(most or 0, "at least 1 body")
+        raise InvalidValueError(f"a {kind.name} node has {many}, not {size}")
+    owner = handle.graph
+    g: Graph | None = graph
+    while g is not None and g is not owner:
+        g = g._parent
+    if g is None:
+        raise InvalidValueError(f"{handle!r} belongs to {owner!r}: a conditional node of "
+                                f"{graph!r} cannot use it")
+    if handle in owner._cond_used:
+        raise InvalidValueError(f"{handle!r} is already used by a conditional node: a handle "
+                                "serves one conditional node")
+    return kind, owner
+
+
+def tree_handles(graph: Graph) -> tuple[list[ConditionalHandle], set[ConditionalHandle]]:
+    """The handles made for ``graph`` and the graphs inside it (child graphs, bodies), and
+    those a conditional node among them uses."""
+    made, used = list(graph._handles), set(graph._cond_used)
+    for i in graph._marks:
+        n = graph._nodes[i]
+        inner = (n._params["graph"],) if n.type is NodeType.GRAPH else \
+            n._params["bodies"] if n.type is NodeType.CONDITIONAL else ()
+        for g in inner:
+            m, u = tree_handles(g)
+            made += m
+            used |= u
+    return made, used
+
+
+def refuse_unused(graph: Graph) -> None:
+    """Instantiate's CONDITIONAL_HANDLE_UNUSED: a handle of the graph no conditional node uses."""
+    from .instantiate import GraphInstantiateResult, refuse
+
+    made, used = tree_handles(graph)
+    for h in made:
+        if h not in used:
+            raise refuse(GraphInstantiateResult.CONDITIONAL_HANDLE_UNUSED, None,
+                         f"{h!r} is used by no conditional node")
 
 
 def body_refusal(graph: Graph) -> str | None:

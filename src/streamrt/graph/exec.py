@@ -34,6 +34,7 @@ from ..stream import Stream
 from ..validate import is_bool, is_int
 from . import memory
 from .compile import Compiled, compile_graph, node_label
+from .conditional import refuse_unused
 from .eventnodes import Point
 from .gcpause import paused
 from .graph import EVENTS, MEMORY, Graph
@@ -57,6 +58,7 @@ class GraphExec(NodeUpdates):
         if not is_bool(auto_free_on_launch) or not is_bool(use_node_priority):
             raise InvalidTypeError("auto_free_on_launch and use_node_priority must be bools")
         graph._check_alive()
+        refuse_unused(graph)
         check_instantiable(graph)  # the refusals that need no copy of the graph
         self.auto_free_on_launch = bool(auto_free_on_launch)
         # cudaGraphInstantiateFlagUseNodePriority, passed to the backend's graph runner

@@ -16,18 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 from .. import instrument
 from ..device import Device, current_device
-from ..errors import (
-    IllegalStateError,
-    InvalidHandleError,
-    InvalidTypeError,
-    InvalidValueError,
-)
+from ..errors import IllegalStateError, InvalidHandleError, InvalidTypeError, InvalidValueError
 from ..event import Event
 from ..kernel import Kernel, dim3
 from ..validate import check_ptr, check_size
 from . import dot, memory
-from .conditional import BODY_KINDS, ConditionalHandle, ConditionalType, body_refusal, check_value
+from .conditional import BODY_KINDS, ConditionalHandle, ConditionalType, body_refusal, check_value, node_args
 from .conditional import rule as _rule
+from .edges import Edges
 from .gcpause import BULK, building, paused
 from .memory import GraphAlloc
 from .node import Node, NodeType
@@ -47,7 +43,7 @@ MARKED = frozenset((*MEMORY, *EVENTS, NodeType.GRAPH, NodeType.CONDITIONAL))  # 
 NESTS = (NodeType.GRAPH, NodeType.CONDITIONAL)  # the kinds holding graphs
 
 
-class Graph:
+class Graph(Edges):
     """A task graph built explicitly or by stream capture."""
 
     def __init__(self) -> None:
@@ -274,32 +270,7 @@ class Graph:
         """Add a CONDITIONAL node (``cudaGraphAddNode``, ``cudaGraphCondType``): IF (size 2:
         if/else), WHILE (size 1) or SWITCH (any size); its bodies are ``node.bodies``."""
         self._check_alive()
-        if not isinstance(handle, ConditionalHandle):
-            raise InvalidTypeError(f"a conditional node needs a ConditionalHandle, not "
-                                   f"{type(handle).__name__}")
-        if not isinstance(kind, ConditionalType):
-            if isinstance(kind, bool) or not isinstance(kind, int):
-                raise InvalidTypeError(f"kind must be a srt.ConditionalType, not {type(kind).__name__}")
-            try:
-                kind = ConditionalType(kind)
-            except ValueError:
-                raise InvalidValueError(f"{kind} is not a srt.ConditionalType") from None
-        if isinstance(size, bool) or not isinstance(size, int):
-            raise InvalidTypeError(f"size must be an int, not {type(size).__name__}")
-        most = {ConditionalType.IF: 2, ConditionalType.WHILE: 1}.get(kind)
-        if size < 1 or (most is not None and size > most):
-            many = {2: "1 or 2 bodies", 1: "1 body"}.get(most or 0, "at least 1 body")
-            raise InvalidValueError(f"a {kind.name} node has {many}, not {size}")
-        owner = handle.graph
-        g: Graph | None = self
-        while g is not None and g is not owner:
-            g = g._parent
-        if g is None:
-            raise InvalidValueError(f"{handle!r} belongs to {owner!r}: a conditional node of "
-                                    f"{self!r} cannot use it")
-        if handle in owner._cond_used:
-            raise InvalidValueError(f"{handle!r} is already used by a conditional node: a handle "
-                                    "serves one conditional node")
+        kind, owner = node_args(self, handle, kind, size)
         bodies = []
         for _ in range(size):
             b = Graph()
@@ -312,62 +283,6 @@ class Graph:
         if handle.device is not self._device:
             self._note_device(handle.device, node.index)
         return node
-
-    # -- edges ------------------------------------------------------------------------------
-    def _pairs(self, frm: Any, to: Any) -> list[tuple[Node, Node]]:
-        a = self._as_nodes(frm, "frm")
-        b = self._as_nodes(to, "to")
-        if len(a) != len(b):
-            raise InvalidValueError(f"frm and to must have equal lengths ({len(a)} != {len(b)})")
-        pairs = list(zip(a, b))
-        # a batch applies wholly or not at all: per-edge checks see one edge at a time, so a
-        # repeat inside the batch is refused here, before any edge changes
-        if len(set(pairs)) != len(pairs):
-            raise InvalidValueError("the same edge is listed more than once")
-        return pairs
-
-    def add_dependencies(self, frm: Any, to: Any) -> None:
-        """Add edges ``frm[i] -> to[i]`` (``cudaGraphAddDependencies``); refuses cycles."""
-        self._check_alive()
-        pairs = self._pairs(frm, to)
-        for f, t in pairs:
-            if f in t._deps:
-                raise InvalidValueError(f"edge {f!r} -> {t!r} already exists")
-        added: list[tuple[Node, Node]] = []
-        for f, t in pairs:
-            if f is t or self._reaches(t, f):
-                for af, at in added:  # all or nothing
-                    at._deps.remove(af)
-                    af._dependents.remove(at)
-                raise InvalidValueError(f"edge {f!r} -> {t!r} would create a cycle")
-            t._deps.append(f)
-            f._dependents.append(t)
-            added.append((f, t))
-
-    def remove_dependencies(self, frm: Any, to: Any) -> None:
-        """Remove edges ``frm[i] -> to[i]`` (``cudaGraphRemoveDependencies``)."""
-        self._check_alive()
-        pairs = self._pairs(frm, to)
-        for f, t in pairs:
-            if f not in t._deps:
-                raise InvalidValueError(f"there is no edge {f!r} -> {t!r}")
-        for f, t in pairs:
-            t._deps.remove(f)
-            f._dependents.remove(t)
-
-    @staticmethod
-    def _reaches(start: Node, goal: Node) -> bool:
-        seen = {id(start)}
-        stack = [start]
-        while stack:
-            n = stack.pop()
-            if n is goal:
-                return True
-            for d in n._dependents:
-                if id(d) not in seen:
-                    seen.add(id(d))
-                    stack.append(d)
-        return False
 
     # -- queries ----------------------------------------------------------------------------
     def nodes(self) -> list[Node]:
@@ -393,20 +308,6 @@ class Graph:
             elif n.type is NodeType.CONDITIONAL:
                 for b in n._params["bodies"]:
                     yield from b._walk()
-
-    def _tree_handles(self) -> tuple[list[ConditionalHandle], set[ConditionalHandle]]:
-        """The handles made for this graph and the graphs inside it (child graphs, bodies),
-        and those a conditional node among them uses."""
-        made, used = list(self._handles), set(self._cond_used)
-        for i in self._marks:
-            n = self._nodes[i]
-            inner = (n._params["graph"],) if n.type is NodeType.GRAPH else \
-                n._params["bodies"] if n.type is NodeType.CONDITIONAL else ()
-            for g in inner:
-                m, u = g._tree_handles()
-                made += m
-                used |= u
-        return made, used
 
     def _marked(self, types: tuple[NodeType, ...], *, nested: bool = True) -> list[Node]:
         """The nodes of ``types`` in ``_walk`` order (child graphs' too, if ``nested``), found

@@ -15,7 +15,7 @@ and the node:
   the edge that would close one), so no refusal names them.
 
 - CONDITIONAL_HANDLE_UNUSED: a conditional handle made for the graph (or a graph inside it) that
-  no conditional node uses; ``.node`` is None (the handle is in the message).
+  no conditional node uses; ``.node`` is None (conditional.refuse_unused, called by the exec).
 
 ERROR is what a backend reports for any other reason. This module imports only errors and node
 types, so backends may raise the same error with the same results.
@@ -70,11 +70,6 @@ def devices(graph: Graph) -> dict[Any, Node]:
 
 def check(graph: Graph) -> None:
     """Refuse a graph no backend of its devices can run (see the module docstring)."""
-    made, used = graph._tree_handles()
-    for h in made:
-        if h not in used:
-            raise refuse(GraphInstantiateResult.CONDITIONAL_HANDLE_UNUSED, None,
-                         f"{h!r} is used by no conditional node")
     found = devices(graph)
     if not found:
         return
