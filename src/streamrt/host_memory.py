@@ -23,8 +23,13 @@ from .validate import check_ptr, check_size, host_array, is_int
 def malloc(nbytes: int, device: Any = None) -> int:
     """Allocate device memory synchronously (``cudaMalloc`` / ``aclrtMalloc``)."""
     check_unsafe("srt.malloc")
-    n = check_size(nbytes)
-    ptr = Device(device)._impl.malloc(n)
+    return device_alloc(check_size(nbytes), Device(device))
+
+
+def device_alloc(n: int, device: Device) -> int:
+    """``n`` bytes of ``device`` memory, known to the pools' registry and the observers (what
+    ``srt.malloc`` does past its capture rule; a conditional handle's value lives in one)."""
+    ptr = device._impl.malloc(n)
     registry._requested[ptr] = n  # what may be used (the backend rounds the range up)
     if instrument.listeners:
         instrument.notify("alloc", None, ptr, n)

@@ -49,7 +49,7 @@ from ..errors import (
     InvalidValueError,
 )
 from .conditional import BODY_KINDS, body_refusal
-from .conditional import rule as body_rule
+from .conditional import RULE as BODY_RULE
 from .graph import MEMORY, Graph, memcpy_params, memset_params
 from .memory import GraphAlloc, find
 from .node import NodeType
@@ -157,7 +157,7 @@ class Capture:
         (the capture is invalidated, as for any unsupported call)."""
         why = None
         if type not in BODY_KINDS:
-            why = f"a {type.name} node: {body_rule()}"
+            why = f"a {type.name} node: {BODY_RULE}"
         elif type is NodeType.GRAPH:
             why = body_refusal(params["graph"])
         if why is not None:

@@ -34,14 +34,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import instrument
-from ..errors import InvalidTypeError, InvalidValueError
+from ..errors import InvalidTypeError, InvalidValueError, NotSupportedError, StreamRTError
 from .node import NodeType
 
 if TYPE_CHECKING:
     from ..device import Device
     from .graph import Graph
 
-__all__ = ["BODY_KINDS", "ConditionalHandle", "ConditionalType", "NEST", "body_refusal",
+__all__ = ["BODY_KINDS", "RULE", "ConditionalHandle", "ConditionalType", "NEST", "body_refusal",
            "defaults_op", "node_args", "refuse_unused", "run", "tree_handles"]
 
 
@@ -70,19 +70,16 @@ class ConditionalHandle:
         self.graph = graph  # the graph it was made for (a body's handle: that body)
         self.default = default
         self.device = device
-        impl = device._impl
-        self.ptr = impl.malloc(8)
-        from ..pool import registry  # (registry builds on the device layer, as graphs do)
+        from ..host_memory import device_alloc  # (host_memory builds on graphs)
 
-        registry._requested[self.ptr] = 8
-        if instrument.listeners:
-            instrument.notify("alloc", None, self.ptr, 8)
+        self.ptr = device_alloc(8, device)
         self._cell: np.ndarray | None = None  # a host view of the value, where the backend has one
-        weakref.finalize(self, _release, impl, self.ptr)
+        # released as other finalizers release device memory: never inside the lock it takes
+        weakref.finalize(self, device._impl.reclaim, _release, device._impl, self.ptr)
         if default is not None:  # the value before any launch, as a launch would set it
             try:
                 self.cell()[0] = default
-            except Exception:  # noqa: S110 - a backend without host views sets it at launch
+            except NotSupportedError:  # a backend without host views sets it at launch
                 pass
 
     def __repr__(self) -> str:
@@ -99,12 +96,15 @@ class ConditionalHandle:
 
 
 def _release(impl: Any, ptr: int) -> None:
+    """A collected handle's value goes (every plan and launch reading it held the handle);
+    a finalizer's release: no observer is told (their locks may be held where it runs)."""
     from ..pool import registry
 
-    registry._requested.pop(ptr, None)
+    if registry._requested.get(ptr) == 8:  # (not a newer allocation's entry)
+        del registry._requested[ptr]
     try:
         impl.free(ptr)
-    except Exception:  # noqa: S110 - the device was reset meanwhile: the memory is gone already
+    except StreamRTError:  # the device was reset meanwhile: the memory is gone already
         pass
 
 
@@ -180,7 +180,7 @@ def body_refusal(graph: Graph) -> str | None:
     """Why ``graph`` (a child graph being added to a body) cannot be in a body, or None."""
     for n in graph._nodes:
         if n.type not in BODY_KINDS:
-            return f"{n!r}: {_RULE}"
+            return f"{n!r}: {RULE}"
         if n.type is NodeType.GRAPH:
             why = body_refusal(n._params["graph"])
             if why is not None:
@@ -188,12 +188,8 @@ def body_refusal(graph: Graph) -> str | None:
     return None
 
 
-_RULE = "a conditional body takes kernel, empty, memcpy, memset, child graph and conditional nodes only"
-
-
-def rule() -> str:
-    """The body rule, as refusals state it."""
-    return _RULE
+# the body rule, as refusals state it
+RULE = "a conditional body takes kernel, empty, memcpy, memset, child graph and conditional nodes only"
 
 
 # -- replaying ------------------------------------------------------------------------------------

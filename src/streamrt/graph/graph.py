@@ -22,7 +22,7 @@ from ..kernel import Kernel, dim3
 from ..validate import check_ptr, check_size
 from . import dot, memory
 from .conditional import BODY_KINDS, ConditionalHandle, ConditionalType, body_refusal, check_value, node_args
-from .conditional import rule as _rule
+from .conditional import RULE as _RULE
 from .edges import Edges
 from .gcpause import BULK, building, paused
 from .memory import GraphAlloc
@@ -128,7 +128,7 @@ class Graph(Edges):
             self._check_alive()
         if self._body and type not in BODY_KINDS:
             raise InvalidValueError(f"a {type.name} node cannot be added to {self!r}: "
-                                    f"{_rule()}")
+                                    f"{_RULE}")
         cls = deps.__class__
         if (cls is list or cls is tuple) and len(deps) <= 1 and (
                 not deps or (deps[0].__class__ is Node and deps[0].graph is self)):
