@@ -9,7 +9,8 @@ and the node:
   whose graphs cannot span devices (``DeviceImpl.graph_spans_devices``). CUDA's host graphs may
   span the GPUs of one process, and so may cpu graphs;
 - NODE_OPERATION_NOT_SUPPORTED: a node its device's backend cannot run in a graph
-  (``DeviceImpl.graph_node_check``: a kernel without a CUDA body on cuda);
+  (``DeviceImpl.graph_node_check``: a kernel without a CUDA body on cuda; a conditional node on
+  a backend that neither replays operations nor builds conditional nodes of its own);
 - INVALID_STRUCTURE: a MEM_FREE node not ordered after its MEM_ALLOC node (found where the
   exec maps its memory, ``GraphExec._map_memory``). Cycles cannot be built (``Graph`` refuses
   the edge that would close one), so no refusal names them.
@@ -84,7 +85,16 @@ def check(graph: Graph) -> None:
                          f"{node!r} is of {dev.name}, other nodes of {first.name}: a graph of the "
                          f"{first.backend} backend runs on one device")
     for dev in found:
-        node_check = dev._impl.graph_node_check()
+        impl = dev._impl
+        if not (impl.graph_conditionals_native or impl.runner_per_stream):
+            # a backend building graphs of its own, without conditional nodes (cuda, for now):
+            # refused, never run as something else
+            for n in graph._walk():
+                if n.type is NodeType.CONDITIONAL:
+                    raise refuse(GraphInstantiateResult.NODE_OPERATION_NOT_SUPPORTED, n,
+                                 f"{n!r}: the {dev.backend} backend does not build conditional "
+                                 "nodes yet")
+        node_check = impl.graph_node_check()
         if node_check is None:
             continue
         for n in graph._walk():
