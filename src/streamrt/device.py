@@ -167,6 +167,11 @@ class Device:
     # -- current device ---------------------------------------------------------------
     def set_current(self) -> None:
         """Make this the calling thread's current device (``cudaSetDevice``)."""
+        if not isinstance(self, Device):  # Device.set_current("cpu:0"): the current is untouched
+            raise InvalidTypeError(
+                f"Device.set_current is called on a Device, not a {type(self).__name__}: use "
+                f"srt.Device({self!r}).set_current()"
+            )
         _tls.device = self
 
     def __enter__(self) -> Device:

@@ -150,5 +150,25 @@ def read(ptr: int, shape: Any, dtype: Any) -> np.ndarray:
 
 def write(ptr: int, array: Any) -> None:
     """Copy a host array into device memory (synchronous)."""
+    _check_data(array)
     a = host_array(array, "srt.write")
+    if a.dtype.kind == "U":  # a list of str: numpy would copy the text as UTF-32
+        raise InvalidTypeError(f"srt.write: a {type(array).__name__} of text ({a.dtype}) is not "
+                               "data: encode it or convert it to a numeric array")
     memcpy(ptr, a, a.nbytes)
+
+
+def _check_data(obj: Any) -> None:
+    """``obj`` is something ``srt.write`` copies: an array, a buffer, a (nested) sequence or an
+    array producer; a str (numpy would copy its text as UTF-32) or a Python scalar is refused."""
+    if isinstance(obj, str):
+        raise InvalidTypeError("srt.write copies a host array or buffer, not a str: encode it "
+                               "(s.encode()) or convert it to a numeric array")
+    if isinstance(obj, np.ndarray | np.generic | list | tuple) or any(
+            hasattr(obj, a) for a in ("__array__", "__array_interface__", "__dlpack__")):
+        return
+    try:
+        memoryview(obj)
+    except TypeError:
+        raise InvalidTypeError(f"srt.write copies a host array or buffer (numpy array, bytes, "
+                               f"bytearray, memoryview), not a value of type {type(obj).__name__}") from None

@@ -407,6 +407,7 @@ class Stream:
 
     def capture_info(self) -> Any:
         """Status, id, graph and current dependencies of the capture (``cudaStreamGetCaptureInfo``)."""
+        self._check_alive()
         return capture.info(self)
 
     def update_capture_dependencies(self, nodes: Any, *, replace: bool = False) -> None:

@@ -51,6 +51,18 @@ def test_device_current_is_per_thread():
     assert srt.current_device() is srt.Device("cpu:0")
 
 
+@pytest.mark.parametrize("arg", ["cpu:1", 1, None])
+def test_device_set_current_through_the_class_is_refused(arg):
+    # Device.set_current("cpu:1") made the str the current device: every later call then raised
+    # AttributeError
+    d0 = srt.Device("cpu:0")
+    d0.set_current()
+    with pytest.raises(srt.InvalidTypeError, match=r"srt\.Device\(.*\)\.set_current\(\)"):
+        srt.Device.set_current(arg)
+    assert srt.current_device() is d0
+    assert srt.Device() is d0 and srt.Stream().device is d0
+
+
 @pytest.mark.parametrize("spec", ["gpu:0", "cpu:x", "cpu:99", "cpu:-1"])
 def test_device_bad_spec(spec):
     with pytest.raises(srt.InvalidDeviceError):

@@ -244,6 +244,13 @@ BAD_INPUTS = {
     "read a float shape": (srt.InvalidTypeError, lambda s, p: srt.read(p, (2.5,), np.float32)),
     "read a bad dtype": (srt.InvalidTypeError, lambda s, p: srt.read(p, (2,), "nope")),
     "read into objects": (srt.InvalidTypeError, lambda s, p: srt.read(p, (2,), object)),
+    # a str was copied as its UTF-32 text, a Python scalar as an 8-byte int64/float64
+    "write a str": (srt.InvalidTypeError, lambda s, p: srt.write(p, "hello")),
+    "write a list of str": (srt.InvalidTypeError, lambda s, p: srt.write(p, ["ab", "cd"])),
+    "write an int": (srt.InvalidTypeError, lambda s, p: srt.write(p, 7)),
+    "write None": (srt.InvalidTypeError, lambda s, p: srt.write(p, None)),
+    "capture_info, destroyed stream": (srt.InvalidHandleError,
+                                       lambda s, p: _destroyed().capture_info()),
     "0-byte memcpy, destroyed stream": (srt.InvalidHandleError,
                                         lambda s, p: _destroyed().memcpy(p, p, 0)),
     "0-byte memset, destroyed stream": (srt.InvalidHandleError,
@@ -268,3 +275,16 @@ def test_errors_bad_input_is_an_api_error_and_changes_nothing(case):
     s.synchronize()
     assert srt.read(p, (16,), np.float32).tolist() == list(range(16))  # nothing written
     srt.free(p)
+
+
+def test_bad_input_write_says_what_it_copies():
+    p = srt.malloc(64)
+    try:
+        with pytest.raises(srt.InvalidTypeError, match=r"not a str: encode it"):
+            srt.write(p, "hello")
+        srt.write(p, b"\x01\x02")  # bytes and nested lists of numbers are still data
+        srt.write(p + 2, [[3, 4]])
+        assert srt.read(p, (2,), np.uint8).tolist() == [1, 2]
+        assert srt.read(p + 2, (2,), np.int64).tolist() == [3, 4]
+    finally:
+        srt.free(p)
