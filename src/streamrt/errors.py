@@ -8,6 +8,7 @@ readable on instances too. Bad arguments raise the subclasses that are also ``Va
 
 from __future__ import annotations
 
+from enum import IntEnum
 from typing import Any
 
 __all__ = [
@@ -41,6 +42,20 @@ __all__ = [
     "ExecutorParamError",
     "SanitizerError",
 ]
+
+
+class NamedIntEnum(IntEnum):
+    """An ``IntEnum`` (equal to its int) that prints as ``Class.NAME``, as results in messages
+    should: Python 3.11's ``IntEnum`` prints as the bare int (``str(result) == "2"``)."""
+
+    def __str__(self) -> str:
+        return f"{type(self).__name__}.{self.name}"
+
+    def __format__(self, spec: str) -> str:
+        # a numeric spec (f"{r:d}", f"{r:#x}") formats the int; any other (f"{r}", f"{r:>30}") the name
+        if spec and spec[-1] in "bcdoxXn%eEfFgG":
+            return int.__format__(self, spec)
+        return format(str(self), spec)
 
 
 class StreamRTError(Exception):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import enum
+
 import pytest
 
 import streamrt as srt
@@ -76,3 +78,37 @@ def test_errors_executor_error_copies_keep_their_class():
 def test_errors_graph_update_carries_result_and_node():
     e = srt.GraphExecUpdateError("no", result="TOPOLOGY_CHANGED", node="n")
     assert (e.result, e.node) == ("TOPOLOGY_CHANGED", "n")
+
+
+# the result enums of the public API: Python 3.11's IntEnum printed them as bare ints
+# (GraphExecUpdateError.result printed as "2")
+INT_ENUMS = sorted((v for v in vars(srt).values()
+                    if isinstance(v, type) and issubclass(v, enum.IntEnum)), key=lambda c: c.__name__)
+
+
+def test_errors_public_int_enums_are_found():
+    names = {c.__name__ for c in INT_ENUMS}
+    assert {"GraphExecUpdateResult", "GraphInstantiateResult", "MemPoolAttr",
+            "ConditionalType"} <= names
+
+
+@pytest.mark.parametrize("cls", INT_ENUMS, ids=lambda c: c.__name__)
+def test_errors_int_enums_print_their_names_and_stay_ints(cls):
+    for m in cls:
+        label = f"{cls.__name__}.{m.name}"
+        assert str(m) == label and f"{m}" == label and "%s" % m == label
+        assert f"{m:>60}".strip() == label  # a text spec pads the name
+        assert f"{m:d}" == str(m.value) and f"{m:03d}" == f"{m.value:03d}"  # a numeric spec: the int
+        assert m == m.value and isinstance(m, int) and cls(m.value) is m
+        assert repr(m) == f"<{label}: {m.value}>"
+
+
+def test_errors_graph_update_error_result_prints_its_name():
+    g = srt.Graph()
+    ge = g.instantiate()
+    more = srt.Graph()
+    more.add_empty_node()
+    with pytest.raises(srt.GraphExecUpdateError) as ei:
+        ge.update(more)
+    assert f"result={ei.value.result}" == "result=GraphExecUpdateResult.TOPOLOGY_CHANGED"
+    assert ei.value.result == 2

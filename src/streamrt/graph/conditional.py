@@ -28,13 +28,12 @@ from __future__ import annotations
 import contextvars
 import itertools
 import weakref
-from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .. import instrument
-from ..errors import InvalidTypeError, InvalidValueError, NotSupportedError, StreamRTError
+from ..errors import InvalidTypeError, InvalidValueError, NamedIntEnum, NotSupportedError, StreamRTError
 from .node import NodeType
 
 if TYPE_CHECKING:
@@ -45,7 +44,7 @@ __all__ = ["BODY_KINDS", "RULE", "ConditionalHandle", "ConditionalType", "NEST",
            "defaults_op", "node_args", "refuse_unused", "run", "tree_handles"]
 
 
-class ConditionalType(IntEnum):
+class ConditionalType(NamedIntEnum):
     """``cudaGraphConditionalNodeType``."""
 
     IF = 0

@@ -24,10 +24,9 @@ types, so backends may raise the same error with the same results.
 
 from __future__ import annotations
 
-from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
-from ..errors import GraphInstantiateError
+from ..errors import GraphInstantiateError, NamedIntEnum
 from .node import NodeType
 
 if TYPE_CHECKING:
@@ -37,7 +36,7 @@ if TYPE_CHECKING:
 __all__ = ["GraphInstantiateResult", "check", "refuse"]
 
 
-class GraphInstantiateResult(IntEnum):
+class GraphInstantiateResult(NamedIntEnum):
     """``cudaGraphInstantiateResult``."""
 
     SUCCESS = 0

@@ -11,9 +11,9 @@ graph's handle (the new graph's kernels set that one), whose default comes with 
 
 from __future__ import annotations
 
-from enum import IntEnum
 from typing import Any
 
+from ..errors import NamedIntEnum
 from ..pool import device_of
 from ..validate import is_int
 from .graph import Graph
@@ -22,7 +22,7 @@ from .node import Node, NodeType
 __all__ = ["GraphExecUpdateResult", "adopt", "diff", "kinds"]
 
 
-class GraphExecUpdateResult(IntEnum):
+class GraphExecUpdateResult(NamedIntEnum):
     """``cudaGraphExecUpdateResult``."""
 
     SUCCESS = 0

@@ -9,14 +9,13 @@ here are written once for all of them (:func:`with_attr_properties` on
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from enum import IntEnum
 from typing import Any
 
-from ..errors import InvalidTypeError, InvalidValueError
+from ..errors import InvalidTypeError, InvalidValueError, NamedIntEnum
 from ..validate import is_bool, is_int
 
 
-class MemPoolAttr(IntEnum):
+class MemPoolAttr(NamedIntEnum):
     """Pool attributes, numbered as ``cudaMemPoolAttr`` / ``aclrtMemPoolAttr``."""
 
     REUSE_FOLLOW_EVENT_DEPENDENCIES = 1
