@@ -17,7 +17,7 @@ BIG = 1 << 30  # a release threshold that keeps every chunk
 
 RULES = (
     "reuse_same_stream", "reuse_after_sync", "reuse_event_dependency", "reuse_opportunistic",
-    "grow_count", "reuse_internal_dependency",
+    "fresh_count", "grow_count", "reuse_internal_dependency",
 )
 
 

@@ -96,7 +96,7 @@ def test_errors_public_int_enums_are_found():
 def test_errors_int_enums_print_their_names_and_stay_ints(cls):
     for m in cls:
         label = f"{cls.__name__}.{m.name}"
-        assert str(m) == label and f"{m}" == label and "%s" % m == label
+        assert str(m) == label and f"{m}" == label and format(m) == label
         assert f"{m:>60}".strip() == label  # a text spec pads the name
         assert f"{m:d}" == str(m.value) and f"{m:03d}" == f"{m.value:03d}"  # a numeric spec: the int
         assert m == m.value and isinstance(m, int) and cls(m.value) is m

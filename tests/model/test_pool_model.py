@@ -42,7 +42,7 @@ REUSE = (
     "reuse_same_stream", "reuse_after_sync", "reuse_event_dependency", "reuse_opportunistic",
     "reuse_internal_dependency", "reuse_merged",
 )
-STEPS = (*REUSE, "grow_count")
+STEPS = (*REUSE, "fresh_count", "grow_count")
 # reuse rules whose block is a pending free: every byte of it was freed by the program
 PENDING_RULES = {
     "reuse_same_stream", "reuse_event_dependency", "reuse_opportunistic",
@@ -53,7 +53,7 @@ PENDING_RULES = {
 # DESIGN.md §3's order of the steps (reuse_merged is the pool's own: before growing, it merges
 # adjacent blocks that the allocating stream may use)
 RANK = {
-    "reuse_same_stream": 1, "reuse_after_sync": 2, "reuse_event_dependency": 3,
+    "reuse_same_stream": 1, "reuse_after_sync": 2, "fresh_count": 2, "reuse_event_dependency": 3,
     "reuse_opportunistic": 4, "reuse_merged": 4.5, "grow_count": 5, "reuse_internal_dependency": 6,
 }
 REUSE_STEPS = (1, 2, 3, 4, 6)  # the steps that take one existing free block
@@ -272,6 +272,8 @@ class PoolMachine(RuleBasedStateMachine):
         for p, (n, _, _, _) in self.live.items():
             assert hi <= p or p + n <= lo, "two live allocations overlap"
         overlap = [r for r in self.freed if r[0] < hi and lo < r[1]]
+        # fresh: a ready block no allocation ever used (the rest of a grown chunk)
+        assert step != "fresh_count" or not overlap, "a fresh allocation landed on freed memory"
         for _, _, f, p in overlap:
             if self.host[f] >= p:
                 continue  # proven free by a host synchronize: usable whatever the step

@@ -55,8 +55,8 @@ if TYPE_CHECKING:
     from ..stream import Stream
 
 _COUNTERS = ("alloc_count", "free_count", "reuse_same_stream", "reuse_after_sync",
-             "reuse_event_dependency", "reuse_opportunistic", "reuse_merged", "grow_count",
-             "reuse_internal_dependency", "oom_count", "release_count")
+             "reuse_event_dependency", "reuse_opportunistic", "reuse_merged", "fresh_count",
+             "grow_count", "reuse_internal_dependency", "oom_count", "release_count")
 
 
 class ArenaPool(MemPool):
@@ -112,8 +112,8 @@ class ArenaPool(MemPool):
             else:
                 self._used_high = self._used
 
-    def stats(self) -> dict[str, int]:
-        """The eight attributes, the per-step reuse counters, and ``largest_free_block``."""
+    def _collect_stats(self) -> dict[str, Any]:
+        """``stats()``: the counters of the frontend's reuse steps (every key documented there)."""
         with self._lock:
             out = {a.name.lower(): self.get_attr(a) for a in MemPoolAttr}
             out.update(self._stats)
@@ -212,10 +212,11 @@ class ArenaPool(MemPool):
             except OutOfMemoryError:  # the device itself is full (max_size was checked)
                 block.live = False
                 self._insert_free(coalesce(self._blocks, block))
-                raise reuse.oom(self, nbytes, size) from None
+                raise reuse.oom(self, nbytes, size, stream) from None
         block.live = True
         block.req = nbytes
         block.stream = None
+        block.fresh = False  # used: once freed, its memory is reused memory
         _owners[block.addr] = self
         used = self._used = self._used + size
         if used > self._used_high:

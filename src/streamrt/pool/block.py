@@ -31,9 +31,12 @@ _new = object.__new__
 
 
 class Block:
-    """A piece of an arena: live, pending (freed on ``stream`` at ``pos``) or ready."""
+    """A piece of an arena: live, pending (freed on ``stream`` at ``pos``) or ready; ``fresh``:
+    free memory no allocation has used yet (the rest of a grown chunk), which ``stats()`` counts
+    apart from reuse (split keeps it, coalescing keeps it only if both blocks are fresh)."""
 
-    __slots__ = ("addr", "size", "req", "prev", "next", "live", "stream", "pos", "clock", "fl")
+    __slots__ = ("addr", "size", "req", "prev", "next", "live", "stream", "pos", "clock", "fl",
+                 "fresh")
 
     def __init__(self, addr: int, size: int) -> None:
         self.addr = addr
@@ -46,6 +49,7 @@ class Block:
         self.pos = 0
         self.clock: dict[int, int] | None = None  # the freeing stream's clock (instrumented runs)
         self.fl: Any = None  # the FreeList holding it (None: live, or being moved)
+        self.fresh = False
 
 
 class BlockList:
@@ -155,7 +159,7 @@ def split(blocks: BlockList, b: Block, size: int) -> Block:
     rest.addr = addr  # the path of every allocation that splits)
     rest.size = rest.req = b.size - size
     rest.live = False
-    rest.stream, rest.pos, rest.clock, rest.fl = b.stream, b.pos, b.clock, None
+    rest.stream, rest.pos, rest.clock, rest.fl, rest.fresh = b.stream, b.pos, b.clock, None, b.fresh
     b.size = size
     nxt = rest.next = b.next
     rest.prev = b
@@ -201,6 +205,7 @@ def coalesce(blocks: BlockList, b: Block) -> Block:
                 lo.stream, lo.pos, lo.clock = hi.stream, hi.pos, hi.clock
         elif hi.stream is not None and hi.pos > lo.pos:
             lo.pos, lo.clock = hi.pos, hi.clock
+        lo.fresh = lo.fresh and hi.fresh
         blocks.absorb(lo, hi)
         b = lo
 

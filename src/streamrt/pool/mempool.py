@@ -114,7 +114,33 @@ class MemPool:
         self._store_attr(attr, attr_value(attr, value))
 
     def stats(self) -> dict[str, Any]:
-        """The eight attributes, the per-step reuse counters, and ``largest_free_block``."""
+        """The pool's attributes and counters, as a dict of ints (a native pool: None for what
+        its backend hides).
+
+        - the eight attributes (:class:`MemPoolAttr`), by lower-case name:
+          ``reuse_follow_event_dependencies`` ... ``used_mem_high``;
+        - ``alloc_count``, ``free_count``: stream-ordered allocations and frees made;
+          ``live_allocations``: allocations not freed yet;
+        - the kind of memory each allocation got, one counter per allocation (their sum is
+          ``alloc_count``), in the order the pool tries them (DESIGN.md §3):
+          ``reuse_same_stream``: a block freed on the allocating stream;
+          ``reuse_after_sync``: a block whose free a host synchronize proved complete;
+          ``fresh_count``: reserved memory no allocation has used yet (the rest of a chunk an
+          earlier growth mapped; a block that holds any freed memory counts as reuse);
+          ``reuse_event_dependency``: a block freed on a stream the allocating one already
+          follows through events; ``reuse_opportunistic``: a block whose free had already run;
+          ``reuse_merged``: adjacent free blocks of the first two kinds, merged to fit;
+          ``grow_count``: the pool grew (mapped more of its range);
+          ``reuse_internal_dependency``: a block still pending on another stream, the
+          allocating stream made to wait for its free;
+        - ``oom_count``: allocations refused with ``OutOfMemoryError``;
+        - ``release_count``: granules given back to the device (release threshold, ``trim_to``);
+        - ``largest_free_block``: bytes of the largest free block with memory behind it;
+        - ``chunks``: the granules mapped now.
+        """
+        return self._collect_stats()
+
+    def _collect_stats(self) -> dict[str, Any]:
         raise NotImplementedError  # each kind of pool implements it
 
     def trim_to(self, min_bytes_to_keep: int) -> None:

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 _NOT_EXPOSED = (
     "reuse_same_stream", "reuse_after_sync", "reuse_event_dependency", "reuse_opportunistic",
-    "reuse_merged", "reuse_internal_dependency", "grow_count", "release_count", "oom_count",
+    "reuse_merged", "reuse_internal_dependency", "fresh_count", "grow_count", "release_count", "oom_count",
     "largest_free_block", "chunks",
 )
 
@@ -81,8 +81,8 @@ class NativePool(MemPool):
         """The driver applies the write (and resets a watermark written 0)."""
         self._native.set(self._handle, int(attr), value)
 
-    def stats(self) -> dict[str, Any]:
-        """The eight attributes and the alloc/free counts; counters CUDA hides are None."""
+    def _collect_stats(self) -> dict[str, Any]:
+        """``stats()``: the eight attributes and the alloc/free counts; counters CUDA hides are None."""
         out: dict[str, Any] = {a.name.lower(): self.get_attr(a) for a in MemPoolAttr}
         out.update(self._counts)
         out.update(dict.fromkeys(_NOT_EXPOSED))

@@ -36,8 +36,8 @@ def find(pool: ArenaPool, a: Stream, size: int, requested: int) -> tuple[Block, 
         if b is not None:
             return b, "reuse_same_stream"
     b = pool._ready.take(size, ok)
-    if b is not None:
-        return b, "reuse_after_sync"
+    if b is not None:  # (never used: not a reuse)
+        return b, "fresh_count" if b.fresh else "reuse_after_sync"
     others = [(sid, fl) for sid, fl in pool._pending.items() if sid != a.id and fl.count]
     if others and opts.reuse_follow_event_dependencies:
         clock = a._clock
@@ -62,19 +62,25 @@ def find(pool: ArenaPool, a: Stream, size: int, requested: int) -> tuple[Block, 
             # a real wait: later work on A follows the free (and what the free followed)
             a._order_after(f, b.pos, b.clock or {f.id: b.pos})
             return b, "reuse_internal_dependency"
-    raise oom(pool, requested, size)
+    raise oom(pool, requested, size, a)
 
 
-def oom(pool: ArenaPool, requested: int, size: int) -> OutOfMemoryError:
-    """The error of a failed allocation (counted in ``oom_count``)."""
+def oom(pool: ArenaPool, requested: int, size: int, a: Stream) -> OutOfMemoryError:
+    """The error of a failed allocation by ``a`` (counted in ``oom_count``); it says how many
+    bytes other streams freed that are not yet reusable by ``a`` (a synchronize proves them)."""
     pool._stats["oom_count"] += 1
     limit = f"max_size {pool.max_size}" if pool.max_size else "no pool limit"
     free, total = pool.device.memory_info()
+    pending = [fl for sid, fl in pool._pending.items() if sid != a.id and fl.count]
+    held = sum(b.size for fl in pending for b in fl.blocks())
+    note = (f"; {held} bytes are freed on streams but not yet reusable by {a!r}: synchronize "
+            "(the streams that freed them, or the device) and allocate again, or free memory on "
+            "the stream that reuses it") if held else ""
     return OutOfMemoryError(
         f"{pool.device.name}: stream-ordered allocation of {requested} bytes ({size} after "
         f"rounding to {ALIGN}) failed: pool reserves "
         f"{pool._arena.reserved} bytes ({pool._used} used), {limit}; device has {free} of "
-        f"{total} bytes free"
+        f"{total} bytes free{note}"
     )
 
 
@@ -95,6 +101,7 @@ def _grow(pool: ArenaPool, a: Stream, size: int) -> Block | None:
         last.size = arena.base + arena.top - last.addr
         return last
     b = Block(arena.base + start, arena.top - start)
+    b.fresh = True  # what the allocation leaves of it has never been used
     blocks.link_after(last, b)
     return b
 
@@ -149,7 +156,7 @@ def _merge_for(pool: ArenaPool, a: Stream, size: int) -> Block | None:
     off = best[0].addr - arena.base  # the allocation takes the run's first bytes
     if arena.holes and not arena.fits(off, off + size):
         return None  # it could not map what it would land on
-    pieces = [(b.addr, b.size, b.stream, b.pos) for b in best]
+    pieces = [(b.addr, b.size, b.stream, b.pos, b.fresh) for b in best]
     for b in best:
         b.fl.remove(b)
     lo = best[0]
@@ -161,20 +168,21 @@ def _merge_for(pool: ArenaPool, a: Stream, size: int) -> Block | None:
     end = lo.addr + lo.size
     lo.size = size
     parts: list[list] = []
-    for addr, psize, stream, pos in pieces:
+    for addr, psize, stream, pos, fresh in pieces:
         start = max(addr, lo.addr + size)
         if start >= addr + psize:
             continue
         if parts and parts[-1][2] is stream:  # same kind next to each other: one block
             parts[-1][1] = addr + psize - parts[-1][0]
             parts[-1][3] = max(parts[-1][3], pos)
+            parts[-1][4] = parts[-1][4] and fresh
         else:
-            parts.append([start, addr + psize - start, stream, pos])
+            parts.append([start, addr + psize - start, stream, pos, fresh])
     tail = lo
     created = []
-    for start, psize, stream, pos in parts:
+    for start, psize, stream, pos, fresh in parts:
         rest = Block(start, psize)
-        rest.stream, rest.pos = stream, pos
+        rest.stream, rest.pos, rest.fresh = stream, pos, fresh
         pool._blocks.link_after(tail, rest)
         created.append(rest)
         tail = rest
