@@ -1,5 +1,6 @@
 # The two quick-start commands: `make demo` and `make test`.
 PYTHON ?= python3.11
+TORCH ?= 2.13.0
 VENV := .venv
 BIN := $(VENV)/bin
 
@@ -17,21 +18,31 @@ $(VENV)/.installed-test: $(VENV)/.installed
 	$(BIN)/pip install -q -e '.[test]'
 	@# the cuda extra lets NVRTC compile and API-name tests run without a GPU; optional
 	$(BIN)/pip install -q -e '.[cuda]' || echo "make: cuda extra not installed; its tests will skip"
+	@# PyTorch (CPU) for the DLPack interop tests, only where this machine has its wheel (pip's
+	@# find-links; --no-index: never a download of its own), then its small dependencies
+	@if $(BIN)/pip install -q --no-index --no-deps torch==$(TORCH) >/dev/null 2>&1; then \
+	  $(BIN)/pip install -q torch==$(TORCH) || echo "make: torch's dependencies not installed; its interop tests will skip"; \
+	else echo "make: torch not installed (no local wheel); its interop tests will skip"; fi
 	touch $@
 
 demo: $(VENV)/.installed
 	$(BIN)/streamrt demo
 
+# each step says what it is; a pytest run ends with its skips grouped by reason (tests/conftest.py)
 test: $(VENV)/.installed-test
-	$(BIN)/ruff check .
+	@echo "make: ruff"
+	@$(BIN)/ruff check .
 	@# the public API as a typed user program sees it (py.typed): mypy --strict on one
-	$(BIN)/mypy --strict --follow-imports=silent --no-incremental examples/typed_program.py
+	@echo "make: mypy --strict on the typed program (examples/typed_program.py)"
+	@$(BIN)/mypy --strict --follow-imports=silent --no-incremental examples/typed_program.py
 	@# the layering (DESIGN.md §1): no module-level import cycle in the package
-	$(BIN)/python scripts/import_cycles.py src/streamrt
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	@echo "make: import cycles"
+	@$(BIN)/python scripts/import_cycles.py src/streamrt
+	@STREAMRT_MAKE_STEP="pytest (cpu, {n} tests)" $(BIN)/python -m pytest -q -p no:cacheprovider
 	@# the cuda backend's code and the cuda tests again, on the fake CUDA runtime (tests/cuda/fake)
 	@why=$$($(BIN)/python -c "from tests.cuda.fake import unavailable; print(unavailable() or '')"); \
-	if [ -z "$$why" ]; then STREAMRT_CUDA_FAKE=1 $(BIN)/python -m pytest -q -p no:cacheprovider -m cuda; \
+	if [ -z "$$why" ]; then STREAMRT_CUDA_FAKE=1 STREAMRT_MAKE_STEP="cuda tests on the fake CUDA runtime ({n} tests)" \
+	  $(BIN)/python -m pytest -q -p no:cacheprovider -m cuda; \
 	else echo "make: the cuda tests on the fake CUDA runtime are skipped: $$why"; fi
 
 # the operators' CUDA C built with g++ and run on the CPU (no GPU needed; a few minutes)

@@ -474,3 +474,40 @@ def _run(code: str, **env: str) -> subprocess.CompletedProcess:
     """``code`` (dedented) run by this Python in a subprocess, with ``env`` added to the environment."""
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
                           text=True, timeout=20, env=dict(os.environ, **env))
+
+
+# -- the run's own report: what it is (under make) and why tests skipped ---------------------------
+def pytest_report_collectionfinish(config, start_path, items):
+    """Under ``make test``, one line saying what this run is: ``STREAMRT_MAKE_STEP`` is its label,
+    ``{n}`` in it the number of tests collected."""
+    label = os.environ.get("STREAMRT_MAKE_STEP")
+    return f"make: {label.replace('{n}', str(len(items)))}" if label else []
+
+
+def _skip_reason(rep) -> str:
+    longrepr = rep.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+    return reason.removeprefix("Skipped: ").strip().splitlines()[0] if reason.strip() else "?"
+
+
+SKIP_REASONS_SHOWN = 20
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """The skipped tests grouped by reason, most first: a short table instead of one line each."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    if not skipped or set(config.getoption("reportchars", "") or "") & set("saA"):
+        return  # (-rs, -ra list each one themselves)
+    counts: dict[str, int] = {}
+    for rep in skipped:
+        reason = _skip_reason(rep)
+        counts[reason] = counts.get(reason, 0) + 1
+    terminalreporter.section(f"{len(skipped)} skipped, by reason", sep="-")
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    width = len(str(ranked[0][1]))
+    for reason, n in ranked[:SKIP_REASONS_SHOWN]:
+        terminalreporter.line(f"{n:>{width}} skipped: {reason}")
+    rest = ranked[SKIP_REASONS_SHOWN:]
+    if rest:
+        terminalreporter.line(f"{sum(n for _, n in rest):>{width}} skipped: {len(rest)} other "
+                              "reasons (pytest -rs lists each)")
