@@ -74,6 +74,7 @@ def test_pool_fresh_mallocs_count_as_fresh_not_as_reuse(dev):
     assert sum(st[k] for k in RULES) + st["reuse_merged"] == st["alloc_count"]  # one kind each
     for p in ptrs:
         s.free(p)
+    pool.destroy()
 
 
 def test_pool_reuse_after_sync_and_same_stream_reuse_count_apart(dev):
@@ -96,6 +97,7 @@ def test_pool_reuse_after_sync_and_same_stream_reuse_count_apart(dev):
     for x in (p, q):
         b.free(x)
     a.free(keep)
+    pool.destroy()
 
 
 def test_pool_fresh_memory_next_to_a_proven_free_is_reuse(dev):
@@ -109,6 +111,7 @@ def test_pool_fresh_memory_next_to_a_proven_free_is_reuse(dev):
     q = s.malloc(8192, pool)
     assert served(pool, before) == ["reuse_after_sync"]
     s.free(q)
+    pool.destroy()
 
 
 def test_pool_oom_that_a_synchronize_resolves_says_so(dev, gate):
@@ -129,3 +132,4 @@ def test_pool_oom_that_a_synchronize_resolves_says_so(dev, gate):
     with pytest.raises(srt.OutOfMemoryError) as info:
         a.malloc(3 * BLOCK, pool)
     assert "not yet reusable" not in str(info.value)
+    pool.destroy()
