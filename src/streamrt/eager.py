@@ -89,7 +89,7 @@ class Eager:
         record (``cudaFreeAsync``): a stream waiting on that event must not count as ordered
         after the free (DESIGN.md §3, reuse by event dependency)."""
         if not s._destroyed:
-            s._submit(_free_marker, (), "free", "free")
+            s._submit(_free_marker, (), "free", "pool free")
 
     def malloc(self, s: Stream, pool: Any, nbytes: int) -> int:
         """A stream-ordered allocation from ``pool``."""
@@ -144,7 +144,7 @@ class Eager:
             return  # never recorded: a no-op, as in CUDA
         if s._clock.get(other.id, 0) >= pos:
             return  # already ordered: no new dependency needed
-        s._order_after(other, pos, clock)
+        s._order_after(other, pos, clock, event)
 
     def launch_graph(self, s: Stream, ge: Any) -> None:
         """Launch an executable graph."""

@@ -14,6 +14,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
@@ -128,8 +129,19 @@ class OpInfo:
         site = f" (enqueued at {site})" if site else ""
         return f"{self.kind} {self.name!r} on {self.where()}{site}"
 
+    def __str__(self) -> str:
+        return self.describe()
+
     def __repr__(self) -> str:
         return f"<OpInfo {self.describe()}>"
+
+
+def wait_args(other: Any, pos: int, why: Any) -> dict:
+    """A labelled wait's ``OpInfo.args``: the stream and position it waits for (``on``) and why
+    (``_why``: a few words, or the Event waited on, held weakly: named only when traced)."""
+    if why is not None and not isinstance(why, str):
+        why = weakref.ref(why)
+    return {"on": (other, pos), "_why": why}
 
 
 def active() -> bool:

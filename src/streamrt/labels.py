@@ -11,19 +11,38 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["WRAPPER", "describe", "fn_label", "host_call", "site_line"]
+__all__ = ["LABEL", "WRAPPER", "describe", "fn_label", "host_call", "labelled", "site_line"]
 
 # set on a callable ``w(info, fn, args)`` that runs ``fn(*args)`` for an observer (the
 # sanitizer's and tracer's wrapper): the label is the wrapped operation's
 WRAPPER = "_streamrt_wraps"
 NODE_NOTE = "in graph node: "  # the note a graph replay adds to a failing node's exception
+# set (by ``labelled``) on a runtime function that the runtime enqueues as a host function: what
+# traces and failures call it ("executor release"), not its Python name
+LABEL = "_streamrt_label"
+
+
+def labelled(text: str) -> Callable[[Any], Any]:
+    """Decorator: traces and failure messages call this runtime host function ``text``."""
+
+    def mark(fn: Any) -> Any:
+        setattr(fn, LABEL, text)
+        return fn
+
+    return mark
 
 
 def fn_label(fn: Any) -> str:
-    """How labels name a user callable: its qualified name, else its repr; never raises."""
+    """How labels name a host callable: the runtime's label, its qualified name (less
+    ``<locals>.``: ``outer.note``), else its repr; never raises."""
     try:
+        name = getattr(fn, LABEL, None)  # (a bound method reads its function's)
+        if isinstance(name, str):
+            return name
         name = getattr(fn, "__qualname__", None)
-        return name if isinstance(name, str) else repr(fn)
+        if not isinstance(name, str):
+            return repr(fn)
+        return name.replace("<locals>.", "") if "<" in name else name
     except Exception:
         return f"<{type(fn).__name__} object>"
 

@@ -26,7 +26,7 @@ from . import instrument, legacy, sync
 from .backends.base import InlineQueue
 from .device import Device, current_stream, pop_stream, push_stream
 from .eager import EAGER
-from .errors import InvalidHandleError, InvalidTypeError
+from .errors import InvalidHandleError, InvalidTypeError, InvalidValueError
 from .event import Event
 from .graph import capture
 from .graph import memory as graph_memory
@@ -70,19 +70,23 @@ class Stream:
     __slots__ = (
         "device", "id", "priority", "non_blocking", "_legacy", "_q", "_pos", "_clock", "_host",
         "_destroyed", "_ctxs", "_ctx1", "_target", "_slow", "_lock", "_inline", "_recorded",
-        "_push", "_cv", "_snap", "_wref", "_sites", "__weakref__",
+        "_push", "_cv", "_snap", "_wref", "_sites", "_name", "__weakref__",
     )
 
     def __init__(
-        self, device: Any = None, *, priority: int = 0, non_blocking: bool = False
+        self, device: Any = None, *, priority: int = 0, non_blocking: bool = False,
+        name: str | None = None,
     ) -> None:
         if not is_int(priority):
             raise InvalidTypeError(f"priority must be an int, not {type(priority).__name__}")
         if not is_bool(non_blocking):
             raise InvalidTypeError("non_blocking must be a bool")
+        if name is not None and (type(name) is not str or not name):
+            raise (InvalidValueError("a stream name must not be empty") if name == "" else
+                   InvalidTypeError(f"name must be a str, not {type(name).__name__}"))
         # CUDA clamps priorities into [greatest, least] = [-5, 0]; lower is more urgent.
         self._setup(Device(device), min(max(int(priority), -5), 0), bool(non_blocking),
-                    legacy=False)
+                    legacy=False, name=name)
 
     @classmethod
     def _make_legacy(cls, device: Device) -> Stream:
@@ -90,7 +94,8 @@ class Stream:
         s._setup(device, 0, False, legacy=True)
         return s
 
-    def _setup(self, device: Device, priority: int, non_blocking: bool, legacy: bool) -> None:
+    def _setup(self, device: Device, priority: int, non_blocking: bool, legacy: bool,
+               name: str | None = None) -> None:
         self.device = device
         self.id = next(_ids)
         self.priority = priority
@@ -100,6 +105,8 @@ class Stream:
             f"{device.name}/{'default' if legacy else self.id}",
             priority=priority, non_blocking=non_blocking, legacy=legacy,
         )
+        # what messages and traces call it: the user's name, else the queue's (``cpu:0/3``)
+        self._name = self._q.name if name is None else name
         # read on every launch: a slot, not an isinstance call
         self._inline = isinstance(self._q, InlineQueue)
         # an InlineQueue's ``ops.extend`` (its ``ops`` is never rebound), for the eager launch
@@ -131,7 +138,8 @@ class Stream:
     def __repr__(self) -> str:
         kind = "legacy default" if self._legacy else (
             "non-blocking" if self.non_blocking else "blocking")
-        return f"<Stream {self.device.name}#{self.id} {kind}>"
+        named = f" {self._name!r}" if self._name != self._q.name else ""
+        return f"<Stream {self.device.name}#{self.id} {kind}{named}>"
 
     @property
     def _capture(self) -> Any:
@@ -149,8 +157,8 @@ class Stream:
 
     @property
     def name(self) -> str:
-        """``cpu:0/default`` or ``cpu:0/<id>``."""
-        return self._q.name
+        """The ``name`` it was made with, else ``cpu:0/default`` or ``cpu:0/<id>``."""
+        return self._name
 
     # -- context manager: current stream ---------------------------------------------------
     def __enter__(self) -> Stream:
@@ -174,12 +182,13 @@ class Stream:
         snap[self.id] = self._pos
         return snap
 
-    def _order_after(self, other: Stream, pos: int, clock: dict[int, int]) -> None:
-        """Enqueue a real wait for ``other`` to reach ``pos`` and merge its clock."""
+    def _order_after(self, other: Stream, pos: int, clock: dict[int, int], why: Any = None) -> None:
+        """Enqueue a real wait for ``other`` to reach ``pos`` and merge its clock (``why``: the
+        Event waited on, or a few words, for traces)."""
         fn, args = self._q.op_wait(other._q, pos)
         labelled = _global_slow and instrument.listeners  # a label only where something reads it
         self._enqueue(fn, args, "wait", f"wait {other.name}@{pos}" if labelled else "wait", (),
-                      {"on": (other, pos)} if labelled else None, clock)
+                      instrument.wait_args(other, pos, why) if labelled else None, clock)
 
     def _enqueue(self, fn: Callable[..., Any], args: tuple, kind: str, name: str,
                  accesses: tuple, extra: dict | None, merge: dict[int, int] | None = None) -> None:
