@@ -14,7 +14,6 @@ import os
 import sys
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
@@ -138,9 +137,9 @@ class OpInfo:
 
 def wait_args(other: Any, pos: int, why: Any) -> dict:
     """A labelled wait's ``OpInfo.args``: the stream and position it waits for (``on``) and why
-    (``_why``: a few words, or the Event waited on, held weakly: named only when traced)."""
-    if why is not None and not isinstance(why, str):
-        why = weakref.ref(why)
+    (``_why``: a few words, or the Event waited on: a trace numbers it when it writes the wait,
+    so the operation holds it till then, as it holds ``other``; no listener keeps a finished
+    wait)."""
     return {"on": (other, pos), "_why": why}
 
 

@@ -158,16 +158,12 @@ class Tracer:
 
     def _wait_name(self, other: Any, why: Any) -> str:
         """``wait event 2 (recorded on stream 'copy')``, ``wait for stream 'x' (pool reuse)``."""
-        if isinstance(why, weakref.ref):
-            event = why()
-            no = ""
-            if event is not None:  # numbered as this trace first saw it (as pools are)
-                n = self._event_nos.get(event)
-                if n is None:
-                    self._events_seen += 1
-                    n = self._event_nos[event] = self._events_seen
-                no = f" {n}"
-            return f"wait event{no} (recorded on stream {other.name!r})"
+        if why is not None and not isinstance(why, str):  # an Event
+            n = self._event_nos.get(why)  # numbered as this trace first saw it (as pools are)
+            if n is None:
+                self._events_seen += 1
+                n = self._event_nos[why] = self._events_seen
+            return f"wait event {n} (recorded on stream {other.name!r})"
         return f"wait for stream {other.name!r}" + (f" ({why})" if why else "")
 
     # -- host threads: user ranges -------------------------------------------------------------
