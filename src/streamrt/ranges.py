@@ -17,10 +17,19 @@ from typing import Any, TypeVar
 from . import instrument
 from .errors import InvalidTypeError, InvalidValueError
 
-__all__ = ["Range"]
+__all__ = ["Range", "check_name"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 _tl = threading.local()  # ``open``: the thread's stack of entered ranges' start times (or None)
+
+
+def check_name(name: Any, what: str) -> str:
+    """``name`` (of a range or stream) if a non-empty str, else the error saying why not."""
+    if type(name) is not str:
+        raise InvalidTypeError(f"a {what} name must be a str, not {type(name).__name__}")
+    if not name:
+        raise InvalidValueError(f"a {what} name must not be empty")
+    return name
 
 
 def _stack() -> list[float | None]:
@@ -38,11 +47,7 @@ class Range:
     __slots__ = ("name",)
 
     def __init__(self, name: str) -> None:
-        if type(name) is not str:
-            raise InvalidTypeError(f"a range name must be a str, not {type(name).__name__}")
-        if not name:
-            raise InvalidValueError("a range name must not be empty")
-        self.name = name
+        self.name = check_name(name, "range")
 
     def __repr__(self) -> str:
         return f"<range {self.name!r}>"

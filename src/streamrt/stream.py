@@ -26,7 +26,7 @@ from . import instrument, legacy, sync
 from .backends.base import InlineQueue
 from .device import Device, current_stream, pop_stream, push_stream
 from .eager import EAGER
-from .errors import InvalidHandleError, InvalidTypeError, InvalidValueError
+from .errors import InvalidHandleError, InvalidTypeError
 from .event import Event
 from .graph import capture
 from .graph import memory as graph_memory
@@ -34,6 +34,7 @@ from .kernel import Kernel, KernelContext, dim3, exact_ints
 from .labels import site_line
 from .pool import ArenaPool, MemPool
 from .pool.registry import _owners
+from .ranges import check_name
 from .sync import after_sync, covered, reach, retire
 from .validate import check_bool, check_byte, check_ptr, check_size, is_bool, is_int
 
@@ -81,12 +82,11 @@ class Stream:
             raise InvalidTypeError(f"priority must be an int, not {type(priority).__name__}")
         if not is_bool(non_blocking):
             raise InvalidTypeError("non_blocking must be a bool")
-        if name is not None and (type(name) is not str or not name):
-            raise (InvalidValueError("a stream name must not be empty") if name == "" else
-                   InvalidTypeError(f"name must be a str, not {type(name).__name__}"))
+        name = None if name is None else check_name(name, "stream")
         # CUDA clamps priorities into [greatest, least] = [-5, 0]; lower is more urgent.
         self._setup(Device(device), min(max(int(priority), -5), 0), bool(non_blocking),
-                    legacy=False, name=name)
+                    legacy=False)
+        self._name = self._name if name is None else name
 
     @classmethod
     def _make_legacy(cls, device: Device) -> Stream:
@@ -94,8 +94,7 @@ class Stream:
         s._setup(device, 0, False, legacy=True)
         return s
 
-    def _setup(self, device: Device, priority: int, non_blocking: bool, legacy: bool,
-               name: str | None = None) -> None:
+    def _setup(self, device: Device, priority: int, non_blocking: bool, legacy: bool) -> None:
         self.device = device
         self.id = next(_ids)
         self.priority = priority
@@ -105,8 +104,7 @@ class Stream:
             f"{device.name}/{'default' if legacy else self.id}",
             priority=priority, non_blocking=non_blocking, legacy=legacy,
         )
-        # what messages and traces call it: the user's name, else the queue's (``cpu:0/3``)
-        self._name = self._q.name if name is None else name
+        self._name = self._q.name  # what messages and traces call it (or the user's name)
         # read on every launch: a slot, not an isinstance call
         self._inline = isinstance(self._q, InlineQueue)
         # an InlineQueue's ``ops.extend`` (its ``ops`` is never rebound), for the eager launch
@@ -183,8 +181,7 @@ class Stream:
         return snap
 
     def _order_after(self, other: Stream, pos: int, clock: dict[int, int], why: Any = None) -> None:
-        """Enqueue a real wait for ``other`` to reach ``pos`` and merge its clock (``why``: the
-        Event waited on, or a few words, for traces)."""
+        """Enqueue a real wait for ``other`` to reach ``pos``, merge its clock (``why``: traces)."""
         fn, args = self._q.op_wait(other._q, pos)
         labelled = _global_slow and instrument.listeners  # a label only where something reads it
         self._enqueue(fn, args, "wait", f"wait {other.name}@{pos}" if labelled else "wait", (),
