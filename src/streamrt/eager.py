@@ -81,7 +81,8 @@ class Eager:
     def host(self, s: Stream, fn: Callable[..., Any], args: tuple) -> None:
         """Run ``fn(*args)`` on a host thread in stream order."""
         op, a = s._q.op_host(fn, args)
-        s._submit(op, a, "host", fn_label(fn))
+        # the label only where an observer reads it (a stream reads it only when instrumented)
+        s._submit(op, a, "host", fn_label(fn) if instrument.listeners else "host")
 
     def after_record(self, s: Stream) -> None:
         """Give a free right after an event record a position of its own. A free adds no work
