@@ -57,11 +57,15 @@ from .host_memory import free, free_host, malloc, malloc_host, memcpy, memset, r
 from .interop import from_dlpack, host_array
 from .kernel import Dim3, Kernel, KernelContext, kernel
 from .pool import MemPool, MemPoolAttr
+from .ranges import Range as range  # noqa: F401 - srt.range (NVTX-like); not in __all__, below
 from .stream import Event, Stream, current_stream
 from .tensor import Tensor, TensorDesc
 from .trace import trace  # noqa: E402
 
 __version__ = "0.1.0"
+
+# ``range`` (user trace ranges) is left out of __all__: ``from streamrt import *`` must not
+# shadow the builtin in the importing module
 
 __all__ = [
     "__version__",

@@ -81,7 +81,8 @@ class Eager:
     def host(self, s: Stream, fn: Callable[..., Any], args: tuple) -> None:
         """Run ``fn(*args)`` on a host thread in stream order."""
         op, a = s._q.op_host(fn, args)
-        s._submit(op, a, "host", fn_label(fn))
+        # the label only where an observer reads it (a stream reads it only when instrumented)
+        s._submit(op, a, "host", fn_label(fn) if instrument.listeners else "host")
 
     def after_record(self, s: Stream) -> None:
         """Give a free right after an event record a position of its own. A free adds no work
@@ -89,7 +90,7 @@ class Eager:
         record (``cudaFreeAsync``): a stream waiting on that event must not count as ordered
         after the free (DESIGN.md §3, reuse by event dependency)."""
         if not s._destroyed:
-            s._submit(_free_marker, (), "free", "free")
+            s._submit(_free_marker, (), "free", "pool free")
 
     def malloc(self, s: Stream, pool: Any, nbytes: int) -> int:
         """A stream-ordered allocation from ``pool``."""
@@ -144,7 +145,7 @@ class Eager:
             return  # never recorded: a no-op, as in CUDA
         if s._clock.get(other.id, 0) >= pos:
             return  # already ordered: no new dependency needed
-        s._order_after(other, pos, clock)
+        s._order_after(other, pos, clock, event)
 
     def launch_graph(self, s: Stream, ge: Any) -> None:
         """Launch an executable graph."""

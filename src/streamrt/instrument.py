@@ -128,8 +128,19 @@ class OpInfo:
         site = f" (enqueued at {site})" if site else ""
         return f"{self.kind} {self.name!r} on {self.where()}{site}"
 
+    def __str__(self) -> str:
+        return self.describe()
+
     def __repr__(self) -> str:
         return f"<OpInfo {self.describe()}>"
+
+
+def wait_args(other: Any, pos: int, why: Any) -> dict:
+    """A labelled wait's ``OpInfo.args``: the stream and position it waits for (``on``) and why
+    (``_why``: a few words, or the Event waited on: a trace numbers it when it writes the wait,
+    so the operation holds it till then, as it holds ``other``; no listener keeps a finished
+    wait)."""
+    return {"on": (other, pos), "_why": why}
 
 
 def active() -> bool:

@@ -9,21 +9,44 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from types import FunctionType, MethodType
 from typing import Any
 
-__all__ = ["WRAPPER", "describe", "fn_label", "host_call", "site_line"]
+__all__ = ["WRAPPER", "describe", "fn_label", "host_call", "labelled", "site_line"]
 
 # set on a callable ``w(info, fn, args)`` that runs ``fn(*args)`` for an observer (the
 # sanitizer's and tracer's wrapper): the label is the wrapped operation's
 WRAPPER = "_streamrt_wraps"
 NODE_NOTE = "in graph node: "  # the note a graph replay adds to a failing node's exception
+# runtime functions the runtime enqueues as host functions -> what traces and failures call them
+# ("executor release"), not their Python names (``labelled``; a dict: fn_label runs on every
+# host-function enqueue, and a missed getattr costs several times a lookup here)
+_LABELS: dict[Any, str] = {}
+
+
+def labelled(text: str) -> Callable[[Any], Any]:
+    """Decorator: traces and failure messages call this runtime host function ``text``."""
+
+    def mark(fn: Any) -> Any:
+        _LABELS[fn] = text
+        return fn
+
+    return mark
 
 
 def fn_label(fn: Any) -> str:
-    """How labels name a user callable: its qualified name, else its repr; never raises."""
+    """How labels name a host callable: the runtime's label, its qualified name (less
+    ``<locals>.``: ``outer.note``), else its repr; never raises."""
     try:
+        t = type(fn)  # (only functions are looked up: another callable may be unhashable)
+        name = _LABELS.get(fn.__func__ if t is MethodType else fn) if (
+            t is MethodType or t is FunctionType) else None
+        if name is not None:
+            return name
         name = getattr(fn, "__qualname__", None)
-        return name if isinstance(name, str) else repr(fn)
+        if not isinstance(name, str):
+            return repr(fn)
+        return name.replace("<locals>.", "") if "<" in name else name
     except Exception:
         return f"<{type(fn).__name__} object>"
 

@@ -31,12 +31,12 @@ def order(s: Stream) -> None:
         for b in members(dev._blocking):
             if b._pos > s._clock.get(b.id, 0):
                 snap = b._snapshot()  # position and clock of one moment (see Stream._snapshot)
-                s._order_after(b, snap[b.id], snap)
+                s._order_after(b, snap[b.id], snap, "legacy stream ordering")
     else:
         legacy = dev._legacy
         if legacy is not None and legacy._pos > s._clock.get(legacy.id, 0):
             snap = legacy._snapshot()
-            s._order_after(legacy, snap[legacy.id], snap)
+            s._order_after(legacy, snap[legacy.id], snap, "legacy stream ordering")
 
 
 def check_capture(s: Stream) -> None:

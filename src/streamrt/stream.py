@@ -34,6 +34,7 @@ from .kernel import Kernel, KernelContext, dim3, exact_ints
 from .labels import site_line
 from .pool import ArenaPool, MemPool
 from .pool.registry import _owners
+from .ranges import check_name
 from .sync import after_sync, covered, reach, retire
 from .validate import check_bool, check_byte, check_ptr, check_size, is_bool, is_int
 
@@ -70,19 +71,22 @@ class Stream:
     __slots__ = (
         "device", "id", "priority", "non_blocking", "_legacy", "_q", "_pos", "_clock", "_host",
         "_destroyed", "_ctxs", "_ctx1", "_target", "_slow", "_lock", "_inline", "_recorded",
-        "_push", "_cv", "_snap", "_wref", "_sites", "__weakref__",
+        "_push", "_cv", "_snap", "_wref", "_sites", "_name", "__weakref__",
     )
 
     def __init__(
-        self, device: Any = None, *, priority: int = 0, non_blocking: bool = False
+        self, device: Any = None, *, priority: int = 0, non_blocking: bool = False,
+        name: str | None = None,
     ) -> None:
         if not is_int(priority):
             raise InvalidTypeError(f"priority must be an int, not {type(priority).__name__}")
         if not is_bool(non_blocking):
             raise InvalidTypeError("non_blocking must be a bool")
+        name = None if name is None else check_name(name, "stream")
         # CUDA clamps priorities into [greatest, least] = [-5, 0]; lower is more urgent.
         self._setup(Device(device), min(max(int(priority), -5), 0), bool(non_blocking),
                     legacy=False)
+        self._name = self._name if name is None else name
 
     @classmethod
     def _make_legacy(cls, device: Device) -> Stream:
@@ -100,6 +104,7 @@ class Stream:
             f"{device.name}/{'default' if legacy else self.id}",
             priority=priority, non_blocking=non_blocking, legacy=legacy,
         )
+        self._name = self._q.name  # what messages and traces call it (or the user's name)
         # read on every launch: a slot, not an isinstance call
         self._inline = isinstance(self._q, InlineQueue)
         # an InlineQueue's ``ops.extend`` (its ``ops`` is never rebound), for the eager launch
@@ -131,7 +136,8 @@ class Stream:
     def __repr__(self) -> str:
         kind = "legacy default" if self._legacy else (
             "non-blocking" if self.non_blocking else "blocking")
-        return f"<Stream {self.device.name}#{self.id} {kind}>"
+        named = f" {self._name!r}" if self._name != self._q.name else ""
+        return f"<Stream {self.device.name}#{self.id} {kind}{named}>"
 
     @property
     def _capture(self) -> Any:
@@ -149,8 +155,8 @@ class Stream:
 
     @property
     def name(self) -> str:
-        """``cpu:0/default`` or ``cpu:0/<id>``."""
-        return self._q.name
+        """The ``name`` it was made with, else ``cpu:0/default`` or ``cpu:0/<id>``."""
+        return self._name
 
     # -- context manager: current stream ---------------------------------------------------
     def __enter__(self) -> Stream:
@@ -174,12 +180,12 @@ class Stream:
         snap[self.id] = self._pos
         return snap
 
-    def _order_after(self, other: Stream, pos: int, clock: dict[int, int]) -> None:
-        """Enqueue a real wait for ``other`` to reach ``pos`` and merge its clock."""
+    def _order_after(self, other: Stream, pos: int, clock: dict[int, int], why: Any = None) -> None:
+        """Enqueue a real wait for ``other`` to reach ``pos``, merge its clock (``why``: traces)."""
         fn, args = self._q.op_wait(other._q, pos)
         labelled = _global_slow and instrument.listeners  # a label only where something reads it
         self._enqueue(fn, args, "wait", f"wait {other.name}@{pos}" if labelled else "wait", (),
-                      {"on": (other, pos)} if labelled else None, clock)
+                      instrument.wait_args(other, pos, why) if labelled else None, clock)
 
     def _enqueue(self, fn: Callable[..., Any], args: tuple, kind: str, name: str,
                  accesses: tuple, extra: dict | None, merge: dict[int, int] | None = None) -> None:

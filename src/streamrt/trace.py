@@ -31,6 +31,7 @@ from .weak import members
 __all__ = ["trace", "Tracer"]
 
 _WORKER_TIDS = 1 << 20  # graph worker tracks are numbered from here, past any stream id
+_HOST_PID = 0  # the host process: a track per host thread, with its user ranges (devices: 1+)
 
 
 class Tracer:
@@ -61,6 +62,9 @@ class Tracer:
         # stamp with the host time of its enqueue (the device's clock is placed from it)
         self._pending: list[OpInfo] = []
         self._base: dict[Any, tuple[Any, float]] = {}
+        self._event_nos: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        self._events_seen = 0
+        self._host_tids: dict[int, int] = {}  # host thread ident -> its track's tid
 
     def _us(self, t: float) -> float:
         return round((t - self._t0) * 1e6, 3)
@@ -73,6 +77,8 @@ class Tracer:
     @staticmethod
     def _stream_track(s: Any) -> str:
         kind = "legacy default" if s._legacy else ("non-blocking" if s.non_blocking else "blocking")
+        if s.name != s._q.name:  # named by the user: the name, then the stream it is
+            return f"stream {s.name!r} ({s._q.name}, {kind})"
         return f"stream {s.name} ({kind})"
 
     def _track(self, op: OpInfo) -> tuple[int, Any]:
@@ -125,14 +131,18 @@ class Tracer:
         pid, tid = self._track(op)
         args = {k: _plain(v) for k, v in op.args.items() if not k.startswith("_")}
         args["position"] = op.pos if op.parent is None else f"node {op.node or op.index}"
-        self.events.append({"name": op.name, "cat": op.kind, "ph": "X", "ts": ts,
+        name = op.name
+        on = op.args.get("on")
+        if op.kind == "wait" and on is not None:
+            name = self._wait_name(on[0], op.args.get("_why"))
+            args["on"] = f"{on[0].name}@{on[1]}"
+        self.events.append({"name": name, "cat": op.kind, "ph": "X", "ts": ts,
                             "dur": max(end - ts, 0.001), "pid": pid, "tid": tid,
                             "args": args})
         if op.parent is None:
             self._ends[(op.sid, op.pos)] = (pid, tid, end)
             if len(self._ends) > 100000:
                 self._ends.clear()
-        on = op.args.get("on")
         if op.kind == "wait" and on is not None:
             src = self._ends.get((on[0].id, on[1]))
             if src is not None:  # arrow from the awaited operation to the wait
@@ -145,6 +155,30 @@ class Tracer:
                 self.events.append({"name": "wait", "cat": "flow", "ph": "f", "bp": "e",
                                     "id": self._flow, "ts": max(end - 0.001, ts), "pid": pid,
                                     "tid": tid})
+
+    def _wait_name(self, other: Any, why: Any) -> str:
+        """``wait event 2 (recorded on stream 'copy')``, ``wait for stream 'x' (pool reuse)``."""
+        if why is not None and not isinstance(why, str):  # an Event
+            n = self._event_nos.get(why)  # numbered as this trace first saw it (as pools are)
+            if n is None:
+                self._events_seen += 1
+                n = self._event_nos[why] = self._events_seen
+            return f"wait event {n} (recorded on stream {other.name!r})"
+        return f"wait for stream {other.name!r}" + (f" ({why})" if why else "")
+
+    # -- host threads: user ranges -------------------------------------------------------------
+    def on_range(self, name: str, t0: float, t1: float, depth: int) -> None:
+        th = threading.current_thread()
+        with self._lock:
+            tid = self._host_tids.get(th.ident or 0)
+            if tid is None:
+                tid = self._host_tids[th.ident or 0] = len(self._host_tids) + 1
+                self._tracks[(_HOST_PID, tid)] = f"host thread {th.name}"
+                self._procs.setdefault(_HOST_PID, "host")
+            ts = max(self._us(t0), 0.0)  # (a range entered before the trace began starts with it)
+            self.events.append({"name": name, "cat": "range", "ph": "X", "ts": ts,
+                                "dur": max(self._us(t1) - ts, 0.001), "pid": _HOST_PID,
+                                "tid": tid, "args": {"depth": depth}})
 
     def on_alloc(self, stream: Any, ptr: int, nbytes: int) -> None:
         self._pool_counter(ptr)

@@ -238,7 +238,7 @@ class GraphExec(NodeUpdates):
             if last is not None and last[0] is not stream:
                 other, pos, clock = last
                 if stream._clock.get(other.id, 0) < pos:  # (the clock may lack other's entry)
-                    stream._order_after(other, pos, {**clock, other.id: pos})
+                    stream._order_after(other, pos, {**clock, other.id: pos}, "the graph's previous launch")
             events = plan.events
             if events is None:
                 op = plan.runner.op_launch(stream._q)

@@ -50,6 +50,7 @@ import numpy as np
 
 from ..errors import ExecutorError
 from ..instrument import format_site
+from ..labels import labelled
 from ..pool import device_of, usable_bytes
 from ..validate import is_int
 
@@ -316,6 +317,7 @@ class Executor:
             # released when the last of them is gone, not by a host node at each replay
             stream._target.release_after(stream, self._release)
 
+    @labelled("executor release")  # the host function a one-shot run enqueues after its kernels
     def _release(self) -> None:
         global _live
         with _lock:

@@ -116,7 +116,7 @@ class NativePool(MemPool):
         self._forget(ptr)
         # an operation of the queue (see _malloc): a synchronize of a stream that did nothing but
         # free must still be one, where the driver applies the release threshold
-        stream._submit(self._native.free, (ptr, stream._q), "free", f"free {hex(ptr)}")
+        stream._submit(self._native.free, (ptr, stream._q), "free", f"pool free {hex(ptr)}")
 
     def _free_now(self, ptr: int) -> None:
         self._forget(ptr)

@@ -60,7 +60,7 @@ def find(pool: ArenaPool, a: Stream, size: int, requested: int) -> tuple[Block, 
             f = b.stream
             assert f is not None
             # a real wait: later work on A follows the free (and what the free followed)
-            a._order_after(f, b.pos, b.clock or {f.id: b.pos})
+            a._order_after(f, b.pos, b.clock or {f.id: b.pos}, "pool reuse")
             return b, "reuse_internal_dependency"
     raise oom(pool, requested, size, a)
 

@@ -85,6 +85,12 @@ class _Event:
         site = s if isinstance(s, str) else instrument.format_site(s)
         return f"{self.what} on {where}" + (f" (at {site})" if site else "")
 
+    def __str__(self) -> str:  # a finding's ``other`` prints as what it says of it
+        return self.describe()
+
+    def __repr__(self) -> str:
+        return f"<{self.describe()}>"
+
 
 def _top(op: OpInfo) -> OpInfo:
     return op.parent if op.parent is not None else op
