@@ -320,13 +320,26 @@ class Stream:
         into a pageable host buffer returns once the data is there; pinned memory
         (``srt.malloc_host``) is fully asynchronous.
         """
-        self._target.memcpy(self, dst, src, check_size(nbytes))
+        self._memcpy(dst, src, check_size(nbytes), True)
+
+    def _memcpy(self, dst: Any, src: Any, n: int, peers: bool) -> None:
+        """``memcpy``; ``peers``: refuse another device's memory without peer access (False:
+        ``srt.memcpy``, which is ``cudaMemcpy``/``cudaMemcpyPeer`` and copies across devices
+        without it)."""
+        if peers:
+            dev = self.device
+            for end in (dst, src):
+                if type(end) is int or is_int(end):
+                    dev._check_reach(int(end), n, "memcpy")
+        self._target.memcpy(self, dst, src, n)
 
     def memset(self, ptr: int, value: int, nbytes: int) -> None:
         """Enqueue a byte fill (``cudaMemsetAsync``)."""
         n = check_size(nbytes)
         ptr = check_ptr(ptr)
-        self._target.memset(self, ptr, int(check_byte(value)), n)
+        v = int(check_byte(value))
+        self.device._check_reach(ptr, n, "memset")
+        self._target.memset(self, ptr, v, n)
 
     def launch_host_func(self, fn: Callable[..., Any], *args: Any) -> None:
         """Enqueue ``fn(*args)`` to run on a host thread in stream order (``cudaLaunchHostFunc``)."""

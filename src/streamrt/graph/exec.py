@@ -29,6 +29,7 @@ from ..errors import (
     GraphExecUpdateError,
     InvalidHandleError,
     InvalidTypeError,
+    InvalidValueError,
 )
 from ..stream import Stream
 from ..validate import is_bool, is_int
@@ -40,6 +41,7 @@ from .gcpause import paused
 from .graph import EVENTS, MEMORY, Graph
 from .instantiate import GraphInstantiateResult, refuse
 from .instantiate import check as check_instantiable
+from .instantiate import devices as graph_devices
 from .node import Node, NodeType
 from .setters import NodeUpdates
 from .update import adopt, diff
@@ -95,7 +97,12 @@ class GraphExec(NodeUpdates):
         self._map_memory(mem, mem_anc)
         # made in the current device's context, as cudaGraphInstantiate: its reset destroys it,
         # launched there or not (an exec of memset nodes only named no device otherwise)
-        current_device()._add_exec(self)
+        cur = current_device()
+        cur._add_exec(self)
+        # the devices whose streams may launch it: those of its kernel and MEM_ALLOC nodes (a
+        # cpu graph may span several), else the one it was instantiated on (CUDA's context)
+        self._devices = frozenset(graph_devices(template)) or frozenset((cur,))
+        _check_reach(template, self._devices)
 
     def __repr__(self) -> str:
         return f"<GraphExec of {len(self._template._nodes)} nodes>"
@@ -302,6 +309,10 @@ class GraphExec(NodeUpdates):
                 event._check_recordable(stream)
             else:
                 event._check_alive()
+        if stream.device not in self._devices:  # as cudaGraphLaunch on another context's stream
+            raise InvalidValueError(
+                f"{self!r} was instantiated for {_names(self._devices)}: it cannot be launched on "
+                f"{stream!r}, a stream of {stream.device.name} (instantiate the graph there)")
 
     def upload(self, stream: Stream) -> None:
         """Prepare the replay plan for ``stream`` ahead of the first launch (``cudaGraphUpload``)."""
@@ -340,6 +351,27 @@ class GraphExec(NodeUpdates):
             self._refresh(lambda plan: all(plan.update(n) for n in changed))
 
 # -- helpers -------------------------------------------------------------------------------------
+def _names(devices: frozenset) -> str:
+    return " and ".join(sorted(d.name for d in devices))
+
+
+def _check_reach(template: Graph, devices: frozenset) -> None:
+    """Refuse memcpy and memset nodes touching memory of a device that one of ``devices``
+    (those launching them) has no peer access to: as eager copies and memsets are refused."""
+    for n in template._walk():
+        t = n.type
+        if t is NodeType.MEMSET:
+            ends: tuple = (n._params["ptr"],)
+        elif t is NodeType.MEMCPY:
+            ends = (n._params["dst"], n._params["src"])
+        else:
+            continue
+        for end in ends:
+            if is_int(end):
+                for dev in devices:
+                    dev._check_reach(int(end), n._params["nbytes"], f"{n!r} (instantiate)")
+
+
 def _binds(n: Node) -> bool:
     """Whether a node's compiled op holds views of device memory (see ``compile._ops_for``)."""
     p = n._params
