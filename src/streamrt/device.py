@@ -389,7 +389,10 @@ def range_of(ptr: int) -> tuple[Device | None, MemRange] | None:
     for backend in loaded_backends():
         r = backend.range_of(ptr)
         if r is not None:
-            return (Device(f"{backend.name}:{r.device}") if r.device >= 0 else None), r
+            if r.device < 0:
+                return None, r
+            # an allocation's device is open: found without parsing a spec
+            return _registry.get((backend.name, r.device)) or Device(f"{backend.name}:{r.device}"), r
     return None
 
 
