@@ -253,6 +253,6 @@ def test_peer_graph_memset_of_another_devices_memory_refused_at_instantiate(devs
     ge.launch(s1)
     s1.synchronize()
     assert (_read(a) == 0.0).all()
-    with d0:  # cpu:0 reaches its own memory, not cpu:1's (the copy's destination)
-        with pytest.raises(srt.InvalidAddressError):
-            g.instantiate()
+    # cpu:0 reaches its own memory, not cpu:1's (the copy's destination)
+    with d0, pytest.raises(srt.InvalidAddressError):
+        g.instantiate()

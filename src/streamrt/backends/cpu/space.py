@@ -8,12 +8,13 @@ State and invariants:
   never overlap and are separated by a guard gap, so running off the end of one never lands in
   the next. ``_allocs`` maps base -> allocation in a sorted dict: lookups are O(log n), under
   ``_lock`` (finalizers' releases wait in ``reclaim`` while it is held).
-- Views: :meth:`AddressSpace.array` caches numpy views by ``(ptr, shape, dtype, readonly)`` and
-  keeps the last one made at each address in the asking device's ``last`` dict (its kernel
-  contexts' fast path; one per device, ``_lasts``: a view checked for one device's reach is
-  never handed to another's); all are cleared in place whenever memory goes away or is
-  remapped (or a peer access is taken back), and ``generation`` is bumped before and after, so a cached view never outlives its memory and holders of older views know
-  to remake them. A view maker (no lock: each step is one dict operation) reads ``generation``
+- Views: :meth:`AddressSpace.array` caches numpy views by ``(ptr, shape, dtype, readonly)``
+  and keeps the last one made at each address in the asking device's ``last`` dict (its
+  kernel contexts' fast path; one per device, ``_lasts``: a view checked for one device's
+  reach is never handed to another's); all are cleared in place whenever memory goes away or
+  is remapped (or a peer access is taken back), and ``generation`` is bumped before and
+  after, so a cached view never outlives its memory and holders of older views know to remake
+  them. A view maker (no lock: each step is one dict operation) reads ``generation``
   before looking and takes its entry out again if it moved: a view made while another thread
   frees is cleared (added before the bump) or taken out (added after it), never left cached.
 """
