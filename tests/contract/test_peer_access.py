@@ -241,8 +241,8 @@ def test_peer_graph_memset_of_another_devices_memory_refused_at_instantiate(devs
     d0, d1 = devs
     a, b = mem
     g = srt.Graph()
-    g.add_memset_node(a, 0, N * 4)
-    g.add_memcpy_node(b, a, 8)
+    ms = g.add_memset_node(a, 0, N * 4)
+    g.add_memcpy_node(b, a, 8, deps=ms)
     with d1:
         with pytest.raises(srt.InvalidAddressError) as ei:
             g.instantiate()
@@ -252,7 +252,7 @@ def test_peer_graph_memset_of_another_devices_memory_refused_at_instantiate(devs
     s1 = srt.Stream(d1, non_blocking=True)
     ge.launch(s1)
     s1.synchronize()
-    assert (_read(a) == 0.0).all()
+    assert (_read(a) == 0.0).all() and _read(b)[:3].tolist() == [0.0, 0.0, 2.0]
     # cpu:0 reaches its own memory, not cpu:1's (the copy's destination)
     with d0, pytest.raises(srt.InvalidAddressError):
         g.instantiate()
