@@ -237,22 +237,32 @@ def test_peer_graph_launched_on_another_devices_stream_refused(devs, mem):
     assert (_read(a) == 4.0).all()
 
 
-def test_peer_graph_memset_of_another_devices_memory_refused_at_instantiate(devs, mem):
+def test_peer_graph_memset_and_memcpy_nodes_of_another_devices_memory_refused(devs, mem):
     d0, d1 = devs
     a, b = mem
-    g = srt.Graph()
+    g = srt.Graph()  # no kernel nodes: any device's stream may launch it, if it reaches the memory
     ms = g.add_memset_node(a, 0, N * 4)
     g.add_memcpy_node(b, a, 8, deps=ms)
-    with d1:
+    ge = g.instantiate()
+    s0, s1 = srt.Stream(d0, non_blocking=True), srt.Stream(d1, non_blocking=True)
+    for s in (s0, s1):  # cpu:0 reaches a, not b; cpu:1 b, not a
+        pos = s._pos
         with pytest.raises(srt.InvalidAddressError) as ei:
-            g.instantiate()
-        assert "without peer access" in str(ei.value)
-        d1.enable_peer_access(d0)
-        ge = g.instantiate()
-    s1 = srt.Stream(d1, non_blocking=True)
+            ge.launch(s)
+        assert "without peer access" in str(ei.value) and s._pos == pos
+    d1.enable_peer_access(d0)
     ge.launch(s1)
+    ge.launch(s1)  # (the launch record's path)
     s1.synchronize()
     assert (_read(a) == 0.0).all() and _read(b)[:3].tolist() == [0.0, 0.0, 2.0]
-    # cpu:0 reaches its own memory, not cpu:1's (the copy's destination)
-    with d0, pytest.raises(srt.InvalidAddressError):
-        g.instantiate()
+    d1.disable_peer_access(d0)  # the launch record is dropped: the next launch is checked again
+    with pytest.raises(srt.InvalidAddressError):
+        ge.launch(s1)
+    # with a kernel node the exec is of that node's device: refused when instantiated
+    gk = srt.Graph()
+    with d1:
+        k = gk.add_kernel_node(fill_kernel, b, N, 1.0)
+    gk.add_memset_node(a, 0, N * 4, deps=k)
+    with pytest.raises(srt.InvalidAddressError) as ei:
+        gk.instantiate()
+    assert "instantiate" in str(ei.value)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from .. import instrument, legacy
 from .. import stream as _stream_mod
 from ..device import current_device
+from ..pool import device_of
 from ..errors import (
     GraphExecUpdateError,
     InvalidHandleError,
@@ -97,12 +98,15 @@ class GraphExec(NodeUpdates):
         self._map_memory(mem, mem_anc)
         # made in the current device's context, as cudaGraphInstantiate: its reset destroys it,
         # launched there or not (an exec of memset nodes only named no device otherwise)
-        cur = current_device()
-        cur._add_exec(self)
+        current_device()._add_exec(self)
         # the devices whose streams may launch it: those of its kernel and MEM_ALLOC nodes (a
-        # cpu graph may span several), else the one it was instantiated on (CUDA's context)
-        self._devices = frozenset(graph_devices(template)) or frozenset((cur,))
-        _check_reach(template, self._devices)
+        # cpu graph may span several); None: any (a graph of host, memset, memcpy nodes only)
+        self._devices = frozenset(graph_devices(template)) or None
+        # the devices whose memory memcpy and memset nodes touch, each with a node and range
+        # touching it (setters and updates never move a node's memory to another device)
+        self._ends = _node_memory(template)
+        for dev in self._devices or ():
+            self._check_reach(dev, " (instantiate)")
 
     def __repr__(self) -> str:
         return f"<GraphExec of {len(self._template._nodes)} nodes>"
@@ -309,10 +313,21 @@ class GraphExec(NodeUpdates):
                 event._check_recordable(stream)
             else:
                 event._check_alive()
-        if stream.device not in self._devices:  # as cudaGraphLaunch on another context's stream
+        devices = self._devices
+        if devices is not None and stream.device not in devices:
+            # as cudaGraphLaunch on a stream of another context than the exec's
             raise InvalidValueError(
-                f"{self!r} was instantiated for {_names(self._devices)}: it cannot be launched on "
+                f"{self!r} was instantiated for {_names(devices)}: it cannot be launched on "
                 f"{stream!r}, a stream of {stream.device.name} (instantiate the graph there)")
+        if self._ends:
+            self._check_reach(stream.device, "")
+
+    def _check_reach(self, dev: Any, when: str) -> None:
+        """Refuse memcpy and memset nodes that, run by ``dev``, would touch memory of a device it
+        has no peer access to (as eager copies and memsets are refused)."""
+        for other, (node, ptr, nbytes) in self._ends.items():
+            if other is not dev:
+                dev._check_reach(ptr, nbytes, f"{node!r}{when}")
 
     def upload(self, stream: Stream) -> None:
         """Prepare the replay plan for ``stream`` ahead of the first launch (``cudaGraphUpload``)."""
@@ -355,9 +370,10 @@ def _names(devices: frozenset) -> str:
     return " and ".join(sorted(d.name for d in devices))
 
 
-def _check_reach(template: Graph, devices: frozenset) -> None:
-    """Refuse memcpy and memset nodes touching memory of a device that one of ``devices``
-    (those launching them) has no peer access to: as eager copies and memsets are refused."""
+def _node_memory(template: Graph) -> dict[Any, tuple[Node, int, int]]:
+    """The devices whose memory the memcpy and memset nodes (child graphs' too) touch, each
+    with the first such node, its pointer and its bytes."""
+    out: dict[Any, tuple[Node, int, int]] = {}
     for n in template._walk():
         t = n.type
         if t is NodeType.MEMSET:
@@ -368,8 +384,10 @@ def _check_reach(template: Graph, devices: frozenset) -> None:
             continue
         for end in ends:
             if is_int(end):
-                for dev in devices:
-                    dev._check_reach(int(end), n._params["nbytes"], f"{n!r} (instantiate)")
+                dev = device_of(int(end))
+                if dev is not None and dev not in out:
+                    out[dev] = (n, int(end), n._params["nbytes"])
+    return out
 
 
 def _binds(n: Node) -> bool:
