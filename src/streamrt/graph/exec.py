@@ -25,13 +25,13 @@ from typing import TYPE_CHECKING, Any
 from .. import instrument, legacy
 from .. import stream as _stream_mod
 from ..device import current_device
-from ..pool import device_of
 from ..errors import (
     GraphExecUpdateError,
     InvalidHandleError,
     InvalidTypeError,
     InvalidValueError,
 )
+from ..pool import device_of
 from ..stream import Stream
 from ..validate import is_bool, is_int
 from . import memory
