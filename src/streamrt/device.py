@@ -333,6 +333,12 @@ class Device:
         for ge in members(self._execs):  # a launch record skips the checks: take the general path
             ge._rec = None
 
+    def _check_copy(self, dst: Any, src: Any, nbytes: int) -> None:
+        """:meth:`_check_reach` of a copy's device pointers (host buffers pass)."""
+        for end in (dst, src):
+            if type(end) is int or is_int(end):
+                self._check_reach(int(end), nbytes, "memcpy")
+
     def _check_reach(self, ptr: int, nbytes: int, what: str) -> None:
         """Refuse ``what`` (work of this device) touching ``nbytes`` at ``ptr`` when that is
         another device's memory and this device has no peer access to it (a GPU faults)."""

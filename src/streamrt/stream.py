@@ -320,17 +320,8 @@ class Stream:
         into a pageable host buffer returns once the data is there; pinned memory
         (``srt.malloc_host``) is fully asynchronous.
         """
-        self._memcpy(dst, src, check_size(nbytes), True)
-
-    def _memcpy(self, dst: Any, src: Any, n: int, peers: bool) -> None:
-        """``memcpy``; ``peers``: refuse another device's memory without peer access (False:
-        ``srt.memcpy``, which is ``cudaMemcpy``/``cudaMemcpyPeer`` and copies across devices
-        without it)."""
-        if peers:
-            dev = self.device
-            for end in (dst, src):
-                if type(end) is int or is_int(end):
-                    dev._check_reach(int(end), n, "memcpy")
+        n = check_size(nbytes)
+        self.device._check_copy(dst, src, n)  # (srt.memcpy, cudaMemcpyPeer, copies without it)
         self._target.memcpy(self, dst, src, n)
 
     def memset(self, ptr: int, value: int, nbytes: int) -> None:
