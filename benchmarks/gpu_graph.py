@@ -133,9 +133,11 @@ def _update_replay(o: _Ours, nodes: int, launches: int, repeat: int) -> float:
     s = o.s
     pa, pb, pc = o.ptrs
     g = srt.Graph()
-    first = node = g.add_kernel_node(tiny_add, pa, pb, pc, N_ELEMS, grid=1, block=N_ELEMS)
-    for _ in range(nodes - 1):
-        node = g.add_kernel_node(tiny_add, pa, pb, pc, N_ELEMS, grid=1, block=N_ELEMS, deps=node)
+    with o.dev:  # kernel nodes are of the current device (a cuda:0 stream launches them)
+        first = node = g.add_kernel_node(tiny_add, pa, pb, pc, N_ELEMS, grid=1, block=N_ELEMS)
+        for _ in range(nodes - 1):
+            node = g.add_kernel_node(tiny_add, pa, pb, pc, N_ELEMS, grid=1, block=N_ELEMS,
+                                     deps=node)
     ge = g.instantiate()
     swaps = ((pa, pb, pc, N_ELEMS), (pb, pa, pc, N_ELEMS))  # a + b either way
     try:

@@ -36,6 +36,8 @@ from .errors import (
     NotReadyError,
     NotSupportedError,
     OutOfMemoryError,
+    PeerAccessAlreadyEnabledError,
+    PeerAccessNotEnabledError,
     SanitizerError,
     StreamRTError,
 )
@@ -89,7 +91,8 @@ __all__ = [
     # errors
     "StreamRTError", "InvalidValueError", "InvalidTypeError", "InvalidDeviceError",
     "InvalidAddressError", "InvalidHandleError", "OutOfMemoryError", "NotReadyError",
-    "NotSupportedError", "NotPermittedError", "IllegalStateError", "LaunchError",
+    "NotSupportedError", "NotPermittedError", "IllegalStateError",
+    "PeerAccessAlreadyEnabledError", "PeerAccessNotEnabledError", "LaunchError",
     "KernelCompileError", "BackendUnavailableError",
     "CaptureError", "CaptureUnsupportedError", "CaptureInvalidatedError", "CaptureMergeError",
     "CaptureUnmatchedError", "CaptureUnjoinedError", "CaptureIsolationError",

@@ -10,7 +10,15 @@ from typing import TYPE_CHECKING, Any
 
 from .backends import BACKENDS, get_backend, loaded_backends
 from .backends import device_count as _backend_device_count
-from .errors import InvalidDeviceError, InvalidTypeError, InvalidValueError
+from .errors import (
+    InvalidAddressError,
+    InvalidDeviceError,
+    InvalidTypeError,
+    InvalidValueError,
+    NotSupportedError,
+    PeerAccessAlreadyEnabledError,
+    PeerAccessNotEnabledError,
+)
 from .sync import synchronize_device
 from .validate import is_int
 from .weak import members
@@ -68,6 +76,9 @@ class Device:
       backing execs' graph allocations (``graph_mem_info``); ``_graph_used_high``,
       ``_graph_reserved_high``: their high watermarks since the last ``reset_graph_mem_high``
       (never below the current values).
+    - ``_peers``: the indices of the devices of its backend whose memory its kernels, copies
+      and memsets may touch (``enable_peer_access``); replaced whole under ``_pool_lock``, read
+      without it (one load).
     Sets of objects are weak: a device keeps nothing alive.
     """
 
@@ -75,7 +86,7 @@ class Device:
         "backend", "index", "name", "_impl", "_streams", "_blocking", "_dead", "_retired",
         "_events", "_legacy", "_default_pool", "_pool", "_pool_lock", "_pools", "_execs",
         "_graph_used", "_graph_reserved", "_graph_used_high", "_graph_reserved_high",
-        "__weakref__",
+        "_peers", "__weakref__",
     )
     backend: str
     index: int
@@ -127,6 +138,7 @@ class Device:
         dev._graph_reserved = 0
         dev._graph_used_high = 0
         dev._graph_reserved_high = 0
+        dev._peers = frozenset()
         return dev
 
     # -- the runtime's bookkeeping ---------------------------------------------------------
@@ -274,11 +286,83 @@ class Device:
             if self._pool is pool:
                 self._pool = None
 
+    # -- peer access ----------------------------------------------------------------------
+    def _peer(self, peer: Any, what: str) -> Device:
+        """``peer`` as another device of this backend (InvalidDeviceError: itself, another
+        backend's, or none)."""
+        if peer is None or not isinstance(peer, Device | str) and not is_int(peer):
+            raise InvalidTypeError(f"{what} needs a Device (or a spec such as 'cpu:1'), not "
+                                   f"{type(peer).__name__}")
+        other = Device(f"{self.backend}:{int(peer)}" if is_int(peer) else peer)
+        if other is self:
+            raise InvalidDeviceError(f"{what}({other.name}) on {self.name}: a device's own memory "
+                                     "needs no peer access (cudaErrorInvalidDevice)")
+        if other.backend != self.backend:
+            raise InvalidDeviceError(f"{what}({other.name}) on {self.name}: peers are devices of "
+                                     f"the same backend")
+        return other
+
+    def can_access_peer(self, peer: Any) -> bool:
+        """Whether this device can be given access to ``peer``'s memory (``cudaDeviceCanAccessPeer``)."""
+        if peer is None or not isinstance(peer, Device | str) and not is_int(peer):
+            self._peer(peer, "can_access_peer")  # its InvalidTypeError
+        other = Device(f"{self.backend}:{int(peer)}" if is_int(peer) else peer)
+        if other is self or other.backend != self.backend:
+            return False  # as CUDA answers 0 for a device and itself
+        return self._impl.can_access_peer(other._impl)
+
+    def enable_peer_access(self, peer: Any) -> None:
+        """Let this device's kernels, copies and memsets touch ``peer``'s memory
+        (``cudaDeviceEnablePeerAccess``; one way: ``peer`` gets no access to this device's)."""
+        other = self._peer(peer, "enable_peer_access")
+        with self._pool_lock:  # one enable or disable of this device at a time
+            if other.index in self._peers:
+                raise PeerAccessAlreadyEnabledError(
+                    f"{self.name} already has peer access to {other.name}")
+            if not self._impl.can_access_peer(other._impl):
+                raise NotSupportedError(f"{self.name} cannot access {other.name}'s memory "
+                                        "(cudaErrorPeerAccessUnsupported)")
+            self._impl.enable_peer_access(other._impl)
+            self._peers = self._peers | {other.index}
+
+    def disable_peer_access(self, peer: Any) -> None:
+        """Take back :meth:`enable_peer_access` (``cudaDeviceDisablePeerAccess``): later work of
+        this device touching ``peer``'s memory is refused again."""
+        other = self._peer(peer, "disable_peer_access")
+        with self._pool_lock:
+            if other.index not in self._peers:
+                raise PeerAccessNotEnabledError(
+                    f"{self.name} has no peer access to {other.name} to disable")
+            self._peers = self._peers - {other.index}  # first: no check passes meanwhile
+            self._impl.disable_peer_access(other._impl)
+        for ge in members(self._execs):  # a launch record skips the checks: take the general path
+            ge._rec = None
+
+    def _check_copy(self, dst: Any, src: Any, nbytes: int) -> None:
+        """:meth:`_check_reach` of a copy's device pointers (host buffers pass)."""
+        for end in (dst, src):
+            if type(end) is int or is_int(end):
+                self._check_reach(int(end), nbytes, "memcpy")
+
+    def _check_reach(self, ptr: int, nbytes: int, what: str) -> None:
+        """Refuse ``what`` (work of this device) touching ``nbytes`` at ``ptr`` when that is
+        another device's memory and this device has no peer access to it (a GPU faults)."""
+        d = self._impl.device_of(ptr)
+        if d >= 0 and d != self.index and d not in self._peers:
+            raise InvalidAddressError(no_peer_access(self, d, ptr, nbytes, what))
+
     def reset(self) -> None:
         """Synchronize, then destroy every stream, event, pool and allocation (``aclrtResetDevice``)."""
         from .reset import reset_device  # it destroys everything above this module
 
         reset_device(self)
+
+
+def no_peer_access(dev: Device, index: int, ptr: int, nbytes: int, what: str) -> str:
+    """The message of work of ``dev`` refused for touching device ``index``'s memory."""
+    peer = f"{dev.backend}:{index}"
+    return (f"{what} on {dev.name} touches {hex(ptr)}+{nbytes}, memory of {peer}, without peer "
+            f"access (Device({dev.name!r}).enable_peer_access({peer!r}); a GPU faults here)")
 
 
 GRAPH_MEM_ATTRS = ("used_mem_current", "used_mem_high", "reserved_mem_current",
@@ -316,7 +400,10 @@ def range_of(ptr: int) -> tuple[Device | None, MemRange] | None:
     for backend in loaded_backends():
         r = backend.range_of(ptr)
         if r is not None:
-            return (Device(f"{backend.name}:{r.device}") if r.device >= 0 else None), r
+            if r.device < 0:
+                return None, r
+            # an allocation's device is open: found without parsing a spec
+            return _registry.get((backend.name, r.device)) or Device(f"{backend.name}:{r.device}"), r
     return None
 
 

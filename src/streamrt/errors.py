@@ -24,6 +24,8 @@ __all__ = [
     "NotSupportedError",
     "NotPermittedError",
     "IllegalStateError",
+    "PeerAccessAlreadyEnabledError",
+    "PeerAccessNotEnabledError",
     "LaunchError",
     "BackendUnavailableError",
     "CaptureError",
@@ -116,6 +118,20 @@ class IllegalStateError(StreamRTError):
 
     code = 401
     name = "cudaErrorIllegalState"
+
+
+class PeerAccessAlreadyEnabledError(IllegalStateError):
+    """Raised by ``dev.enable_peer_access(peer)`` when that access is already enabled."""
+
+    code = 704
+    name = "cudaErrorPeerAccessAlreadyEnabled"
+
+
+class PeerAccessNotEnabledError(IllegalStateError):
+    """Raised by ``dev.disable_peer_access(peer)`` when that access is not enabled."""
+
+    code = 705
+    name = "cudaErrorPeerAccessNotEnabled"
 
 
 class NotReadyError(StreamRTError):

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple, overload
 
 import numpy as np
 
-from .backends.base import LAST_VIEWS
 from .errors import IllegalStateError, InvalidTypeError, InvalidValueError
 from .validate import is_int
 
@@ -189,7 +188,8 @@ def kernel(
 class KernelContext:
     """What a kernel body sees: launch dimensions, device, stream, and bounds-checked memory views."""
 
-    __slots__ = ("grid", "block", "device", "stream", "_view", "_runs", "_info", "_conds")
+    __slots__ = ("grid", "block", "device", "stream", "_view", "_last", "_runs", "_info",
+                 "_conds")
 
     def __init__(self, grid: Dim3, block: Dim3, device: Device, stream: Stream) -> None:
         self.grid = grid
@@ -197,6 +197,9 @@ class KernelContext:
         self.device = device
         self.stream = stream
         self._view = device._impl.view
+        # the views this device's kernels made last (DeviceImpl.last_views): never another
+        # device's, whose memory may be out of this device's reach (peer access)
+        self._last = device._impl.last_views
         # what traces show of a launch with this context (shared by its launches, never changed)
         self._info = {"grid": tuple(grid), "block": tuple(block)}
         # kernel body -> the body bound to this context (``run(*args)`` is ``body(ctx, *args)``):
@@ -244,8 +247,8 @@ class KernelContext:
 
     def _fast_array(self, ptr: int, shape: Any, dtype: Any, *, readonly: bool = False) -> np.ndarray:
         """A numpy view of device memory; read-only views declare a read, writable ones a write."""
-        try:  # hot path: the view last made at this address, if it matches
-            e = _last[ptr]
+        try:  # hot path: the view last made at this address by this device, if it matches
+            e = self._last[ptr]
         except (KeyError, TypeError):  # none there, or an unhashable pointer (refused below)
             return self._view(ptr, shape, dtype, readonly)
         if e[0] == shape and e[1] is dtype:
@@ -269,4 +272,3 @@ class KernelContext:
 
 _NO_CONDS: frozenset = frozenset()
 _U64 = np.dtype(np.uint64)
-_last = LAST_VIEWS  # the views made last (see backends/base.py), a module global: no attribute load

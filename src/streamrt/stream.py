@@ -326,13 +326,17 @@ class Stream:
         into a pageable host buffer returns once the data is there; pinned memory
         (``srt.malloc_host``) is fully asynchronous.
         """
-        self._target.memcpy(self, dst, src, check_size(nbytes))
+        n = check_size(nbytes)
+        self.device._check_copy(dst, src, n)  # (srt.memcpy, cudaMemcpyPeer, copies without it)
+        self._target.memcpy(self, dst, src, n)
 
     def memset(self, ptr: int, value: int, nbytes: int) -> None:
         """Enqueue a byte fill (``cudaMemsetAsync``)."""
         n = check_size(nbytes)
         ptr = check_ptr(ptr)
-        self._target.memset(self, ptr, int(check_byte(value)), n)
+        v = int(check_byte(value))
+        self.device._check_reach(ptr, n, "memset")
+        self._target.memset(self, ptr, v, n)
 
     def launch_host_func(self, fn: Callable[..., Any], *args: Any) -> None:
         """Enqueue ``fn(*args)`` to run on a host thread in stream order (``cudaLaunchHostFunc``)."""

@@ -21,7 +21,7 @@ import numpy as np
 
 from .device import Device
 from .errors import InvalidHandleError, InvalidTypeError, InvalidValueError
-from .pool import device_of
+from .pool.registry import placement
 from .stream import Stream, current_stream
 from .validate import host_array, is_int
 
@@ -213,8 +213,15 @@ class Tensor:
         if ptr % desc.itemsize:  # the cpu backend would not care; a GPU kernel faults on it
             raise InvalidValueError(f"ptr {hex(ptr)} is not aligned to the {desc.itemsize} bytes of "
                                     f"{desc.dtype} (cudaErrorMisalignedAddress on a GPU)")
+        # the memory must hold the view: refused here, not in some later synchronize (memory
+        # no allocation of streamrt's holds, pinned host memory, is not known to be short)
+        found, room = placement(int(ptr))
+        if room is not None and room < desc.storage_nbytes:
+            raise InvalidValueError(
+                f"{desc!r} needs {desc.storage_nbytes} bytes from {hex(ptr)}; the allocation "
+                f"holding it has {room} bytes from there")
         # the memory's device (srt.malloc's, interior pointers too), else current
-        dev = (device_of(int(ptr)) or Device(None)) if device is None else Device(device)
+        dev = (found or Device(None)) if device is None else Device(device)
         self.desc = desc
         self.device = dev
         self.stream = None if stream is None else _stream(stream)

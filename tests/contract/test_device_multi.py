@@ -129,8 +129,9 @@ def test_reset_of_one_device_leaves_the_other_alone(devs):
 
 
 def test_graph_kernel_node_runs_on_its_own_device(devs):
-    # a kernel node runs on the device it was made on (captured or added), even when the graph
-    # is launched on a stream of another device
+    # a kernel node runs on the device it was made on (captured or added, whatever device is
+    # current at instantiate); a stream of another device may not launch it (cudaGraphLaunch:
+    # tests/contract/test_peer_access.py)
     d0, d1 = devs
     seen: list = []
     c0 = srt.Stream(d0, non_blocking=True)
@@ -140,11 +141,14 @@ def test_graph_kernel_node_runs_on_its_own_device(devs):
     built = srt.Graph()
     with d0:
         built.add_kernel_node(device_k, seen)
-    s1 = srt.Stream(d1)
+    s0 = srt.Stream(d0)
     for g in (captured, built):
-        ge = g.instantiate()
-        ge.launch(s1)
-        s1.synchronize()
+        with d1:
+            ge = g.instantiate()
+        with pytest.raises(srt.InvalidValueError):
+            ge.launch(srt.Stream(d1))
+        ge.launch(s0)
+        s0.synchronize()
         ge.destroy()
     assert seen == [d0, d0]
 

@@ -155,15 +155,16 @@ def test_run_kernel_failure_still_releases(s, pools):
     no_sanitizer(BAD_ACCESS)
     ws_pool, tp = pools
     before = live()
-    small = srt.malloc(512)  # its own allocation: views are bounds-checked against it
-    # metadata claiming more than the allocation holds: the kernel fails at run time
-    liar = srt.Tensor(srt.TensorDesc((64, 64), F32), small, device=s.device)
+    gone = srt.malloc(64 * 64 * 4)  # its own allocation: views are checked against it
+    # a tensor of memory freed since (one claiming more than its memory holds is refused when
+    # made): the kernel fails at run time
+    stale = srt.Tensor(srt.TensorDesc((64, 64), F32), gone, device=s.device)
+    srt.free(gone)
     out = T(s, np.zeros((64, 64)), tp)
     with pytest.raises(srt.LaunchError):
-        ops.run(ops.softmax, liar, out, stream=s, sync=True)
+        ops.run(ops.softmax, stale, out, stream=s, sync=True)
     assert live() == before and ws_pool.used_mem_current == 0
     ops.run(ops.softmax, out, out, stream=s, sync=True)  # the stream is usable again
-    srt.free(small)
 
 
 def test_run_on_a_destroyed_stream_releases(dev, pools):

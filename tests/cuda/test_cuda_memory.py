@@ -30,8 +30,12 @@ def test_peer_copy_between_devices(cuda0, cuda1):
     srt.write(a, np.arange(256, dtype=np.uint8))
     srt.memcpy(b, a, 256)
     s = srt.Stream(cuda1, non_blocking=True)
-    s.memcpy(a, b, 128)  # a stream of one device copying into the other's memory
-    s.synchronize()
+    cuda1.enable_peer_access(cuda0)  # a stream copy touching another GPU's memory needs it
+    try:
+        s.memcpy(a, b, 128)  # a stream of one device copying into the other's memory
+        s.synchronize()
+    finally:
+        cuda1.disable_peer_access(cuda0)
     assert srt.read(b, (256,), np.uint8).tolist() == list(range(256))
     srt.free(a)
     srt.free(b)

@@ -28,10 +28,12 @@ if TYPE_CHECKING:
 
 
 # ptr -> (shape, dtype, writable view, read-only view): the kernel views of the shape and dtype
-# made last at each address (either view None until one is made), by whichever backend makes
-# views (:meth:`DeviceImpl.view`); one dict for the process, read by the kernel context's fast
-# path without a call or an attribute load. Backends' addresses never collide, and a backend
-# clears it in place whenever memory goes away or is remapped.
+# made last at each address (either view None until one is made). One such dict per device that
+# makes views (:attr:`DeviceImpl.last_views`), read by its kernel contexts' fast path without a
+# call: a view made by one device's kernel is never handed to another device's, which may have
+# no peer access to that memory. Backends' addresses never collide, and a backend clears its
+# dicts in place whenever memory goes away or is remapped, or a peer access is disabled. This
+# one is the dict of devices whose kernels make no views (it stays empty).
 LAST_VIEWS: dict[int, tuple[Any, Any, Any, Any]] = {}
 
 
@@ -212,6 +214,9 @@ class DeviceImpl(ABC):
     # what ``streamrt info`` names the device by: a GPU's model and architecture (None on cpu)
     model: str | None = None
     arch: str | None = None
+    # the views this device's kernels made last (see LAST_VIEWS): a backend making views gives
+    # each device a dict of its own
+    last_views: dict[int, tuple[Any, Any, Any, Any]] = LAST_VIEWS
 
     @abstractmethod
     def malloc(self, nbytes: int) -> int:
@@ -263,9 +268,37 @@ class DeviceImpl(ABC):
 
     def view(self, ptr: int, shape: Any, dtype: Any, readonly: bool) -> np.ndarray:
         """A numpy view of device memory for a kernel body, bounds-checked against its
-        allocation (``ctx.array``); recorded in :data:`LAST_VIEWS`."""
+        allocation (``ctx.array``); recorded in :attr:`last_views`. Memory of another device
+        without peer access (:meth:`enable_peer_access`) is refused (InvalidAddressError)."""
         raise NotSupportedError(
             f"{type(self).__name__}: kernels see device memory only through their CUDA body")
+
+    # -- peer access: the frontend keeps the state (which peers are enabled) and its errors ------
+    def can_access_peer(self, peer: DeviceImpl) -> bool:
+        """Whether access to ``peer``'s memory (another device of this backend) can be enabled
+        (``cudaDeviceCanAccessPeer``)."""
+        return False
+
+    def enable_peer_access(self, peer: DeviceImpl) -> None:
+        """Let this device's work touch ``peer``'s memory (``cudaDeviceEnablePeerAccess``); the
+        frontend checked it is not enabled yet and :meth:`can_access_peer`."""
+        raise NotSupportedError(f"{type(self).__name__}.enable_peer_access")
+
+    def disable_peer_access(self, peer: DeviceImpl) -> None:
+        """Take back :meth:`enable_peer_access` (``cudaDeviceDisablePeerAccess``; the frontend
+        checked it is enabled): views of ``peer``'s memory made under it are forgotten
+        (:meth:`memory_generation` moves)."""
+        raise NotSupportedError(f"{type(self).__name__}.disable_peer_access")
+
+    def device_of(self, ptr: int) -> int:
+        """The index of the device of this backend whose memory holds ``ptr`` (an int): this
+        one's or another's; -1 for pinned host memory or none. Asked at every copy and memset
+        enqueue: cheap (the cpu backend reads it off the address)."""
+        try:
+            r = self.range_of(ptr)
+        except NotSupportedError:
+            return -1
+        return -1 if r is None else r.device
 
     def memory_generation(self) -> int:
         """A count bumped whenever memory goes away or is remapped: views made before may be

@@ -29,7 +29,9 @@ from ..errors import (
     GraphExecUpdateError,
     InvalidHandleError,
     InvalidTypeError,
+    InvalidValueError,
 )
+from ..pool import device_of
 from ..stream import Stream
 from ..validate import is_bool, is_int
 from . import memory
@@ -40,6 +42,7 @@ from .gcpause import paused
 from .graph import EVENTS, MEMORY, Graph
 from .instantiate import GraphInstantiateResult, refuse
 from .instantiate import check as check_instantiable
+from .instantiate import devices as graph_devices
 from .node import Node, NodeType
 from .setters import NodeUpdates
 from .update import adopt, diff
@@ -96,6 +99,14 @@ class GraphExec(NodeUpdates):
         # made in the current device's context, as cudaGraphInstantiate: its reset destroys it,
         # launched there or not (an exec of memset nodes only named no device otherwise)
         current_device()._add_exec(self)
+        # the devices whose streams may launch it: those of its kernel and MEM_ALLOC nodes (a
+        # cpu graph may span several); None: any (a graph of host, memset, memcpy nodes only)
+        self._devices = frozenset(graph_devices(template)) or None
+        # the devices whose memory memcpy and memset nodes touch, each with a node and range
+        # touching it (setters and updates never move a node's memory to another device)
+        self._ends = _node_memory(template)
+        for dev in self._devices or ():
+            self._check_reach(dev, " (instantiate)")
 
     def __repr__(self) -> str:
         return f"<GraphExec of {len(self._template._nodes)} nodes>"
@@ -302,6 +313,21 @@ class GraphExec(NodeUpdates):
                 event._check_recordable(stream)
             else:
                 event._check_alive()
+        devices = self._devices
+        if devices is not None and stream.device not in devices:
+            # as cudaGraphLaunch on a stream of another context than the exec's
+            raise InvalidValueError(
+                f"{self!r} was instantiated for {_names(devices)}: it cannot be launched on "
+                f"{stream!r}, a stream of {stream.device.name} (instantiate the graph there)")
+        if self._ends:
+            self._check_reach(stream.device, "")
+
+    def _check_reach(self, dev: Any, when: str) -> None:
+        """Refuse memcpy and memset nodes that, run by ``dev``, would touch memory of a device it
+        has no peer access to (as eager copies and memsets are refused)."""
+        for other, (node, ptr, nbytes) in self._ends.items():
+            if other is not dev:
+                dev._check_reach(ptr, nbytes, f"{node!r}{when}")
 
     def upload(self, stream: Stream) -> None:
         """Prepare the replay plan for ``stream`` ahead of the first launch (``cudaGraphUpload``)."""
@@ -340,6 +366,30 @@ class GraphExec(NodeUpdates):
             self._refresh(lambda plan: all(plan.update(n) for n in changed))
 
 # -- helpers -------------------------------------------------------------------------------------
+def _names(devices: frozenset) -> str:
+    return " and ".join(sorted(d.name for d in devices))
+
+
+def _node_memory(template: Graph) -> dict[Any, tuple[Node, int, int]]:
+    """The devices whose memory the memcpy and memset nodes (child graphs' too) touch, each
+    with the first such node, its pointer and its bytes."""
+    out: dict[Any, tuple[Node, int, int]] = {}
+    for n in template._walk():
+        t = n.type
+        if t is NodeType.MEMSET:
+            ends: tuple = (n._params["ptr"],)
+        elif t is NodeType.MEMCPY:
+            ends = (n._params["dst"], n._params["src"])
+        else:
+            continue
+        for end in ends:
+            if is_int(end):
+                dev = device_of(int(end))
+                if dev is not None and dev not in out:
+                    out[dev] = (n, int(end), n._params["nbytes"])
+    return out
+
+
 def _binds(n: Node) -> bool:
     """Whether a node's compiled op holds views of device memory (see ``compile._ops_for``)."""
     p = n._params

@@ -81,22 +81,27 @@ def arenas() -> set[int]:
 def usable_bytes(ptr: int) -> int | None:
     """Bytes from ``ptr`` to the end of the live allocation holding it (a pool block or an
     ``srt.malloc`` allocation: pointer arithmetic inside one is legal); None when in none."""
+    return placement(ptr)[1]
+
+
+def placement(ptr: int) -> tuple[Device | None, int | None]:
+    """``(device_of(ptr), usable_bytes(ptr))`` from one lookup."""
     pool = _owners.get(ptr)
     if pool is not None:
-        return pool._usable(ptr)
+        return pool.device, pool._usable(ptr)
     found = range_of(ptr)
     if found is None or found[0] is None:  # nothing there, or pinned host memory
-        return None
-    r = found[1]
+        return None, None
+    dev, r = found
     ref = _arenas.get(r.base)
     if ref is not None:  # inside a pool's arena: inside one of its blocks, if live
         arena_pool = ref()
-        return None if arena_pool is None else arena_pool._room(ptr)
+        return dev, None if arena_pool is None else arena_pool._room(ptr)
     n = _requested.get(ptr)
     if n is not None:  # at an allocation's base: what was requested
-        return n
+        return dev, n
     n = _requested.get(r.base) if r.kind == "malloc" else None
-    return max((r.base + n if n is not None else r.end) - ptr, 0)
+    return dev, max((r.base + n if n is not None else r.end) - ptr, 0)
 
 
 def device_of(ptr: int) -> Device | None:

@@ -22,7 +22,6 @@ import numpy as np
 
 from .. import instrument
 from ..backends import get_backend
-from ..backends.base import LAST_VIEWS
 from ..errors import InvalidValueError, SanitizerError
 from ..kernel import KernelContext
 from ..ops.executor import live_executors
@@ -93,7 +92,7 @@ def clear() -> None:
 def _checked_array(ctx: Any, ptr: int, shape: Any, dtype: Any, *, readonly: bool = False) -> Any:
     """``KernelContext.array`` while the sanitizer is on: check the access, then make the view."""
     try:  # the view last made at this address, if it matches: its bytes, and the view itself
-        e = _last[ptr]
+        e = ctx._last[ptr]  # (this device's: see DeviceImpl.last_views)
     except (KeyError, TypeError):
         e = None
     if e is not None and e[0] == shape and e[1] is dtype:
@@ -122,7 +121,6 @@ def _checked_array(ctx: Any, ptr: int, shape: Any, dtype: Any, *, readonly: bool
 
 
 _view = KernelContext._fast_array  # the unchecked view, its cache of the views made last
-_last = LAST_VIEWS
 
 
 _NBYTES: dict[tuple[Any, Any], int] = {}  # (shape, dtype) as a view is asked for -> its bytes

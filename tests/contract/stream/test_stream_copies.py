@@ -20,8 +20,12 @@ def test_stream_memcpy_every_direction(dev):
     b = srt.malloc(64, device=d1)
     h = srt.malloc_host(64)
     s.memcpy(a, src, 64)  # host -> device
-    s.memcpy(b, a, 64)  # peer copy
-    s.memcpy(h, b, 64)  # device -> pinned host
+    d0.enable_peer_access(d1)  # a stream copy touching another device's memory needs it
+    try:
+        s.memcpy(b, a, 64)  # peer copy
+        s.memcpy(h, b, 64)  # device -> pinned host
+    finally:
+        d0.disable_peer_access(d1)
     out = bytearray(64)
     s.memcpy(out, h, 64)  # pinned -> pageable (synchronous)
     assert bytes(out) == src.tobytes()

@@ -101,3 +101,41 @@ def cuDeviceGetAttribute(attrib: Any, dev: Any) -> tuple:
     if attrib not in known:
         raise state.FakeUnsupported(f"cuDeviceGetAttribute({attrib!r}): not modelled by the fake")
     return (DRV_SUCCESS, known[attrib])
+
+
+# -- peer access: (device, peer) pairs enabled, from the device's context (cudaSetDevice) ---------
+PEERS: set[tuple[int, int]] = set()
+
+
+@runtime("cudaDeviceCanAccessPeer")
+def cudaDeviceCanAccessPeer(device: int, peer: int) -> tuple:
+    if not _valid(int(device)) or not _valid(int(peer)):
+        return (E.cudaErrorInvalidDevice, 0)
+    return (SUCCESS, int(int(device) != int(peer)))  # every fake GPU reaches every other
+
+
+@runtime("cudaDeviceEnablePeerAccess")
+def cudaDeviceEnablePeerAccess(peer: int, flags: int) -> tuple:
+    """From the current device to ``peer`` (one way), as the documentation says."""
+    dev, peer = state.current_device(), int(peer)
+    if not _valid(peer) or peer == dev:
+        return (E.cudaErrorInvalidDevice,)
+    if int(flags) != 0:  # "Reserved for future use and must be set to 0"
+        return (E.cudaErrorInvalidValue,)
+    with state.LOCK:
+        if (dev, peer) in PEERS:
+            return (E.cudaErrorPeerAccessAlreadyEnabled,)
+        PEERS.add((dev, peer))
+    return (SUCCESS,)
+
+
+@runtime("cudaDeviceDisablePeerAccess")
+def cudaDeviceDisablePeerAccess(peer: int) -> tuple:
+    dev, peer = state.current_device(), int(peer)
+    if not _valid(peer) or peer == dev:
+        return (E.cudaErrorInvalidDevice,)
+    with state.LOCK:
+        if (dev, peer) not in PEERS:
+            return (E.cudaErrorPeerAccessNotEnabled,)
+        PEERS.discard((dev, peer))
+    return (SUCCESS,)

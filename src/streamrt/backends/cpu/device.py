@@ -6,6 +6,9 @@ State and invariants (per device):
   RAM); it changes under ``_lock``.
 - ``_arenas`` maps a pool arena's base to its ``mmap``: addresses reserved whole with no swap
   committed, memory touched (and counted) granule by granule.
+- ``_reach``: the address windows (``ptr >> 48``) its kernels may view: its own, pinned host
+  memory's and those of the peers it was given access to (replaced whole, read in one load).
+  Every cpu device can access every other (one host memory), once access is enabled.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from ...validate import env_int
 from ..base import DeviceImpl, MemRange
 from . import replay
 from .queues import CpuMark, CpuQueue
-from .space import SPACE, hex_, round_up
+from .space import HOST_WINDOW, SPACE, as_ptr, hex_, round_up
 
 if TYPE_CHECKING:
     from ...graph.node import Node
@@ -54,6 +57,8 @@ class CpuDevice(DeviceImpl):
         self._lock = threading.Lock()
         self._arenas: dict[int, mmap.mmap] = {}
         self._reclaim = SPACE.reclaim  # every release takes the address space's lock
+        self.last_views = SPACE.last_views()
+        self._reach = frozenset({index + 1, HOST_WINDOW})
 
     def reclaim(self, fn: Callable[..., Any], *args: Any) -> None:
         self._reclaim(fn, *args)
@@ -124,7 +129,30 @@ class CpuDevice(DeviceImpl):
         return SPACE.span(ptr, nbytes)
 
     def view(self, ptr: int, shape: Any, dtype: Any, readonly: bool) -> np.ndarray:
-        return SPACE.array(ptr, shape, dtype, readonly)
+        if type(ptr) is not int:
+            ptr = as_ptr(ptr)
+        w = ptr >> 48
+        if w not in self._reach and 0 < w < HOST_WINDOW:  # another device's window
+            raise InvalidAddressError(
+                f"a kernel on cpu:{self.index} viewed {hex_(ptr)}, memory of cpu:{w - 1}, without "
+                f"peer access (Device('cpu:{self.index}').enable_peer_access('cpu:{w - 1}'); a "
+                "GPU faults here)")
+        return SPACE.array(ptr, shape, dtype, readonly, self.last_views)
+
+    def device_of(self, ptr: int) -> int:
+        w = ptr >> 48  # the window says the device (allocations never leave theirs)
+        return w - 1 if 0 < w < HOST_WINDOW else -1
+
+    # -- peer access: every cpu device may reach every other's memory (one host memory) ---------
+    def can_access_peer(self, peer: Any) -> bool:
+        return isinstance(peer, CpuDevice) and peer is not self
+
+    def enable_peer_access(self, peer: Any) -> None:
+        self._reach = self._reach | {peer.index + 1}
+
+    def disable_peer_access(self, peer: Any) -> None:
+        self._reach = self._reach - {peer.index + 1}
+        SPACE.forget_views()  # views made under the access (cached, bound by graph execs) go
 
     def memory_generation(self) -> int:
         return SPACE.generation

@@ -8,11 +8,13 @@ State and invariants:
   never overlap and are separated by a guard gap, so running off the end of one never lands in
   the next. ``_allocs`` maps base -> allocation in a sorted dict: lookups are O(log n), under
   ``_lock`` (finalizers' releases wait in ``reclaim`` while it is held).
-- Views: :meth:`AddressSpace.array` caches numpy views by ``(ptr, shape, dtype, readonly)`` and
-  keeps the last one made at each address in ``last`` (the kernel context's fast path); both
-  are cleared in place whenever memory goes away or is remapped, and ``generation`` is bumped
-  before and after, so a cached view never outlives its memory and holders of older views know
-  to remake them. A view maker (no lock: each step is one dict operation) reads ``generation``
+- Views: :meth:`AddressSpace.array` caches numpy views by ``(ptr, shape, dtype, readonly)``
+  and keeps the last one made at each address in the asking device's ``last`` dict (its
+  kernel contexts' fast path; one per device, ``_lasts``: a view checked for one device's
+  reach is never handed to another's); all are cleared in place whenever memory goes away or
+  is remapped (or a peer access is taken back), and ``generation`` is bumped before and
+  after, so a cached view never outlives its memory and holders of older views know to remake
+  them. A view maker (no lock: each step is one dict operation) reads ``generation``
   before looking and takes its entry out again if it moved: a view made while another thread
   frees is cleared (added before the bump) or taken out (added after it), never left cached.
 """
@@ -30,12 +32,13 @@ from sortedcontainers import SortedDict
 from ...errors import InvalidAddressError, InvalidTypeError, InvalidValueError, OutOfMemoryError
 from ...reclaim import Reclaim
 from ...validate import is_int
-from ..base import LAST_VIEWS, MemRange
+from ..base import MemRange
 
 ALIGN = 512
 _GUARD = ALIGN  # gap between consecutive allocations
 _WINDOW = 1 << 48  # addresses of one device (and of pinned host memory)
 HOST_DEVICE = -1  # device index of pinned host memory
+HOST_WINDOW = 0x7F  # ``ptr >> 48`` of pinned host memory; device N's is N + 1
 
 
 def round_up(n: int, a: int = ALIGN) -> int:
@@ -83,7 +86,8 @@ class AddressSpace:
         self._allocs: SortedDict = SortedDict()
         self._next: dict[int, int] = {}
         self._views: dict[tuple, np.ndarray] = {}
-        self.last = LAST_VIEWS  # ptr -> (shape, dtype, writable, read-only) made last (see base)
+        # per device: ptr -> (shape, dtype, writable, read-only) made last (see base.LAST_VIEWS)
+        self._lasts: list[dict[int, tuple[Any, Any, Any, Any]]] = []
         self.generation = 0  # bumped whenever memory goes away or is remapped
 
     def allocate(self, device: int, nbytes: int, kind: str = "malloc", *,
@@ -92,7 +96,7 @@ class AddressSpace:
         size = round_up(max(nbytes, 1))
         with self._lock:
             # 256 TiB of addresses per device: pool arenas reserve whole device capacities
-            start = (0x7F << 48) if device == HOST_DEVICE else (device + 1) << 48
+            start = (HOST_WINDOW << 48) if device == HOST_DEVICE else (device + 1) << 48
             base = self._next.get(device, start)
             if base + size + _GUARD <= start + _WINDOW:
                 self._next[device] = base + size + _GUARD
@@ -122,15 +126,29 @@ class AddressSpace:
             return at
         raise OutOfMemoryError(f"no {need} bytes of addresses left in the window at {hex_(start)}")
 
+    def last_views(self) -> dict[int, tuple[Any, Any, Any, Any]]:
+        """A new device's dict of the views made last (cleared with every other)."""
+        last: dict[int, tuple[Any, Any, Any, Any]] = {}
+        with self._lock:
+            self._lasts.append(last)
+        return last
+
     def _changed(self) -> None:
         """Memory went away or was remapped (caller holds the lock): drop every cached view, in
-        place (the kernel context's fast path holds ``last`` itself)."""
+        place (the kernel contexts' fast path holds its device's ``last`` itself)."""
         # bumped before (a view maker adding an entry after it takes it out again) and after
         # (whoever reads the final count, as a graph exec remaking its views, finds them gone)
         self.generation += 1
         self._views.clear()
-        self.last.clear()
+        for last in self._lasts:
+            last.clear()
         self.generation += 1
+
+    def forget_views(self) -> None:
+        """Drop every cached view (a peer access was taken back: views made under it go)."""
+        with self._lock:
+            self._changed()
+        self.reclaim.drain()
 
     def unreserve(self, ptr: int) -> None:
         """Drop a graph-memory range (its graph allocation is gone)."""
@@ -203,8 +221,10 @@ class AddressSpace:
             alloc.check(ptr, nbytes)
         return alloc.buf[off : off + nbytes]
 
-    def array(self, ptr: int, shape: Any, dtype: Any, readonly: bool) -> np.ndarray:
-        """A numpy view of device memory (cached); bounds-checked against its allocation."""
+    def array(self, ptr: int, shape: Any, dtype: Any, readonly: bool,
+              last_views: dict[int, tuple[Any, Any, Any, Any]] | None = None) -> np.ndarray:
+        """A numpy view of device memory (cached, and kept in ``last_views``, the asking
+        device's, if given); bounds-checked against its allocation."""
         gen = self.generation  # before looking: a change after it takes out what is added below
         try:
             key = (ptr, shape, dtype, readonly)
@@ -224,16 +244,20 @@ class AddressSpace:
                 return view
             if len(self._views) > 8192:
                 self._views.clear()
-                self.last.clear()
+                if last_views is not None:
+                    last_views.clear()
             self._views[key] = view
-        last = self.last.get(ptr)  # kept beside it: the other kind of the same shape and dtype
-        if last is None or last[1] is not dtype or last[0] != shape:
-            last = (shape, dtype, None, None)
-        self.last[ptr] = (shape, dtype, last[2], view) if readonly else (shape, dtype, view, last[3])
+        if last_views is not None:  # kept beside it: the other kind of the same shape and dtype
+            last = last_views.get(ptr)
+            if last is None or last[1] is not dtype or last[0] != shape:
+                last = (shape, dtype, None, None)
+            last_views[ptr] = ((shape, dtype, last[2], view) if readonly
+                               else (shape, dtype, view, last[3]))
         if self.generation != gen:  # memory went away meanwhile: this view may be of it
             assert key is not None  # (an uncached view returned above)
             self._views.pop(key, None)
-            self.last.pop(ptr, None)
+            if last_views is not None:
+                last_views.pop(ptr, None)
         return view
 
     def allocations(self, device: int | None = None) -> list[Allocation]:

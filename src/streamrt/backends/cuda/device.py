@@ -122,6 +122,28 @@ class CudaDevice(DeviceImpl):
         for ptr in list(self._allocs):
             self.free(ptr)
 
+    def device_of(self, ptr: int) -> int:
+        if self._ranges.room(ptr) is not None or self._reserved.room(ptr) is not None:
+            return self.index  # the common case first: this device's memory
+        for other in tuple(opened.values()):  # unified addressing: another GPU's
+            if other is not self and (other._ranges.room(ptr) is not None
+                                      or other._reserved.room(ptr) is not None):
+                return other.index
+        return -1  # pinned host memory, or none of streamrt's
+
+    # -- peer access: cudaDeviceCanAccessPeer / cudaDeviceEnablePeerAccess (from this device) -----
+    def can_access_peer(self, peer: Any) -> bool:
+        return isinstance(peer, CudaDevice) and bool(
+            check(rt.cudaDeviceCanAccessPeer(self.index, peer.index)))
+
+    def enable_peer_access(self, peer: Any) -> None:
+        activate(self.index)  # the access is the current device's
+        check(rt.cudaDeviceEnablePeerAccess(peer.index, 0))
+
+    def disable_peer_access(self, peer: Any) -> None:
+        activate(self.index)
+        check(rt.cudaDeviceDisablePeerAccess(peer.index))
+
     def create_queue(self, name: str, *, priority: int = 0, non_blocking: bool = False,
                      legacy: bool = False) -> CudaQueue:
         return CudaQueue(self, name, priority, non_blocking, legacy)

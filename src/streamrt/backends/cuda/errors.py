@@ -28,6 +28,8 @@ from ...errors import (
     NotReadyError,
     NotSupportedError,
     OutOfMemoryError,
+    PeerAccessAlreadyEnabledError,
+    PeerAccessNotEnabledError,
     StreamRTError,
 )
 
@@ -70,6 +72,8 @@ _CUDA_TABLE: dict[int, type[StreamRTError]] = {
     400: InvalidHandleError,  # InvalidResourceHandle / INVALID_HANDLE
     709: InvalidHandleError,  # ContextIsDestroyed
     401: IllegalStateError,  # IllegalState
+    704: PeerAccessAlreadyEnabledError,  # PeerAccessAlreadyEnabled
+    705: PeerAccessNotEnabledError,  # PeerAccessNotEnabled
     600: NotReadyError,  # NotReady
     500: InvalidValueError,  # SymbolNotFound / NOT_FOUND (cuModuleGetFunction: no kernel of that name)
     # kernel images and kernel execution: both surface at launch or the next synchronize
