@@ -256,11 +256,12 @@ def consume(capsule: Any) -> Imported:
         m: Any = DLManagedTensorVersioned.from_address(addr)
         _capsule_rename(capsule, _N_USED_VERSIONED)
         release = _releaser(addr, m.deleter)
-        version: tuple[int, int] | None = (int(m.version.major), int(m.version.minor))
-        if version[0] != DLPACK_VERSION[0]:  # only the deleter may be read across majors
+        major, minor = int(m.version.major), int(m.version.minor)
+        if major != DLPACK_VERSION[0]:  # only the deleter may be read across majors
             release()
-            raise BufferError(f"DLPack {version[0]}.{version[1]} capsule: its layout is not "
+            raise BufferError(f"DLPack {major}.{minor} capsule: its layout is not "
                               f"DLPack {DLPACK_VERSION[0]}'s")
+        version: tuple[int, int] | None = (major, minor)
         flags = int(m.flags)
     elif name == b"dltensor":
         addr = _capsule_pointer(capsule, at)
