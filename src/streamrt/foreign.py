@@ -111,14 +111,18 @@ def order_after_pending(dev: Device, consumer: Stream | int) -> None:
     """Make ``consumer`` (a streamrt stream, or a foreign ``cudaStream_t`` int, validated) wait
     with event waits for the work pending on every stream of ``dev``, destroyed ones too, so
     that its work sees what any of them wrote. Streams with nothing pending and capturing
-    streams (their work is a graph's) are skipped. A foreign handle that is a streamrt stream's
-    is ordered as that stream, so that its clock knows."""
+    streams (their work is a graph's) are skipped, and a capturing consumer is left alone: its
+    work runs when its graph is launched, and a wait on work outside the capture would
+    invalidate the capture. A foreign handle that is a streamrt stream's is ordered as that
+    stream, so that its clock knows."""
     if isinstance(consumer, int):
         if consumer in LEGACY_HANDLES:
             consumer = dev.default_stream
         else:
             index = _device_of(consumer, dev.backend)  # an invalid handle raises here
             consumer = _own(Device(f"{dev.backend}:{index}"), consumer) or consumer
+    if not isinstance(consumer, int) and consumer._capture is not None:
+        return
     for p in dev.streams():
         if p is consumer or p._destroyed or p._capture is not None or p._q.done >= p._pos:
             continue
@@ -131,7 +135,7 @@ def order_after_pending(dev: Device, consumer: Stream | int) -> None:
             continue
         if isinstance(consumer, int):
             p._q.order_foreign(consumer, p._pos)
-        elif consumer._capture is None:
+        else:
             snap = p._snapshot()
             if consumer._clock.get(p.id, 0) < snap[p.id]:
                 consumer._order_after(p, snap[p.id], snap)

@@ -116,7 +116,7 @@ def _export_device(t: Tensor, stream: Any, max_version: Any, dl_device: Any,
         raise InvalidTypeError(f"copy must be a bool or None, not {type(copy).__name__}")
     own = dlpack_device(t)
     version = _versioned(max_version)
-    target = own if dl_device is None else tuple(int(v) for v in dl_device)
+    target = own if dl_device is None else _device_pair(dl_device)
     if target == (KDL_CPU, 0):  # the standard's one mandated cross-device export: a host copy
         if copy is False:
             raise BufferError(f"{t!r} is device memory: exporting it to kDLCPU is a copy "
@@ -139,6 +139,15 @@ def _export_device(t: Tensor, stream: Any, max_version: Any, dl_device: Any,
     empty = d.numel == 0  # DLPack: an empty tensor's data is NULL
     return dlpack.make_capsule(0 if empty else t.ptr, own, d.shape, d.strides, d.dtype,
                                0 if empty else d._boff, t, versioned=version is not None)
+
+
+def _device_pair(dl_device: Any) -> tuple[int, int]:
+    """A ``dl_device`` argument: ``(device type, device id)``, two ints."""
+    if not isinstance(dl_device, tuple | list) or len(dl_device) != 2 or \
+            not all(is_int(v) for v in dl_device):
+        raise InvalidTypeError(f"dl_device must be a (device type, device id) pair of ints, not "
+                               f"{dl_device!r}")
+    return (int(dl_device[0]), int(dl_device[1]))
 
 
 def _handshake(t: Tensor, stream: Any) -> None:

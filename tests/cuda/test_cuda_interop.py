@@ -142,12 +142,6 @@ def test_cai_stream_is_the_current_stream(cuda0):
     assert t.__cuda_array_interface__["stream"] == 1  # outside: the default stream
 
 
-def test_cai_and_cuda_stream_absent_on_cpu():
-    t = srt.Tensor.from_numpy(np.ones(2), stream=srt.Device("cpu:0").default_stream)
-    assert not hasattr(t, "__cuda_array_interface__")  # CuPy and numba test with hasattr
-    assert not hasattr(srt.Stream("cpu:0"), "__cuda_stream__")
-
-
 def test_cai_stream_covers_a_pending_writer_of_another_stream(cuda0, gate):
     n = 64
     host = Pinned(n)
@@ -166,6 +160,20 @@ def test_cai_stream_covers_a_pending_writer_of_another_stream(cuda0, gate):
     raw_sync(h)
     assert (host.view == 0x5A).all()
     host.close()
+
+
+def test_cai_inside_a_capture_leaves_the_capture_valid(cuda0, gate):
+    p = srt.Stream(cuda0, non_blocking=True)
+    s = srt.Stream(cuda0, non_blocking=True)
+    t = srt.Tensor.from_numpy(np.zeros(4), stream=p)
+    p.synchronize()
+    g = gate(p)
+    p.memset(t.ptr, 0, 32)  # pending outside the capture
+    s.begin_capture()
+    with s:
+        assert t.__cuda_array_interface__["stream"] == s.__cuda_stream__()[1]
+    s.end_capture()  # a wait on the outside work would have invalidated it
+    g.open()
 
 
 # -- DLPack export --------------------------------------------------------------------------------
@@ -292,6 +300,8 @@ def test_export_refusals(cuda0):
             t.__dlpack__(dl_device=(KDL_CPU, 0), copy=False)
         with pytest.raises(srt.InvalidTypeError):
             t.__dlpack__(max_version=1)
+        with pytest.raises(srt.InvalidTypeError):
+            t.__dlpack__(dl_device="cuda")
 
 
 def test_garbage_consumer_stream_is_refused(cuda0):
