@@ -22,7 +22,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from . import instrument, legacy, sync
+from . import foreign, instrument, legacy, sync
 from .backends.base import InlineQueue
 from .device import Device, current_stream, pop_stream, push_stream
 from .eager import EAGER
@@ -94,16 +94,21 @@ class Stream:
         s._setup(device, 0, False, legacy=True)
         return s
 
-    def _setup(self, device: Device, priority: int, non_blocking: bool, legacy: bool) -> None:
+    from_external = classmethod(foreign.from_external)
+    __cuda_stream__ = property(foreign.cuda_stream, doc=foreign.cuda_stream.__doc__)
+
+    def _setup(self, device: Device, priority: int, non_blocking: bool, legacy: bool,
+               wrap: int | None = None) -> None:
         self.device = device
         self.id = next(_ids)
+        if wrap is None:
+            self._q = device._impl.create_queue(f"{device.name}/{'default' if legacy else self.id}",
+                                                priority=priority, non_blocking=non_blocking, legacy=legacy)
+        else:  # a foreign stream (foreign.py): the flags and priority are its own
+            self._q, non_blocking, priority = device._impl.wrap_queue(f"{device.name}/ext{self.id}", wrap)
         self.priority = priority
         self.non_blocking = non_blocking
         self._legacy = legacy
-        self._q = device._impl.create_queue(
-            f"{device.name}/{'default' if legacy else self.id}",
-            priority=priority, non_blocking=non_blocking, legacy=legacy,
-        )
         self._name = self._q.name  # what messages and traces call it (or the user's name)
         # read on every launch: a slot, not an isinstance call
         self._inline = isinstance(self._q, InlineQueue)
@@ -155,7 +160,8 @@ class Stream:
 
     @property
     def name(self) -> str:
-        """The ``name`` it was made with, else ``cpu:0/default`` or ``cpu:0/<id>``."""
+        """The ``name`` it was made with, else ``cpu:0/default`` or ``cpu:0/<id>``
+        (``cuda:0/ext<id>``: a foreign stream)."""
         return self._name
 
     # -- context manager: current stream ---------------------------------------------------

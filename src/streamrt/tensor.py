@@ -329,6 +329,14 @@ class Tensor:
 
         return interop.dlpack_device(self)
 
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """CUDA Array Interface v3 of a cuda tensor (its ``stream``: see interop.py); cpu tensors
+        have none (AttributeError, so ``hasattr`` is False)."""
+        from . import interop
+
+        return interop.cuda_array_interface(self)
+
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
         """The data after the device's pending work (a view of a cpu tensor's memory)."""
         from . import interop

@@ -151,3 +151,16 @@ def test_torch_round_trip():
     assert tt.tolist() == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
     back = torch.from_dlpack(srt.Tensor.from_numpy(np.ones(3)))
     assert back.tolist() == [1.0, 1.0, 1.0]
+
+
+def test_cuda_protocols_absent_on_cpu():
+    t = srt.Tensor.from_numpy(np.ones(2), stream=srt.Device("cpu:0").default_stream)
+    assert not hasattr(t, "__cuda_array_interface__")  # CuPy and numba test with hasattr
+    assert not hasattr(srt.Stream("cpu:0"), "__cuda_stream__")
+    with pytest.raises(srt.NotSupportedError):
+        srt.Stream.from_external(0x1000, device="cpu:0")  # a CUDA stream is a cuda device's
+    for bad in ("7", 1.5, True, None):
+        with pytest.raises(srt.InvalidTypeError):
+            srt.Stream.from_external(bad)
+    with pytest.raises(srt.InvalidValueError):
+        srt.Stream.from_external(-1)

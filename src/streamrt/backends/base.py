@@ -110,6 +110,16 @@ class Queue(ABC):
         """The tail may be waited for later (an event was recorded there): cuda records one."""
         return None  # the cpu queue counts completions exactly: nothing to mark
 
+    def order_foreign(self, handle: int, pos: int) -> None:
+        """Make the foreign native stream ``handle`` wait (an event wait, enqueued on it) until
+        this queue has completed ``pos`` (a DLPack consumer's stream; this queue may be closed)."""
+        raise NotSupportedError(f"{type(self).__name__} has no native streams")
+
+    def handle(self) -> int | None:
+        """The native stream handle as an int (``cudaStream_t``; 1 for the legacy default
+        stream), for the ``__cuda_stream__`` protocol; None where the backend has none."""
+        return None
+
     @abstractmethod
     def wait_done(self, pos: int) -> None:
         """Block the calling host thread until ``done >= pos``."""
@@ -243,6 +253,23 @@ class DeviceImpl(ABC):
     def unregister(self, ptr: int) -> None:
         """Forget a :meth:`register` mapping (the memory stays its owner's)."""
         raise NotSupportedError(f"{type(self).__name__}.unregister")
+
+    def register_device(self, ptr: int, nbytes: int) -> bool:
+        """Make ``nbytes`` of foreign device memory of this device at ``ptr`` (a DLPack import)
+        a copy and fill endpoint (MemRange kind "external"); False when a live allocation already
+        holds it (nothing to undo). The frontend keeps the memory's owner alive until
+        :meth:`unregister_device`."""
+        raise NotSupportedError(f"{type(self).__name__}.register_device")
+
+    def unregister_device(self, ptr: int) -> None:
+        """Forget a :meth:`register_device` range that returned True."""
+        raise NotSupportedError(f"{type(self).__name__}.unregister_device")
+
+    def wrap_queue(self, name: str, handle: int) -> tuple[Queue, bool, int]:
+        """A queue over a foreign native stream of this device (``Stream.from_external``), with
+        the stream's ``(non_blocking, priority)``. The queue does not own the stream: closing it
+        leaves the stream alive (its owner destroys it, after the queue's work)."""
+        raise NotSupportedError(f"{type(self).__name__} has no foreign streams")
 
     @abstractmethod
     def free_all(self) -> None:
@@ -429,6 +456,11 @@ class Backend(ABC):
         """The allocation of any device of this backend, or its pinned host memory, holding
         ``ptr`` (None: none)."""
         raise NotSupportedError(f"{type(self).__name__}.range_of")
+
+    def stream_device(self, handle: int) -> int:
+        """The index of the device a native stream handle belongs to (``cudaStreamGetDevice``);
+        an invalid handle raises InvalidHandleError."""
+        raise NotSupportedError(f"the {self.name} backend has no native stream handles")
 
     def host_view(self, ptr: int, nbytes: int) -> np.ndarray:
         """A zero-copy ``uint8`` view of ``nbytes`` of this backend's pinned host memory at

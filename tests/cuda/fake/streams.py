@@ -243,6 +243,16 @@ def cudaStreamGetFlags(stream: Any) -> tuple:
         return (SUCCESS, rt.cudaStreamNonBlocking if non_blocking else rt.cudaStreamDefault)
 
 
+@runtime("cudaStreamGetDevice")
+def cudaStreamGetDevice(stream: Any) -> tuple:
+    # the legacy handles (0, cudaStreamLegacy) name the calling thread's current device's stream
+    with LOCK:
+        s = resolve(stream)
+        if s is None:
+            return (E.cudaErrorInvalidResourceHandle, None)
+        return (SUCCESS, s.device)
+
+
 @runtime("cudaStreamDestroy")
 def cudaStreamDestroy(stream: Any) -> tuple:
     with LOCK:

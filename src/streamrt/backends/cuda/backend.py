@@ -81,6 +81,10 @@ class CudaBackend(Backend):
                 return found
         return self._host.find(ptr)
 
+    def stream_device(self, handle: int) -> int:
+        """``cudaStreamGetDevice`` (the legacy handles 0 and 1: the thread's current device)."""
+        return int(check(rt.cudaStreamGetDevice(rt.cudaStream_t(handle))))
+
     def owns_host(self, ptr: int) -> bool:
         return ptr in self._host
 

@@ -8,7 +8,8 @@ State and invariants:
   copy) before CUDA sees the pointer. :meth:`CudaDevice.range_of` reads ``_ranges``,
   ``_reserved``, then pinned memory: a hit in ``_reserved`` alone is unmapped graph memory.
   :data:`opened`: every device opened, for peer copies and the backend's ``range_of``.
-- Pools: :class:`.CudaPools` (``pools``), whose blocks are in ``_ranges`` too.
+- Pools: :class:`.CudaPools` (``pools``), whose blocks are in ``_ranges`` too, as is foreign
+  memory a DLPack import registered (``_external``: base -> imports holding it).
 - Graph memory is CUDA's virtual memory management: an address range is reserved when a
   MEM_ALLOC node is made and memory is mapped there per exec (what CUDA's own graph memory is
   built on).
@@ -69,6 +70,9 @@ class CudaDevice(DeviceImpl):
         self.reclaim = self._reserved.reclaim  # finalizers release graph address ranges
         self.pools = CudaPools(self, self._ranges)
         self._functions: dict[Any, tuple] = {}
+        self._external: dict[int, int] = {}  # imported foreign memory: base -> imports holding it
+        self._ext_lock = threading.Lock()  # guards _external (lock order: before _ranges')
+        self._ext_reclaim = Reclaim(self._ext_lock)
         self._lock = threading.Lock()
         opened[index] = self
 
@@ -147,6 +151,46 @@ class CudaDevice(DeviceImpl):
     def create_queue(self, name: str, *, priority: int = 0, non_blocking: bool = False,
                      legacy: bool = False) -> CudaQueue:
         return CudaQueue(self, name, priority, non_blocking, legacy)
+
+    def wrap_queue(self, name: str, handle: int) -> tuple[CudaQueue, bool, int]:
+        """A queue over a foreign ``cudaStream_t`` of this device, not owned by it; its flags and
+        priority read from CUDA (``cudaStreamGetFlags``, ``cudaStreamGetPriority``)."""
+        activate(self.index)
+        stream = rt.cudaStream_t(handle)
+        flags = int(check(rt.cudaStreamGetFlags(stream)))
+        priority = int(check(rt.cudaStreamGetPriority(stream)))
+        non_blocking = bool(flags & rt.cudaStreamNonBlocking)
+        return (CudaQueue(self, name, priority, non_blocking, False, external=handle),
+                non_blocking, priority)
+
+    def register_device(self, ptr: int, nbytes: int) -> bool:
+        """Foreign device memory (a DLPack import) becomes an endpoint: an "external" range,
+        counted per base so that two imports of one buffer each keep it."""
+        try:
+            with self._ext_lock:
+                count = self._external.get(ptr)
+                if count is None:
+                    room = self._ranges.room(ptr)
+                    if room is not None and room >= max(nbytes, 1):
+                        return False  # inside a live allocation (streamrt's own memory)
+                    self._ranges.add(ptr, nbytes, "external")
+                self._external[ptr] = (count or 0) + 1
+            return True
+        finally:
+            self._ext_reclaim.drain()
+
+    def unregister_device(self, ptr: int) -> None:
+        """Called from a finalizer (through :attr:`reclaim`): deferred while ``_ext_lock`` is
+        held, and the range's drop while the ranges' lock is."""
+        self._ext_reclaim(self._unregister, ptr)
+
+    def _unregister(self, ptr: int) -> None:
+        with self._ext_lock:
+            count = self._external.pop(ptr, 0) - 1
+            if count > 0:
+                self._external[ptr] = count
+            else:
+                self._ranges.reclaim(self._ranges.drop, ptr)
 
     def endpoint(self, ptr: int, nbytes: int) -> int:
         # unified addressing: a copy may read or write another GPU's memory (a peer copy)

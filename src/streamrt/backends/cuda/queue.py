@@ -54,7 +54,7 @@ class CudaQueue(Queue):
 
 
     def __init__(self, dev: CudaDevice, name: str, priority: int, non_blocking: bool,
-                 legacy: bool) -> None:
+                 legacy: bool, external: int | None = None) -> None:
         self.name = name
         self.dev = dev
         self._index = dev.index
@@ -75,8 +75,12 @@ class CudaQueue(Queue):
         self.errors: list[tuple[int, BaseException, str]] = []
         self._legacy = legacy
         self._closed = False
+        # a foreign stream (Stream.from_external) is its owner's: close never destroys it
+        self._owned = external is None
         activate(dev.index)
-        if legacy:
+        if external is not None:
+            self.stream = rt.cudaStream_t(external)
+        elif legacy:
             self.stream = legacy_stream()
         else:
             flags = rt.cudaStreamNonBlocking if non_blocking else rt.cudaStreamDefault
@@ -206,9 +210,17 @@ class CudaQueue(Queue):
         if self._legacy or self._closed:
             return
         if self.pos > self._done:
-            self.mark()  # the handle dies now; a later synchronize waits on this event
+            try:
+                self.mark()  # the handle dies now; a later synchronize waits on this event
+            except Exception:  # noqa: BLE001 - a foreign stream destroyed before its wrapper (a
+                self._advance(self.pos)  # contract breach): nothing is left to wait on
         self._closed = True
-        rt.cudaStreamDestroy(self.stream)  # work already enqueued still completes
+        if self._owned:
+            rt.cudaStreamDestroy(self.stream)  # work already enqueued still completes
+
+    def handle(self) -> int:
+        """The ``cudaStream_t`` as an int (``cudaStreamLegacy``, 1, for the legacy stream)."""
+        return int(self.stream)
 
     # -- operations: each pair is the enqueue call --------------------------------------------
     def op_launch(self, kernel: Any, ctx: Any, args: tuple) -> tuple[Callable[..., Any], tuple]:
@@ -271,6 +283,13 @@ class CudaQueue(Queue):
             if ev is not None:
                 activate(self.dev.index)
                 check(rt.cudaStreamWaitEvent(self.stream, ev, 0))
+
+    def order_foreign(self, handle: int, pos: int) -> None:
+        with ExitStack() as pins:
+            ev = self.wait_event(pos, pins)
+            if ev is not None:
+                activate(self.dev.index)
+                check(rt.cudaStreamWaitEvent(rt.cudaStream_t(handle), ev, 0))
 
     def wait_event(self, pos: int, pins: ExitStack) -> Any | None:
         """The CUDA event to wait on for position ``pos`` of this stream (None: it has passed),
