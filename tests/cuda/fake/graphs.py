@@ -15,7 +15,8 @@ its event has at the launch (``cuGraphExecEventWaitNodeSetEvent`` changes the ev
 launches); a wait node whose record is not complete holds back only its dependents: the nodes
 that do not depend on it run first, and the worker blocks only when nothing else is ready.
 Memcpy nodes may use pageable host memory (allowed in ordinary graphs; CUDA forbids it only in
-conditional-node bodies) and read or write it when the node runs, not when added.
+conditional-node bodies, where the fake refuses it too) and read or write it when the node runs,
+not when added. Conditional nodes, their bodies and handles: ``conditional.py``.
 
 ``cudaGraphInstantiateWithParams`` takes the flags the fake can honour (auto-free on launch and
 node priority are recorded on the exec, ``Exec.flags``: there are no memory nodes and no
@@ -35,7 +36,7 @@ from typing import Any
 from cuda.bindings import driver as drv
 from cuda.bindings import runtime as rt
 
-from . import capture, kernels, memory, state, streams
+from . import capture, conditional, kernels, memory, state, streams
 from .binding import driver, runtime
 from .state import DRV_SUCCESS, LOCK, SUCCESS, E, R
 
@@ -56,6 +57,7 @@ class Graph:
     def __init__(self) -> None:
         self.handle = state.new_handle()
         self.nodes: dict[int, Node] = {}  # insertion order
+        self.body_of: Node | None = None  # the conditional node of a body graph (conditional.py)
 
     def order(self) -> list[Node]:
         """Topological order, last-added first among the ready nodes."""
@@ -95,9 +97,12 @@ class Exec:
         self.flags = flags  # cudaGraphInstantiateFlags it was made with
         self.graph = graph
         # node handle -> [kind, run, enabled], in the order a launch runs them (an event node's
-        # run: its event's handle)
-        self.steps = {n.handle: [n.kind, n.run, True] for n in graph.order()}
+        # run: its event's handle; a conditional node's: its bodies instantiated)
+        self.steps = {n.handle: [n.kind, conditional.CondExec(n.run, device, flags)
+                                 if n.kind == "conditional" else n.run, True]
+                      for n in graph.order()}
         self.deps = {n.handle: list(n.deps) for n in graph.nodes.values()}
+        self.cond_values = conditional.values_of(self)  # its handles' values, or None
 
     def node(self, node: Any, *kinds: str) -> list | None:
         """The exec's step of a live node of its graph, of one of ``kinds``; None otherwise."""
@@ -128,6 +133,8 @@ class Exec:
                 fn = None
                 if ev is not None and ev.rec is not None:
                     wait = ev.rec[:2]  # the record current now; later ones don't count
+            elif kind == "conditional":
+                fn = fn.snapshot()
             out.append((h, kind, fn if on else None, self.deps[h], wait))
         return out
 
@@ -181,7 +188,7 @@ def _add(graph: Any, deps: Any, n: int, kind: str, run: Any, bad: Any) -> tuple:
         dep_handles = [state.as_int(d) for d in (deps or [])][: int(n)]
         if g is None or len(dep_handles) != int(n) or len(set(dep_handles)) != len(dep_handles):
             return None, bad
-        if any(h not in g.nodes for h in dep_handles):
+        if any(h not in g.nodes for h in dep_handles) or conditional.body_refuses(g, kind):
             return None, bad
         node = Node(g, kind, run, dep_handles)
         g.nodes[node.handle] = node
@@ -202,9 +209,11 @@ def cudaGraphCreate(flags: int) -> tuple:
 @runtime("cudaGraphDestroy")
 def cudaGraphDestroy(graph: Any) -> tuple:
     with LOCK:
-        g = GRAPHS.pop(state.as_int(graph), None)
-        if g is None:
+        g = GRAPHS.get(state.as_int(graph))
+        if g is None or g.body_of is not None:  # a body is its conditional node's
             return (E.cudaErrorInvalidValue,)
+        del GRAPHS[g.handle]
+        conditional.drop(g)
         for h in g.nodes:
             NODES.pop(h, None)
     return (SUCCESS,)
@@ -256,6 +265,12 @@ def cudaGraphAddMemcpyNode1D(graph: Any, deps: Any, n: int, dst: Any, src: Any, 
     run, err = _memcpy_run(dst, src, count, kind)
     if err is not None:
         return (err, None)
+    with LOCK:  # CUDA refuses pageable host memory in a conditional node's body
+        g = GRAPHS.get(state.as_int(graph))
+        if g is not None and g.body_of is not None and "pageable" in (
+                memory.classify(memory.address(dst), int(count))[0],
+                memory.classify(memory.address(src), int(count))[0]):
+            return (E.cudaErrorInvalidValue, None)
     node, bad = _add(graph, deps, n, "memcpy", run, (E.cudaErrorInvalidValue, None))
     return bad or (SUCCESS, rt.cudaGraphNode_t(node.handle))
 
@@ -336,7 +351,7 @@ def cudaGraphAddEmptyNode(graph: Any, deps: Any, n: int) -> tuple:
 def cudaGraphInstantiate(graph: Any, flags: int) -> tuple:
     with LOCK:
         g = GRAPHS.get(state.as_int(graph))
-        if g is None:
+        if g is None or g.body_of is not None or conditional.unused(g):
             return (E.cudaErrorInvalidValue, None)
         x = Exec(g, state.current_device())
         EXECS[x.handle] = x
@@ -358,8 +373,11 @@ def cudaGraphInstantiateWithParams(graph: Any, params: Any) -> tuple:
         raise state.FakeUnsupported("cudaGraphInstantiateFlagDeviceLaunch: device launch is not modelled")
     with LOCK:
         g = GRAPHS.get(state.as_int(graph))
-        if g is None:
+        if g is None or g.body_of is not None:
             params.result_out = R_.cudaGraphInstantiateError
+            return (E.cudaErrorInvalidValue, None)
+        if conditional.unused(g):
+            params.result_out = R_.cudaGraphInstantiateConditionalHandleUnused
             return (E.cudaErrorInvalidValue, None)
         upload = None
         if flags & int(_F.cudaGraphInstantiateFlagUpload):
@@ -394,11 +412,11 @@ def cudaGraphLaunch(exec_: Any, stream: Any) -> tuple:
             return (err,)
         if s.device != x.device:
             return (E.cudaErrorInvalidValue,)
-        steps = x.snapshot()
-        res = capture.intercept(s, "graph", lambda: Exec.run(steps))  # a child graph node
+        run = conditional.launch_run(x, x.snapshot())
+        res = capture.intercept(s, "graph", run)  # a child graph node
         if res is not None:
             return (res,)
-        s.enqueue(lambda: Exec.run(steps), "graph launch")  # alive past an exec destroy
+        s.enqueue(run, "graph launch")  # alive past an exec destroy
     return (SUCCESS,)
 
 
