@@ -73,12 +73,17 @@ extern "C" __global__ void streamrt_cond_default(unsigned long long* value,
 """)
 
 
-def bindings_version() -> tuple[int, int]:
-    """The installed cuda-bindings' (major, minor) (read at each instantiate: tests replace it)."""
+def _installed() -> tuple[int, int]:
     import cuda.bindings
 
     parts = str(getattr(cuda.bindings, "__version__", "0.0")).split(".")
     return int(parts[0]), int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+
+
+def bindings_version() -> tuple[int, int]:
+    """The installed cuda-bindings' (major, minor), for the gate (read at each build: tests
+    replace it)."""
+    return _installed()
 
 
 def refusal(kind: ConditionalType, size: int, version: tuple[int, int]) -> str | None:
@@ -86,7 +91,8 @@ def refusal(kind: ConditionalType, size: int, version: tuple[int, int]) -> str |
     need = IF_WHILE if kind is not ConditionalType.SWITCH and size == 1 else ELSE_SWITCH
     if version >= need:
         return None
-    what = "an IF node with an else body" if kind is ConditionalType.IF else f"a {kind.name} node"
+    what = "an IF node with an else body" if kind is ConditionalType.IF and size == 2 else \
+        f"a {kind.name} node"
     return (f"{what} needs cuda-bindings >= {need[0]}.{need[1]} (cudaGraphAddNode of a "
             f"conditional node), this is {version[0]}.{version[1]}")
 
@@ -126,7 +132,7 @@ def add_node(ng: NativeGraph, graph: Any, node: Node, deps: list[int]) -> int:
     c.type = rt.cudaGraphConditionalNodeType(int(kind))
     c.size = len(bodies)
     rdeps = [rt.cudaGraphNode_t(bridge)]
-    if bindings_version() >= (13, 0):  # cudaGraphAddNode took edge data in 13.0 (12.x: _v2)
+    if _installed() >= (13, 0):  # cudaGraphAddNode took edge data in 13.0 (12.x: _v2)
         made = check(rt.cudaGraphAddNode(graph, rdeps, None, 1, params))
     else:  # pragma: no cover - cuda-bindings 12.x
         made = check(rt.cudaGraphAddNode(graph, rdeps, 1, params))
