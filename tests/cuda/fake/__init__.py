@@ -29,7 +29,8 @@ What it models (each module's docstring says how):
 - stream-ordered pools (reuse rules, release threshold, trim, watermarks, limits), CUDA graphs
   (kernel, memcpy, memset, host, empty, event record/wait and conditional nodes, the event nodes
   acting where they sit; conditional IF/WHILE/SWITCH nodes with their handles, defaults and
-  ``cudaGraphSetConditional`` from device code, ``conditional.py``; exec independent of its graph; a launch is one stream operation;
+  ``cudaGraphSetConditional`` from device code, ``conditional.py``; exec independent of its
+  graph; a launch is one stream operation;
   ``cudaGraphInstantiateWithParams`` with its flags and ``result_out``; the graph memory
   attributes and trim of CUDA's own graph allocator, which nothing here uses, so they read 0),
   and the VMM calls (``cuMem*``) with real shared mappings;
@@ -109,6 +110,8 @@ def install() -> None:
         driver_memory,
         driver_streams,
         events,
+        graph_memattrs,
+        graph_updates,
         graphs,
         kernels,
         memory,

@@ -21,10 +21,8 @@ not when added. Conditional nodes, their bodies and handles: ``conditional.py``.
 ``cudaGraphInstantiateWithParams`` takes the flags the fake can honour (auto-free on launch and
 node priority are recorded on the exec, ``Exec.flags``: there are no memory nodes and no
 priorities among a launch's nodes here; upload with its stream) and reports in ``result_out``.
-The graph memory attributes read CUDA's own graph allocator, which nothing in the fake uses (no
-memory nodes: ``cudaGraphAddMemAllocNode`` is not faked and a capture refuses
-``cudaMallocAsync``): every device's four attributes are 0, the highs may be reset (set to 0)
-and nothing else set, and a trim has nothing to free.
+Updates of an exec's nodes: ``graph_updates.py``; the graph memory attributes:
+``graph_memattrs.py``.
 """
 
 from __future__ import annotations
@@ -41,7 +39,6 @@ from .binding import driver, runtime
 from .state import DRV_SUCCESS, LOCK, SUCCESS, E, R
 
 _F = rt.cudaGraphInstantiateFlags
-_MEM = rt.cudaGraphMemAttributeType
 
 
 class Node:
@@ -436,100 +433,4 @@ def cudaGraphExecDestroy(exec_: Any) -> tuple:
     with LOCK:
         if EXECS.pop(state.as_int(exec_), None) is None:
             return (E.cudaErrorInvalidValue,)
-    return (SUCCESS,)
-
-
-# -- updates of an instantiated graph, for later launches --------------------------------------
-def _exec_node(exec_: Any, node: Any, *kinds: str) -> list | None:
-    x = EXECS.get(state.as_int(exec_))
-    return None if x is None else x.node(node, *kinds)
-
-
-def _set_run(exec_: Any, node: Any, kind: str, run: Any, bad: Any, ok: Any) -> tuple:
-    """Give an exec's ``kind`` node the work ``run`` (None: invalid parameters, ``bad``)."""
-    with LOCK:
-        step = _exec_node(exec_, node, kind)
-        if step is None or run is None:
-            return (bad,)
-        step[1] = run
-    return (ok,)
-
-
-@driver("cuGraphExecKernelNodeSetParams", 0)
-def cuGraphExecKernelNodeSetParams(exec_: Any, node: Any, kp: Any) -> tuple:
-    return _set_run(exec_, node, "kernel", _kernel_run(kp), R.CUDA_ERROR_INVALID_VALUE, DRV_SUCCESS)
-
-
-@runtime("cudaGraphExecMemcpyNodeSetParams1D")
-def cudaGraphExecMemcpyNodeSetParams1D(exec_: Any, node: Any, dst: Any, src: Any, count: int,
-                                       kind: Any) -> tuple:
-    if int(count) == 0:  # zero-length operations are not supported
-        return (E.cudaErrorInvalidValue,)
-    run, err = _memcpy_run(dst, src, count, kind)
-    return _set_run(exec_, node, "memcpy", run, err or E.cudaErrorInvalidValue, SUCCESS)
-
-
-@runtime("cudaGraphExecMemsetNodeSetParams")
-def cudaGraphExecMemsetNodeSetParams(exec_: Any, node: Any, ms: Any) -> tuple:
-    run = _memset_run(ms) if ms is not None and int(ms.width) else None  # not zero-length
-    return _set_run(exec_, node, "memset", run, E.cudaErrorInvalidValue, SUCCESS)
-
-
-def _set_event(exec_: Any, node: Any, event: Any, kind: str) -> tuple:
-    from .events import EVENTS
-
-    with LOCK:
-        ev = EVENTS.get(state.as_int(event))
-        return _set_run(exec_, node, kind, None if ev is None else ev.handle,
-                        R.CUDA_ERROR_INVALID_VALUE, DRV_SUCCESS)
-
-
-@driver("cuGraphExecEventRecordNodeSetEvent", 0)
-def cuGraphExecEventRecordNodeSetEvent(exec_: Any, node: Any, event: Any) -> tuple:
-    return _set_event(exec_, node, event, "event_record")
-
-
-@driver("cuGraphExecEventWaitNodeSetEvent", 0)
-def cuGraphExecEventWaitNodeSetEvent(exec_: Any, node: Any, event: Any) -> tuple:
-    return _set_event(exec_, node, event, "event_wait")
-
-
-@runtime("cudaGraphNodeSetEnabled")
-def cudaGraphNodeSetEnabled(exec_: Any, node: Any, enabled: int) -> tuple:
-    with LOCK:
-        step = _exec_node(exec_, node, "kernel", "memcpy", "memset")  # the kinds CUDA supports
-        if step is None:
-            return (E.cudaErrorInvalidValue,)
-        step[2] = bool(int(enabled))
-    return (SUCCESS,)
-
-
-# -- CUDA's own graph allocator: unused by anything the fake runs (see the module docstring) ------
-def _device_ok(device: Any) -> bool:
-    return isinstance(device, int) and 0 <= device < len(streams.DEVICES)
-
-
-@runtime("cudaDeviceGetGraphMemAttribute")
-def cudaDeviceGetGraphMemAttribute(device: int, attr: Any) -> tuple:
-    if not _device_ok(int(device)):
-        return (E.cudaErrorInvalidDevice, None)
-    if int(attr) not in {int(a) for a in _MEM}:
-        return (E.cudaErrorInvalidValue, None)
-    return (SUCCESS, drv.cuuint64_t(0))
-
-
-@runtime("cudaDeviceSetGraphMemAttribute")
-def cudaDeviceSetGraphMemAttribute(device: int, attr: Any, value: Any) -> tuple:
-    if not _device_ok(int(device)):
-        return (E.cudaErrorInvalidDevice,)
-    highs = (int(_MEM.cudaGraphMemAttrUsedMemHigh), int(_MEM.cudaGraphMemAttrReservedMemHigh))
-    if int(attr) not in highs or int(value) != 0:  # a high watermark may only be reset
-        return (E.cudaErrorInvalidValue,)
-    return (SUCCESS,)
-
-
-@runtime("cudaDeviceGraphMemTrim")
-def cudaDeviceGraphMemTrim(device: int) -> tuple:
-    if not _device_ok(int(device)):
-        return (E.cudaErrorInvalidDevice,)
     return (SUCCESS,)

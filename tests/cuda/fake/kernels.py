@@ -3,10 +3,11 @@
 ``install()`` wraps ``streamrt.backends.cuda.nvrtc.compile_module`` so that it still compiles with the
 real NVRTC and records ``image -> (source, name)``; ``cuModuleLoadData`` of such an image gives a
 module whose functions g++ builds with the emulator's shim (and, for device code calling
-``cudaGraphSetConditional``, the fake's definition of it: ``conditional.PRELUDE``). A launch copies its parameters at the
-call (as the driver does), checked against the kernel's C parameter list, and runs in stream
-order on the stream's worker thread. The operators' kernels (``streamrt.ops.cuda.KERNELS``) loop
-grid-stride, so their grids are capped as the emulator does; other kernels run their full grid.
+``cudaGraphSetConditional``, the fake's definition of it: ``conditional.PRELUDE``). A launch
+copies its parameters at the call (as the driver does), checked against the kernel's C parameter
+list, and runs in stream order on the stream's worker thread. The operators' kernels
+(``streamrt.ops.cuda.KERNELS``) loop grid-stride, so their grids are capped as the emulator does;
+other kernels run their full grid.
 """
 
 from __future__ import annotations

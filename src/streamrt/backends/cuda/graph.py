@@ -15,8 +15,9 @@ own between launches. Parameter updates and enable/disable reach the instantiate
 its exec: CUDA names exec nodes by the graph's. Host nodes run through the backend's
 host-function trampoline, so their Python callables run on a Python thread, never on the
 driver's. Conditional nodes are CUDA's own, their bodies built as the top graph is, their
-values bridged from ``h.ptr`` and their defaults written at each launch (conditional.py). A launching queue holds the graph until it has passed the launch
-(``CudaQueue.hold``); the graph's jobs go when it is collected.
+values bridged from ``h.ptr`` and their defaults written at each launch (conditional.py). A
+launching queue holds the graph until it has passed the launch (``CudaQueue.hold``); the graph's
+jobs go when it is collected.
 """
 
 from __future__ import annotations
