@@ -634,3 +634,97 @@ def test_fake_conditional_node_api(cuda):
     ok(rt.cudaGraphExecDestroy(x))
     ok(rt.cudaGraphDestroy(g))
     assert rt.cudaGraphAddEmptyNode(body, None, 0)[0] == rt.cudaError_t.cudaErrorInvalidValue
+
+
+# -- examples/jacobi_until_converged.py with CUDA bodies -----------------------------------------
+# The example's kernels are Python only (so it runs on cpu); here its program with kernels that
+# have CUDA bodies too, the convergence test writing *h.ptr: one WHILE launch runs the solve, and
+# its iterate equals the host-driven loop's, on each device
+JN, JTOL, JMAX = 16, 1e-6, 5000
+JH2 = (1.0 / (JN + 1)) ** 2
+JSHAPE = (JN + 2, JN + 2)
+
+
+def _py_sweep(ctx, u, f, res):
+    x = ctx.array(u, JSHAPE, np.float64)
+    rhs = ctx.array(f, JSHAPE, np.float64, readonly=True)
+    r = rhs[1:-1, 1:-1] + (x[:-2, 1:-1] + x[2:, 1:-1] + x[1:-1, :-2] + x[1:-1, 2:]
+                           - 4.0 * x[1:-1, 1:-1]) / JH2
+    ctx.array(res, (1,), np.float64)[0] = np.abs(r).max()
+    x[1:-1, 1:-1] += 0.25 * JH2 * r
+
+
+sweep_k = srt.kernel(_py_sweep, name="jacobi_sweep_k", signature="ptr, ptr, ptr", cuda=r"""
+#define JN 16
+#define JW (JN + 2)
+extern "C" __global__ void jacobi_sweep_k(double* u, const double* f, double* res) {
+    const double h2 = (1.0 / (JN + 1)) * (1.0 / (JN + 1));
+    double r[JN * JN];
+    double m = 0.0;
+    for (int i = 1; i <= JN; ++i)
+        for (int j = 1; j <= JN; ++j) {
+            const double lap = (u[(i - 1) * JW + j] + u[(i + 1) * JW + j] + u[i * JW + j - 1]
+                                + u[i * JW + j + 1] - 4.0 * u[i * JW + j]) / h2;
+            const double v = f[i * JW + j] + lap;
+            r[(i - 1) * JN + j - 1] = v;
+            m = fabs(v) > m ? fabs(v) : m;
+        }
+    res[0] = m;
+    for (int i = 1; i <= JN; ++i)
+        for (int j = 1; j <= JN; ++j) u[i * JW + j] += 0.25 * h2 * r[(i - 1) * JN + j - 1];
+}
+""")
+
+
+def _py_converged(ctx, res, iters, hptr):
+    n = ctx.array(iters, (1,), np.int64)
+    n += 1
+    if ctx.array(res, (1,), np.float64, readonly=True)[0] < JTOL or n[0] >= JMAX:
+        ctx.array(hptr, (1,), np.uint64)[0] = 0
+
+
+converged_k = srt.kernel(_py_converged, name="jacobi_converged_k", signature="ptr, ptr, ptr",
+                         cuda=r"""
+extern "C" __global__ void jacobi_converged_k(const double* res, long long* iters,
+                                              unsigned long long* h) {
+    iters[0] += 1;
+    if (res[0] < 1e-6 || iters[0] >= 5000) h[0] = 0;
+}
+""")
+
+
+def test_jacobi_until_converged_in_one_launch(dev):
+    nbytes = JSHAPE[0] * JSHAPE[1] * 8
+    u, f, res, iters = srt.malloc(nbytes), srt.malloc(nbytes), srt.malloc(8), srt.malloc(8)
+    s = srt.Stream(non_blocking=True)
+
+    def start():
+        srt.write(u, np.zeros(JSHAPE))
+        srt.write(f, np.ones(JSHAPE))
+        srt.write(iters, np.zeros(1, np.int64))
+
+    try:
+        g = srt.Graph()
+        h = g.create_conditional_handle(default=1)
+        loop = g.add_conditional_node(h, T.WHILE)
+        step = loop.bodies[0].add_kernel_node(sweep_k, u, f, res)
+        loop.bodies[0].add_kernel_node(converged_k, res, iters, h.ptr, deps=[step])
+        ge = g.instantiate()
+        start()
+        run(ge, s)
+        graph_iters = int(srt.read(iters, (1,), np.int64)[0])
+        graph_u = srt.read(u, JSHAPE, np.float64)
+        start()
+        host_iters = 0
+        while True:
+            s.launch(sweep_k, u, f, res)
+            host_iters += 1
+            s.synchronize()
+            if srt.read(res, (1,), np.float64)[0] < JTOL or host_iters >= JMAX:
+                break
+        assert 1 < graph_iters == host_iters < JMAX
+        assert np.array_equal(graph_u, srt.read(u, JSHAPE, np.float64))
+    finally:
+        s.synchronize()
+        for p in (u, f, res, iters):
+            srt.free(p)
