@@ -484,6 +484,19 @@ def test_launch_of_an_exec_with_conditionals_into_a_capture(dev, s, mem):
         assert get(mem) == 3 * launch and get(mem, AUX) == 11 * launch
 
 
+def test_capture_into_a_while_body(dev, s, mem):
+    g = srt.Graph()
+    h = g.create_conditional_handle(default=1)
+    n = g.add_conditional_node(h, T.WHILE)
+    s.begin_capture_to_graph(n.bodies[0])
+    s.launch(add_k, slot(mem, ACC), 1)
+    s.launch(countdown_k, h.ptr, slot(mem, CNT))
+    assert s.end_capture() is n.bodies[0]
+    put(mem, CNT, 4)
+    run(g.instantiate(), s)
+    assert get(mem) == 4 and get(mem, CNT) == 0
+
+
 # -- cuda only: the bindings' version, the body rules CUDA adds ----------------------------------
 def _gate_graphs(mem):
     """An IF, an IF/else, a WHILE and a SWITCH node, each in a graph of its own."""
@@ -551,6 +564,24 @@ def test_body_copy_of_pageable_host_memory_refused(cuda):
         run(g2.instantiate(), s)  # pinned memory is fine
     finally:
         srt.free_host(pinned)
+        srt.free(mem)
+
+
+def test_handle_of_another_device_refused(cuda):
+    with srt.Device("cpu:0"):  # the handle's value is cpu memory: no cuda kernel can reach it
+        g = srt.Graph()
+        h = g.create_conditional_handle(default=1)
+    n = g.add_conditional_node(h, T.IF)
+    mem = srt.malloc(64)
+    n.bodies[0].add_kernel_node(add_k, mem, 1)
+    s = srt.Stream()
+    try:
+        with pytest.raises(srt.GraphInstantiateError) as ei:
+            g.instantiate(upload_stream=s)
+        # (the frontend's check of the graph's devices finds it first; the backend checks too)
+        assert ei.value.result is srt.GraphInstantiateResult.MULTIPLE_DEVICES_NOT_SUPPORTED
+        assert "cpu:0" in str(ei.value)
+    finally:
         srt.free(mem)
 
 

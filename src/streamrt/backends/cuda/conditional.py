@@ -121,6 +121,10 @@ def add_node(ng: NativeGraph, graph: Any, node: Node, deps: list[int]) -> int:
     if why is not None:
         raise refuse(GraphInstantiateResult.NODE_OPERATION_NOT_SUPPORTED, node, f"{node!r}: {why}")
     h = p["handle"]
+    if h.device._impl is not ng.dev:  # the bridge and default kernels read and write h.ptr
+        raise refuse(GraphInstantiateResult.MULTIPLE_DEVICES_NOT_SUPPORTED, node,
+                     f"{node!r}: its handle's value is memory of {h.device.name}, the graph runs "
+                     f"on cuda:{ng.dev.index} (make the handle with that device current)")
     for body in bodies:
         _refuse_pageable(body)
     ch = check(rt.cudaGraphConditionalHandleCreate(graph, 0, 0))
