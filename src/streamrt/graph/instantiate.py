@@ -86,8 +86,8 @@ def check(graph: Graph) -> None:
     for dev in found:
         impl = dev._impl
         if not (impl.graph_conditionals_native or impl.runner_per_stream):
-            # a backend building graphs of its own, without conditional nodes (cuda, for now):
-            # refused, never run as something else
+            # a backend building graphs of its own, without conditional nodes: refused, never
+            # run as something else
             for n in graph._walk():
                 if n.type is NodeType.CONDITIONAL:
                     raise refuse(GraphInstantiateResult.NODE_OPERATION_NOT_SUPPORTED, n,

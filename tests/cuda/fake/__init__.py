@@ -27,8 +27,10 @@ What it models (each module's docstring says how):
   run on the CPU by ``tests/cuda/emu`` (g++ and a shim of the CUDA built-ins), parameters copied
   at launch and checked against the kernel's C parameter list;
 - stream-ordered pools (reuse rules, release threshold, trim, watermarks, limits), CUDA graphs
-  (kernel, memcpy, memset, host, empty and event record/wait nodes, the event nodes acting where
-  they sit; exec independent of its graph; a launch is one stream operation;
+  (kernel, memcpy, memset, host, empty, event record/wait and conditional nodes, the event nodes
+  acting where they sit; conditional IF/WHILE/SWITCH nodes with their handles, defaults and
+  ``cudaGraphSetConditional`` from device code, ``conditional.py``; exec independent of its
+  graph; a launch is one stream operation;
   ``cudaGraphInstantiateWithParams`` with its flags and ``result_out``; the graph memory
   attributes and trim of CUDA's own graph allocator, which nothing here uses, so they read 0),
   and the VMM calls (``cuMem*``) with real shared mappings;
@@ -102,11 +104,14 @@ def install() -> None:
             "the real functions to check their arguments) must not run beside it")
     from . import (  # noqa: F401 (register the fakes)
         capture,
+        conditional,
         contexts,
         devices,
         driver_memory,
         driver_streams,
         events,
+        graph_memattrs,
+        graph_updates,
         graphs,
         kernels,
         memory,

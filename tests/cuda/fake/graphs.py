@@ -15,15 +15,14 @@ its event has at the launch (``cuGraphExecEventWaitNodeSetEvent`` changes the ev
 launches); a wait node whose record is not complete holds back only its dependents: the nodes
 that do not depend on it run first, and the worker blocks only when nothing else is ready.
 Memcpy nodes may use pageable host memory (allowed in ordinary graphs; CUDA forbids it only in
-conditional-node bodies) and read or write it when the node runs, not when added.
+conditional-node bodies, where the fake refuses it too) and read or write it when the node runs,
+not when added. Conditional nodes, their bodies and handles: ``conditional.py``.
 
 ``cudaGraphInstantiateWithParams`` takes the flags the fake can honour (auto-free on launch and
 node priority are recorded on the exec, ``Exec.flags``: there are no memory nodes and no
 priorities among a launch's nodes here; upload with its stream) and reports in ``result_out``.
-The graph memory attributes read CUDA's own graph allocator, which nothing in the fake uses (no
-memory nodes: ``cudaGraphAddMemAllocNode`` is not faked and a capture refuses
-``cudaMallocAsync``): every device's four attributes are 0, the highs may be reset (set to 0)
-and nothing else set, and a trim has nothing to free.
+Updates of an exec's nodes: ``graph_updates.py``; the graph memory attributes:
+``graph_memattrs.py``.
 """
 
 from __future__ import annotations
@@ -35,12 +34,11 @@ from typing import Any
 from cuda.bindings import driver as drv
 from cuda.bindings import runtime as rt
 
-from . import capture, kernels, memory, state, streams
+from . import capture, conditional, kernels, memory, state, streams
 from .binding import driver, runtime
 from .state import DRV_SUCCESS, LOCK, SUCCESS, E, R
 
 _F = rt.cudaGraphInstantiateFlags
-_MEM = rt.cudaGraphMemAttributeType
 
 
 class Node:
@@ -56,6 +54,7 @@ class Graph:
     def __init__(self) -> None:
         self.handle = state.new_handle()
         self.nodes: dict[int, Node] = {}  # insertion order
+        self.body_of: Node | None = None  # the conditional node of a body graph (conditional.py)
 
     def order(self) -> list[Node]:
         """Topological order, last-added first among the ready nodes."""
@@ -95,9 +94,12 @@ class Exec:
         self.flags = flags  # cudaGraphInstantiateFlags it was made with
         self.graph = graph
         # node handle -> [kind, run, enabled], in the order a launch runs them (an event node's
-        # run: its event's handle)
-        self.steps = {n.handle: [n.kind, n.run, True] for n in graph.order()}
+        # run: its event's handle; a conditional node's: its bodies instantiated)
+        self.steps = {n.handle: [n.kind, conditional.CondExec(n.run, device, flags)
+                                 if n.kind == "conditional" else n.run, True]
+                      for n in graph.order()}
         self.deps = {n.handle: list(n.deps) for n in graph.nodes.values()}
+        self.cond_values = conditional.values_of(self)  # its handles' values, or None
 
     def node(self, node: Any, *kinds: str) -> list | None:
         """The exec's step of a live node of its graph, of one of ``kinds``; None otherwise."""
@@ -128,6 +130,8 @@ class Exec:
                 fn = None
                 if ev is not None and ev.rec is not None:
                     wait = ev.rec[:2]  # the record current now; later ones don't count
+            elif kind == "conditional":
+                fn = fn.snapshot()
             out.append((h, kind, fn if on else None, self.deps[h], wait))
         return out
 
@@ -181,7 +185,7 @@ def _add(graph: Any, deps: Any, n: int, kind: str, run: Any, bad: Any) -> tuple:
         dep_handles = [state.as_int(d) for d in (deps or [])][: int(n)]
         if g is None or len(dep_handles) != int(n) or len(set(dep_handles)) != len(dep_handles):
             return None, bad
-        if any(h not in g.nodes for h in dep_handles):
+        if any(h not in g.nodes for h in dep_handles) or conditional.body_refuses(g, kind):
             return None, bad
         node = Node(g, kind, run, dep_handles)
         g.nodes[node.handle] = node
@@ -202,9 +206,11 @@ def cudaGraphCreate(flags: int) -> tuple:
 @runtime("cudaGraphDestroy")
 def cudaGraphDestroy(graph: Any) -> tuple:
     with LOCK:
-        g = GRAPHS.pop(state.as_int(graph), None)
-        if g is None:
+        g = GRAPHS.get(state.as_int(graph))
+        if g is None or g.body_of is not None:  # a body is its conditional node's
             return (E.cudaErrorInvalidValue,)
+        del GRAPHS[g.handle]
+        conditional.drop(g)
         for h in g.nodes:
             NODES.pop(h, None)
     return (SUCCESS,)
@@ -256,6 +262,12 @@ def cudaGraphAddMemcpyNode1D(graph: Any, deps: Any, n: int, dst: Any, src: Any, 
     run, err = _memcpy_run(dst, src, count, kind)
     if err is not None:
         return (err, None)
+    with LOCK:  # CUDA refuses pageable host memory in a conditional node's body
+        g = GRAPHS.get(state.as_int(graph))
+        if g is not None and g.body_of is not None and "pageable" in (
+                memory.classify(memory.address(dst), int(count))[0],
+                memory.classify(memory.address(src), int(count))[0]):
+            return (E.cudaErrorInvalidValue, None)
     node, bad = _add(graph, deps, n, "memcpy", run, (E.cudaErrorInvalidValue, None))
     return bad or (SUCCESS, rt.cudaGraphNode_t(node.handle))
 
@@ -336,7 +348,7 @@ def cudaGraphAddEmptyNode(graph: Any, deps: Any, n: int) -> tuple:
 def cudaGraphInstantiate(graph: Any, flags: int) -> tuple:
     with LOCK:
         g = GRAPHS.get(state.as_int(graph))
-        if g is None:
+        if g is None or g.body_of is not None or conditional.unused(g):
             return (E.cudaErrorInvalidValue, None)
         x = Exec(g, state.current_device())
         EXECS[x.handle] = x
@@ -358,8 +370,11 @@ def cudaGraphInstantiateWithParams(graph: Any, params: Any) -> tuple:
         raise state.FakeUnsupported("cudaGraphInstantiateFlagDeviceLaunch: device launch is not modelled")
     with LOCK:
         g = GRAPHS.get(state.as_int(graph))
-        if g is None:
+        if g is None or g.body_of is not None:
             params.result_out = R_.cudaGraphInstantiateError
+            return (E.cudaErrorInvalidValue, None)
+        if conditional.unused(g):
+            params.result_out = R_.cudaGraphInstantiateConditionalHandleUnused
             return (E.cudaErrorInvalidValue, None)
         upload = None
         if flags & int(_F.cudaGraphInstantiateFlagUpload):
@@ -394,11 +409,11 @@ def cudaGraphLaunch(exec_: Any, stream: Any) -> tuple:
             return (err,)
         if s.device != x.device:
             return (E.cudaErrorInvalidValue,)
-        steps = x.snapshot()
-        res = capture.intercept(s, "graph", lambda: Exec.run(steps))  # a child graph node
+        run = conditional.launch_run(x, x.snapshot())
+        res = capture.intercept(s, "graph", run)  # a child graph node
         if res is not None:
             return (res,)
-        s.enqueue(lambda: Exec.run(steps), "graph launch")  # alive past an exec destroy
+        s.enqueue(run, "graph launch")  # alive past an exec destroy
     return (SUCCESS,)
 
 
@@ -418,100 +433,4 @@ def cudaGraphExecDestroy(exec_: Any) -> tuple:
     with LOCK:
         if EXECS.pop(state.as_int(exec_), None) is None:
             return (E.cudaErrorInvalidValue,)
-    return (SUCCESS,)
-
-
-# -- updates of an instantiated graph, for later launches --------------------------------------
-def _exec_node(exec_: Any, node: Any, *kinds: str) -> list | None:
-    x = EXECS.get(state.as_int(exec_))
-    return None if x is None else x.node(node, *kinds)
-
-
-def _set_run(exec_: Any, node: Any, kind: str, run: Any, bad: Any, ok: Any) -> tuple:
-    """Give an exec's ``kind`` node the work ``run`` (None: invalid parameters, ``bad``)."""
-    with LOCK:
-        step = _exec_node(exec_, node, kind)
-        if step is None or run is None:
-            return (bad,)
-        step[1] = run
-    return (ok,)
-
-
-@driver("cuGraphExecKernelNodeSetParams", 0)
-def cuGraphExecKernelNodeSetParams(exec_: Any, node: Any, kp: Any) -> tuple:
-    return _set_run(exec_, node, "kernel", _kernel_run(kp), R.CUDA_ERROR_INVALID_VALUE, DRV_SUCCESS)
-
-
-@runtime("cudaGraphExecMemcpyNodeSetParams1D")
-def cudaGraphExecMemcpyNodeSetParams1D(exec_: Any, node: Any, dst: Any, src: Any, count: int,
-                                       kind: Any) -> tuple:
-    if int(count) == 0:  # zero-length operations are not supported
-        return (E.cudaErrorInvalidValue,)
-    run, err = _memcpy_run(dst, src, count, kind)
-    return _set_run(exec_, node, "memcpy", run, err or E.cudaErrorInvalidValue, SUCCESS)
-
-
-@runtime("cudaGraphExecMemsetNodeSetParams")
-def cudaGraphExecMemsetNodeSetParams(exec_: Any, node: Any, ms: Any) -> tuple:
-    run = _memset_run(ms) if ms is not None and int(ms.width) else None  # not zero-length
-    return _set_run(exec_, node, "memset", run, E.cudaErrorInvalidValue, SUCCESS)
-
-
-def _set_event(exec_: Any, node: Any, event: Any, kind: str) -> tuple:
-    from .events import EVENTS
-
-    with LOCK:
-        ev = EVENTS.get(state.as_int(event))
-        return _set_run(exec_, node, kind, None if ev is None else ev.handle,
-                        R.CUDA_ERROR_INVALID_VALUE, DRV_SUCCESS)
-
-
-@driver("cuGraphExecEventRecordNodeSetEvent", 0)
-def cuGraphExecEventRecordNodeSetEvent(exec_: Any, node: Any, event: Any) -> tuple:
-    return _set_event(exec_, node, event, "event_record")
-
-
-@driver("cuGraphExecEventWaitNodeSetEvent", 0)
-def cuGraphExecEventWaitNodeSetEvent(exec_: Any, node: Any, event: Any) -> tuple:
-    return _set_event(exec_, node, event, "event_wait")
-
-
-@runtime("cudaGraphNodeSetEnabled")
-def cudaGraphNodeSetEnabled(exec_: Any, node: Any, enabled: int) -> tuple:
-    with LOCK:
-        step = _exec_node(exec_, node, "kernel", "memcpy", "memset")  # the kinds CUDA supports
-        if step is None:
-            return (E.cudaErrorInvalidValue,)
-        step[2] = bool(int(enabled))
-    return (SUCCESS,)
-
-
-# -- CUDA's own graph allocator: unused by anything the fake runs (see the module docstring) ------
-def _device_ok(device: Any) -> bool:
-    return isinstance(device, int) and 0 <= device < len(streams.DEVICES)
-
-
-@runtime("cudaDeviceGetGraphMemAttribute")
-def cudaDeviceGetGraphMemAttribute(device: int, attr: Any) -> tuple:
-    if not _device_ok(int(device)):
-        return (E.cudaErrorInvalidDevice, None)
-    if int(attr) not in {int(a) for a in _MEM}:
-        return (E.cudaErrorInvalidValue, None)
-    return (SUCCESS, drv.cuuint64_t(0))
-
-
-@runtime("cudaDeviceSetGraphMemAttribute")
-def cudaDeviceSetGraphMemAttribute(device: int, attr: Any, value: Any) -> tuple:
-    if not _device_ok(int(device)):
-        return (E.cudaErrorInvalidDevice,)
-    highs = (int(_MEM.cudaGraphMemAttrUsedMemHigh), int(_MEM.cudaGraphMemAttrReservedMemHigh))
-    if int(attr) not in highs or int(value) != 0:  # a high watermark may only be reset
-        return (E.cudaErrorInvalidValue,)
-    return (SUCCESS,)
-
-
-@runtime("cudaDeviceGraphMemTrim")
-def cudaDeviceGraphMemTrim(device: int) -> tuple:
-    if not _device_ok(int(device)):
-        return (E.cudaErrorInvalidDevice,)
     return (SUCCESS,)

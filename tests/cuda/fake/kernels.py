@@ -2,10 +2,12 @@
 
 ``install()`` wraps ``streamrt.backends.cuda.nvrtc.compile_module`` so that it still compiles with the
 real NVRTC and records ``image -> (source, name)``; ``cuModuleLoadData`` of such an image gives a
-module whose functions g++ builds with the emulator's shim. A launch copies its parameters at the
-call (as the driver does), checked against the kernel's C parameter list, and runs in stream
-order on the stream's worker thread. The operators' kernels (``streamrt.ops.cuda.KERNELS``) loop
-grid-stride, so their grids are capped as the emulator does; other kernels run their full grid.
+module whose functions g++ builds with the emulator's shim (and, for device code calling
+``cudaGraphSetConditional``, the fake's definition of it: ``conditional.PRELUDE``). A launch
+copies its parameters at the call (as the driver does), checked against the kernel's C parameter
+list, and runs in stream order on the stream's worker thread. The operators' kernels
+(``streamrt.ops.cuda.KERNELS``) loop grid-stride, so their grids are capped as the emulator does;
+other kernels run their full grid.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 
 from cuda.bindings import driver as drv
 
-from . import capture, state, streams
+from . import capture, conditional, state, streams
 from .binding import driver
 from .state import DRV_SUCCESS, LOCK, FakeMisuse, FakeUnsupported, R
 
@@ -59,8 +61,11 @@ class Function:
         self.handle = state.new_handle()
         self.module = module
         self.name = name
+        # device code calling cudaGraphSetConditional: built with the fake's definition of it
+        self.conds = "cudaGraphSetConditional" in module.source
+        source = conditional.PRELUDE + module.source if self.conds else module.source
         try:
-            self.lib = emu.build_source(module.source, name)
+            self.lib = emu.build_source(source, name)
         except (NotImplementedError, RuntimeError) as exc:
             raise FakeUnsupported(f"the CPU emulator cannot build kernel {name!r}: {exc}") from exc
         self.capped = module.source in _operator_sources()
@@ -172,6 +177,8 @@ def run(f: Function, params: Params, grid: tuple[int, int, int],
     if f.capped:
         gx, gz = min(gx, emu.GRID_CAP), min(gz, emu.GRID_CAP)
     f.lib.launch(params.array, gx, gy, gz, *block)
+    if f.conds:  # its cudaGraphSetConditional calls reach the graph launch running it
+        conditional.take(f.lib.lib)
 
 
 @driver("cuLaunchKernel")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -197,7 +198,12 @@ def cudaFree(ptr: Any) -> tuple:
         r = DEVICE_MEM.get(p)
         if r is None or r.kind != "malloc":
             return (E.cudaErrorInvalidValue,)
-    streams.synchronize_device(r.device)  # cudaFree synchronizes the device
+    # cudaFree synchronizes the device, except on a stream's worker (the fake's GPU: only a
+    # finalizer the garbage collector ran there calls CUDA on it, a conditional handle's value
+    # say), where that would wait for the worker itself: memory a finalizer frees is in no
+    # pending work's use
+    if not threading.current_thread().name.startswith("fake-cuda:"):
+        streams.synchronize_device(r.device)
     with LOCK:
         if DEVICE_MEM.get(p) is not r:
             return (E.cudaErrorInvalidValue,)  # freed meanwhile by another thread

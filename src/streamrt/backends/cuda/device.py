@@ -49,6 +49,7 @@ class CudaDevice(DeviceImpl):
     runner_per_stream = False  # one cudaGraphExec_t per device, launched on any of its streams
     # the graph of an exec is built on the launching device, its kernels loaded there
     graph_spans_devices = False
+    graph_conditionals_native = True  # native conditional nodes (conditional.py)
 
     def __init__(self, index: int, pinned: Ranges) -> None:
         self.index = index

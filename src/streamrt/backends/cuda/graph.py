@@ -14,8 +14,10 @@ own between launches. Parameter updates and enable/disable reach the instantiate
 (``cudaGraphExec*NodeSetParams``, ``cudaGraphNodeSetEnabled``), so the graph is kept as long as
 its exec: CUDA names exec nodes by the graph's. Host nodes run through the backend's
 host-function trampoline, so their Python callables run on a Python thread, never on the
-driver's. A launching queue holds the graph until it has passed the launch
-(``CudaQueue.hold``); the graph's jobs go when it is collected.
+driver's. Conditional nodes are CUDA's own, their bodies built as the top graph is, their
+values bridged from ``h.ptr`` and their defaults written at each launch (conditional.py). A
+launching queue holds the graph until it has passed the launch (``CudaQueue.hold``); the graph's
+jobs go when it is collected.
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ from typing import TYPE_CHECKING, Any
 
 from ...graph.instantiate import GraphInstantiateResult, refuse
 from ...graph.node import NodeType
+from ...kernel import dim3
 from ...labels import fn_label
 from ...validate import host_view, is_int
 from ..base import Flat, GraphRunner
-from . import hostfn
+from . import conditional, hostfn
 from .errors import check
 from .runtime import activate, drv, host_ptr, rt
 
@@ -74,6 +77,7 @@ class NativeGraph(GraphRunner):
         self._jobs: list[int] = []
         self._built: dict[Node, int] = {}  # kernel, memcpy and memset nodes -> their CUDA nodes
         self._host: dict[Node, tuple] = {}  # host node -> the (fn, args) it was built with
+        self._nested: set[Node] = set()  # the nodes of conditional bodies (built again to update)
         self._views: dict[Node, list[Any]] = {}  # memcpy node -> the host views it copies
         self._retired: list[tuple[Any, int, list[Any]]] = []  # views enqueued launches may use
         self._marks = marks
@@ -87,9 +91,12 @@ class NativeGraph(GraphRunner):
             self._never = check(rt.cudaEventCreateWithFlags(rt.cudaEventDisableTiming))
         self.graph = check(rt.cudaGraphCreate(0))
         try:
+            # the handles' defaults, written before every root node (conditional.py)
+            roots = [self._one_thread(self.graph, [], conditional.DEFAULT, (h.ptr, h.default))
+                     for h in conditional.defaults(flat)]
             made: list[int] = []
             for i, (node, deps, _on) in enumerate(flat):
-                made.append(self._add(self.graph, node, [made[d] for d in deps], i))
+                made.append(self._add(self.graph, node, [made[d] for d in deps] or roots, i))
             self.exec = self._instantiate(flat, made, use_node_priority)
         except BaseException:
             self._release_jobs()
@@ -139,11 +146,10 @@ class NativeGraph(GraphRunner):
                 drv.CUevent(int(self._never))))
             self._events.append((None, int(made)))
         elif t is NodeType.KERNEL:
-            kp = self._kernel_params(p)
-            self._keep.append(kp)
-            made = check(drv.cuGraphAddKernelNode(drv.CUgraph(int(graph)),
-                                                  [drv.CUgraphNode(d) for d in deps], len(deps), kp))
-            self._built[node] = int(made)
+            made = self._kernel_node(graph, deps, self._kernel_params(p))
+            self._built[node] = made
+        elif t is NodeType.CONDITIONAL:  # a native one, its bodies built as this graph is
+            made = conditional.add_node(self, graph, node, deps)
         elif t is NodeType.MEMCPY and p["nbytes"]:
             dst, src = self._views[node] = self._endpoints(p)
             made = check(rt.cudaGraphAddMemcpyNode1D(
@@ -171,6 +177,17 @@ class NativeGraph(GraphRunner):
             made = check(rt.cudaGraphAddEmptyNode(graph, rdeps, len(deps)))
         return int(made)
 
+    def _kernel_node(self, graph: Any, deps: list[int], kp: Any) -> int:
+        self._keep.append(kp)
+        return int(check(drv.cuGraphAddKernelNode(
+            drv.CUgraph(int(graph)), [drv.CUgraphNode(d) for d in deps], len(deps), kp)))
+
+    def _one_thread(self, graph: Any, deps: list[int], kernel: Any, args: tuple) -> int:
+        """A kernel node of one thread running ``kernel`` (the backend's own) after ``deps``."""
+        one = dim3(1)
+        return self._kernel_node(graph, deps, self._kernel_params(
+            {"kernel": kernel, "grid": one, "block": one, "args": args}))
+
     def _kernel_params(self, p: dict[str, Any]) -> Any:
         fn, pack = self.dev.function(p["kernel"])
         kp = drv.CUDA_KERNEL_NODE_PARAMS()
@@ -194,6 +211,8 @@ class NativeGraph(GraphRunner):
         """Give the exec ``node``'s current parameters (``cudaGraphExec*NodeSetParams``) for later
         launches; False when CUDA cannot, and the graph must be built again."""
         t, p = node.type, node._params
+        if t is NodeType.CONDITIONAL or node in self._nested:
+            return False  # its handle (bridges) or a body changed: built again
         made = self._built.get(node)
         if made is None:  # built as an empty node, or a host node
             if t is NodeType.HOST:
