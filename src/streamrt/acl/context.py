@@ -16,7 +16,7 @@ from ..device import Device, current_device, device_count
 from ..errors import InvalidHandleError, InvalidTypeError
 from . import constants as C
 from . import util
-from .errors import api
+from .errors import AclCallError, api
 
 __all__ = ["Context", "create_context", "current_context", "destroy_context",
            "get_current_context", "get_device", "get_device_count", "get_run_mode",
@@ -58,6 +58,15 @@ def _default_context(dev: Device) -> Context:
 def _make_current(ctx: Context) -> None:
     ctx.device.set_current()
     _tls.context = ctx
+    _tls.bound = True  # the thread chose a device or context (get_device answers from now on)
+
+
+def _bound() -> None:
+    """What ``aclrtGetDevice`` / ``aclrtGetCurrentContext`` refuse: a thread that set neither a
+    device nor a context (the other calls use the current device's default context)."""
+    if not getattr(_tls, "bound", False):
+        raise AclCallError("this thread has set no device or context (acl.rt.set_device)",
+                           C.ACL_ERROR_RT_CONTEXT_NULL)
 
 
 def current_context() -> Context:
@@ -86,6 +95,7 @@ def reset_device(device_id: int) -> None:
 @api(None)
 def get_device() -> int:
     """``aclrtGetDevice`` -> ``(device_id, ret)``."""
+    _bound()
     return current_device().index
 
 
@@ -144,4 +154,5 @@ def set_current_context(context: Context) -> None:
 @api(None)
 def get_current_context() -> Context:
     """``aclrtGetCurrentContext`` -> ``(context, ret)``."""
+    _bound()
     return current_context()
