@@ -82,7 +82,7 @@ def recent_message() -> str | None:
 F = TypeVar("F", bound=Callable[..., Any])
 
 # the facade's modules -> the pyACL namespace their calls are offered in (for the messages)
-_NAMESPACE = {"context": "rt", "streams": "rt", "memory": "rt", "pools": "rt"}
+_NAMESPACE = {"context": "rt", "streams": "rt", "memory": "rt", "pools": "rt", "kernels": "rt"}
 
 
 def api(*fail: Any) -> Callable[[F], F]:

@@ -19,6 +19,13 @@ from .context import (
     synchronize_device,
 )
 from .errors import not_offered
+from .kernels import (
+    binary_get_function,
+    binary_load,
+    binary_load_from_file,
+    binary_unload,
+    launch_kernel,
+)
 from .memory import (
     free,
     free_host,
@@ -68,15 +75,11 @@ __all__ = [
     "memset_async", "get_mem_info",
     "mem_pool_create", "mem_pool_destroy", "mem_pool_malloc_async", "mem_pool_free_async",
     "mem_pool_set_attr", "mem_pool_get_attr", "mem_pool_trim_to",
+    "binary_load", "binary_load_from_file", "binary_unload", "binary_get_function",
+    "launch_kernel",
 ]
 
 _HINTS = {
-    "launch_kernel": "a streamrt kernel on its stream: s.launch(kernel, *args, grid=..., block=...) "
-                     "(acl.rt.launch_kernel is not offered yet)",
-    "binary_load": "a Python module of @srt.kernel functions, imported (acl.rt.binary_load is "
-                   "not offered yet)",
-    "binary_get_function": "the kernel object itself (acl.rt.binary_get_function is not "
-                           "offered yet)",
     "launch_callback": "s.launch_host_func(fn, *args) on the srt.Stream",
     "malloc_cached": "acl.rt.malloc(size, policy)",
     "create_stream_with_config": "acl.rt.create_stream()",

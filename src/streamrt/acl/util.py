@@ -118,11 +118,17 @@ def numpy_to_ptr(array: np.ndarray) -> int:
     return _register(array, array)
 
 
-def bytes_to_ptr(data: bytes | bytearray | memoryview) -> int:
-    """The address of a bytes-like object's data (read-only for ``bytes``)."""
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise InvalidTypeError(f"bytes_to_ptr needs bytes or bytearray, not {type(data).__name__}")
-    return _register(data, np.frombuffer(data, np.uint8))
+def bytes_to_ptr(data: Any) -> int:
+    """The address of a bytes-like object's data: ``bytes`` (read-only), ``bytearray``, a
+    ``memoryview`` or any contiguous buffer (a ``ctypes.Structure``, as a C program's ``&s``)."""
+    if isinstance(data, str):
+        raise InvalidTypeError("bytes_to_ptr needs bytes or a buffer, not str (encode it first)")
+    try:
+        raw = memoryview(data).cast("B")
+    except TypeError as exc:
+        raise InvalidTypeError(f"bytes_to_ptr needs bytes or a contiguous buffer, not "
+                               f"{type(data).__name__}") from exc
+    return _register(data, np.frombuffer(raw, np.uint8))
 
 
 def _dtype(npy_type: Any) -> np.dtype:

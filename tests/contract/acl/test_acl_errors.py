@@ -81,7 +81,7 @@ def test_get_recent_err_msg_is_none_without_a_failure(acl):
 
 @pytest.mark.parametrize(("path", "words"), [
     ("rt.launch_callback", "launch_host_func"),
-    ("rt.binary_load", "not offered yet"),
+    ("rt.launch_kernel_with_config", "README"),
     ("rt.no_such_call", "README"),
     ("mdl.load_from_file", "captured"),
     ("media.dvpp_vpc_resize_async", "README"),
