@@ -1,11 +1,12 @@
 """streamrt's ACL facade: pyACL's conventions over the same runtime (API.md §9.4).
 
 ``from streamrt import acl`` (or ``import acl`` under ``python -m streamrt.acl program.py``):
-``acl.init()`` / ``acl.finalize()``, ``acl.rt.*``, ``acl.mdl.ri_*``, ``acl.util.*``,
-``acl.media.dvpp_*`` and the ACL constants under their ACL names. Every call returns ``ret``
-(``acl.ACL_SUCCESS == 0``) or ``(value, ret)`` and never raises for a runtime error: the error
-becomes its ACL code (``acl.errors.CODES``) and ``acl.get_recent_err_msg()`` gives its message.
-Each call is a few lines over the public streamrt API it names; none has semantics of its own.
+``acl.init()`` / ``acl.finalize()``, ``acl.rt.*``, ``acl.mdl.ri_*``, ``acl.nn.<op>``,
+``acl.create_tensor``, ``acl.util.*``, ``acl.media.dvpp_*`` and the ACL constants under their
+ACL names. Every call returns ``ret`` (``acl.ACL_SUCCESS == 0``) or ``(value, ret)`` and never
+raises for a runtime error: the error becomes its ACL code (``acl.errors.CODES``) and
+``acl.get_recent_err_msg()`` gives its message. Each call is a few lines over the public
+streamrt API it names; none has semantics of its own.
 """
 
 from __future__ import annotations
@@ -13,13 +14,14 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from . import constants, errors, mdl, media, rt, util
+from . import constants, errors, mdl, media, nn, rt, util
 from .constants import *  # noqa: F403  (the ACL_* names, as pyACL programs spell them)
 from .constants import ACL_ERROR_REPEAT_FINALIZE, ACL_ERROR_REPEAT_INITIALIZE
 from .errors import AclCallError, api, not_offered, recent_message
+from .tensors import create_tensor, destroy_tensor
 
-__all__ = ["constants", "errors", "finalize", "get_recent_err_msg", "init", "mdl", "media",
-           "rt", "util", *constants.__all__]
+__all__ = ["constants", "create_tensor", "destroy_tensor", "errors", "finalize",
+           "get_recent_err_msg", "init", "mdl", "media", "nn", "rt", "util", *constants.__all__]
 
 _lock = threading.Lock()
 _initialized = False
@@ -53,10 +55,7 @@ def get_recent_err_msg() -> str | None:
 
 
 _HINTS = {
-    "nn": "streamrt.ops (ops.<op>.get_workspace_size, then the op) until acl.nn is offered",
-    "op": "streamrt.ops (acl.op is not offered)",
-    "create_tensor": "srt.Tensor(srt.TensorDesc(shape, dtype, strides, offset), ptr) until "
-                     "acl.create_tensor is offered",
+    "op": "acl.nn (aclnn's two-phase calls) or streamrt.ops (acl.op is not offered)",
 }
 
 

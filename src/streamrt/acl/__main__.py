@@ -15,7 +15,7 @@ import sys
 import streamrt.acl as facade
 
 USAGE = "usage: python -m streamrt.acl program.py [args ...]"
-SUBMODULES = ("rt", "mdl", "util", "media", "constants", "errors")
+SUBMODULES = ("rt", "mdl", "nn", "util", "media", "constants", "errors")
 
 
 def install_aliases() -> None:

@@ -112,6 +112,36 @@ ACL_RT_MEM_POOL_ATTR_RESERVED_MEM_HIGH = 6
 ACL_RT_MEM_POOL_ATTR_USED_MEM_CURRENT = 7
 ACL_RT_MEM_POOL_ATTR_USED_MEM_HIGH = 8
 
+# -- aclDataType, aclFormat (acl_base.h) ----------------------------------------------------
+ACL_DT_UNDEFINED = -1
+ACL_FLOAT = 0
+ACL_FLOAT16 = 1
+ACL_INT8 = 2
+ACL_INT32 = 3
+ACL_UINT8 = 4
+ACL_INT16 = 6
+ACL_UINT16 = 7
+ACL_UINT32 = 8
+ACL_INT64 = 9
+ACL_UINT64 = 10
+ACL_DOUBLE = 11
+ACL_BOOL = 12
+ACL_FORMAT_UNDEFINED = -1
+ACL_FORMAT_NCHW = 0
+ACL_FORMAT_NHWC = 1
+ACL_FORMAT_ND = 2
+ACL_FORMAT_NC1HWC0 = 3
+ACL_FORMAT_NDHWC = 27
+ACL_FORMAT_FRACTAL_NZ = 29
+ACL_FORMAT_NCDHW = 30
+
+# -- aclnn status (aclnn's aclnnStatus numbers, as srt.ExecutorError's codes) ---------------
+ACLNN_SUCCESS = 0
+ACLNN_ERR_PARAM_NULLPTR = 161001
+ACLNN_ERR_PARAM_INVALID = 161002
+ACLNN_ERR_RUNTIME_ERROR = 361001
+ACLNN_ERR_INNER = 561000
+
 # -- aclmdlRI capture -----------------------------------------------------------------------
 ACL_MODEL_RI_CAPTURE_MODE_GLOBAL = 0
 ACL_MODEL_RI_CAPTURE_MODE_THREAD_LOCAL = 1
@@ -120,4 +150,4 @@ ACL_MODEL_RI_CAPTURE_STATUS_NONE = 0
 ACL_MODEL_RI_CAPTURE_STATUS_ACTIVE = 1
 ACL_MODEL_RI_CAPTURE_STATUS_INVALIDATED = 2
 
-__all__ = [name for name in dir() if name.startswith("ACL_")]
+__all__ = [name for name in dir() if name.startswith(("ACL_", "ACLNN_"))]

@@ -82,7 +82,8 @@ def recent_message() -> str | None:
 F = TypeVar("F", bound=Callable[..., Any])
 
 # the facade's modules -> the pyACL namespace their calls are offered in (for the messages)
-_NAMESPACE = {"context": "rt", "streams": "rt", "memory": "rt", "pools": "rt", "kernels": "rt"}
+_NAMESPACE = {"context": "rt", "streams": "rt", "memory": "rt", "pools": "rt", "kernels": "rt",
+              "tensors": "acl"}
 
 
 def api(*fail: Any) -> Callable[[F], F]:

@@ -85,7 +85,8 @@ def test_get_recent_err_msg_is_none_without_a_failure(acl):
     ("rt.no_such_call", "README"),
     ("mdl.load_from_file", "captured"),
     ("media.dvpp_vpc_resize_async", "README"),
-    ("nn", "streamrt.ops"),
+    ("op", "streamrt.ops"),
+    ("nn.conv2d", "shipped operators"),
 ])
 def test_a_name_not_offered_is_an_attribute_error_saying_what_to_use(acl, path, words):
     ns, name = path.rsplit(".", 1) if "." in path else ("", path)
