@@ -125,7 +125,7 @@ def _layout(func: Kernel) -> type[ctypes.Structure]:
 
 def _values(struct: type[ctypes.Structure], raw: bytes) -> tuple[Any, ...]:
     s = struct.from_buffer_copy(raw[:ctypes.sizeof(struct)])
-    return tuple(0 if v is None else v for v in (getattr(s, f) for f, _ in struct._fields_))
+    return tuple(0 if v is None else v for v in (getattr(s, f[0]) for f in struct._fields_))
 
 
 @kernel

@@ -61,7 +61,7 @@ def _register(owner: Any, arr: np.ndarray) -> int:
         known = _by_memory.get((addr, n))
         if known is not None:
             return known.ptr
-        view = np.frombuffer((ctypes.c_uint8 * n).from_address(addr), np.uint8)
+        view = np.frombuffer(memoryview((ctypes.c_uint8 * n).from_address(addr)).cast("B"), np.uint8)
         if not arr.flags.writeable:
             view.flags.writeable = False
         dev: Device | None = current_device()
