@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 
-from ..backends.cuda.nvrtc import parse_signature
 from ..errors import InvalidHandleError, InvalidTypeError, InvalidValueError
 from ..kernel import Kernel, kernel
 from . import constants as C
@@ -115,6 +114,9 @@ def binary_get_function(bin_handle: Binary, kernel_name: str) -> Kernel:
 
 def _layout(func: Kernel) -> type[ctypes.Structure]:
     """The C struct of ``func``'s declared arguments."""
+    # the project's one parser of kernel signatures (pure ctypes; no CUDA is loaded by it)
+    from ..backends.cuda.nvrtc import parse_signature
+
     if not func.signature:
         raise InvalidValueError(f"kernel {func.name!r} declares no argument layout: make it "
                                 "with @srt.kernel(signature='ptr, ptr, i32', ...)")
