@@ -88,6 +88,7 @@ def set_device(device_id: int) -> None:
 def reset_device(device_id: int) -> None:
     """``aclrtResetDevice``: ``dev.reset()`` (every stream, event, pool and allocation goes)."""
     dev = _device(device_id)
+    dev.synchronize()  # (as the reset does first) no pending copy still reads util's mappings
     util.forget_device(dev)  # buffers util mapped into it: their owners' memory, not the device's
     dev.reset()
 
