@@ -62,7 +62,7 @@ def main():
                     ("output_z", ctypes.c_void_p)]
 
     binHandle, ret = acl.rt.binary_load_from_file(
-        os.path.join(os.path.dirname(os.path.abspath(__file__)), "add_custom_kernels.py"), None)
+        os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels.py"), None)
     check("aclrtBinaryLoadFromFile", ret)
     funcHandle, ret = acl.rt.binary_get_function(binHandle, "add_custom")
     check("aclrtBinaryGetFunction", ret)
