@@ -164,3 +164,23 @@ def test_cuda_protocols_absent_on_cpu():
             srt.Stream.from_external(bad)
     with pytest.raises(srt.InvalidValueError):
         srt.Stream.from_external(-1)
+
+
+def test_device_reset_unmaps_a_live_import_and_its_tensor_dies_quietly():
+    """cudaDeviceReset with a from_dlpack import alive: the mapping goes (the producer's memory
+    is not freed: numpy still owns it), the reset succeeds, and the Tensor's later release
+    finds nothing to unmap."""
+    import gc
+
+    dev = srt.Device("cpu:0")
+    a = np.arange(4.0)
+    t = srt.from_dlpack(a)
+    ptr = t.ptr
+    dev.reset()
+    assert srt.backends.cpu.SPACE.get(ptr) is None
+    del t
+    gc.collect()
+    a += 1  # the producer's memory is untouched and still numpy's
+    assert a.tolist() == [1.0, 2.0, 3.0, 4.0]
+    t2 = srt.from_dlpack(a)  # the device is usable again
+    assert np.from_dlpack(t2).tolist() == [1.0, 2.0, 3.0, 4.0]

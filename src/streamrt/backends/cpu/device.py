@@ -111,6 +111,8 @@ class CpuDevice(DeviceImpl):
         for alloc in SPACE.allocations(self.index):
             if alloc.kind == "arena":
                 self.unreserve(alloc.base)
+            elif alloc.kind == "external":  # foreign memory (from_dlpack): unmapped, not freed;
+                SPACE.release(alloc.base)  # its Tensor's later unregister finds nothing there
             else:
                 self.free(alloc.base)
         with self._lock:
