@@ -759,3 +759,13 @@ def test_jacobi_until_converged_in_one_launch(dev):
         s.synchronize()
         for p in (u, f, res, iters):
             srt.free(p)
+
+
+@pytest.mark.parametrize("default", [0, 5, 2**64 - 1])
+def test_default_is_the_value_before_any_launch(dev, default):
+    """h.ptr holds the default from creation on both backends (cuda: no host view, so it is
+    written by a synchronous copy), not device garbage until the first launch."""
+    g = srt.Graph()
+    h = g.create_conditional_handle(default=default)
+    g.add_conditional_node(h, srt.ConditionalType.IF)
+    assert value(h) == default

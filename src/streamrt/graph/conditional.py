@@ -78,8 +78,10 @@ class ConditionalHandle:
         if default is not None:  # the value before any launch, as a launch would set it
             try:
                 self.cell()[0] = default
-            except NotSupportedError:  # a backend without host views sets it at launch
-                pass
+            except NotSupportedError:  # no host view (cuda): a synchronous copy, as srt.write
+                from ..host_memory import write
+
+                write(self.ptr, np.array([default], np.uint64))
 
     def __repr__(self) -> str:
         d = "" if self.default is None else f" default={self.default}"
