@@ -769,3 +769,33 @@ def test_default_is_the_value_before_any_launch(dev, default):
     h = g.create_conditional_handle(default=default)
     g.add_conditional_node(h, srt.ConditionalType.IF)
     assert value(h) == default
+
+
+def test_a_handle_collected_inside_a_host_function_is_freed_after_it(cuda):
+    """The garbage collector may run a handle's finalizer on the thread running host
+    functions, where CUDA calls are refused (and a device-synchronizing cudaFree would wait for
+    the very host function it runs in): the value's cudaFree is deferred to the next enqueue,
+    never refused, never leaked."""
+    import gc
+
+    from tests.cuda.fake import state
+
+    impl = cuda._impl
+    s = srt.Stream(non_blocking=True)
+    g = srt.Graph()
+    h = g.create_conditional_handle(default=1)
+    ptr = h.ptr
+    box = [g, h]
+    del g, h
+
+    def drop():
+        box.clear()
+        gc.collect()
+
+    refused = len(state.refused)
+    s.launch_host_func(drop)
+    s.synchronize()
+    s.launch_host_func(lambda: None)  # an enqueue: deferred releases run
+    s.synchronize()
+    assert state.refused[refused:] == []
+    assert ptr not in impl._allocs

@@ -68,7 +68,10 @@ class CudaDevice(DeviceImpl):
         self._allocs: dict[int, int] = {}
         self._ranges = Ranges(index)  # every live allocation, pools too
         self._reserved = Ranges(index, mapped=False)  # graph memory's address ranges
-        self.reclaim = self._reserved.reclaim  # finalizers release graph address ranges
+        # finalizers' releases (graph address ranges, a conditional handle's value): never a CUDA
+        # call on the driver's trampoline thread (refused there) or on the host-function worker
+        # (a device-synchronizing cudaFree there waits for the host function it runs in)
+        self.reclaim = self._reclaim
         self.pools = CudaPools(self, self._ranges)
         self._functions: dict[Any, tuple] = {}
         self._external: dict[int, int] = {}  # imported foreign memory: base -> imports holding it
@@ -76,6 +79,12 @@ class CudaDevice(DeviceImpl):
         self._ext_reclaim = Reclaim(self._ext_lock)
         self._lock = threading.Lock()
         opened[index] = self
+
+    def _reclaim(self, fn: Callable[..., Any], *args: Any) -> None:
+        if hostfn.on_worker() or hostfn.on_driver_thread():
+            hostfn.deferred.append((self._reserved.reclaim, (fn, *args)))
+        else:
+            self._reserved.reclaim(fn, *args)
 
     def malloc(self, nbytes: int) -> int:
         too_big(nbytes, f"cuda:{self.index}: cudaMalloc")
