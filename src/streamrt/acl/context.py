@@ -18,7 +18,7 @@ from . import constants as C
 from . import util
 from .errors import AclCallError, api
 
-__all__ = ["Context", "create_context", "current_context", "destroy_context",
+__all__ = ["Context", "create_context", "current_context", "destroy_context", "thread_context",
            "get_current_context", "get_device", "get_device_count", "get_run_mode",
            "reset_device", "set_current_context", "set_device", "synchronize_device"]
 
@@ -67,6 +67,13 @@ def _bound() -> None:
     if not getattr(_tls, "bound", False):
         raise AclCallError("this thread has set no device or context (acl.rt.set_device)",
                            C.ACL_ERROR_RT_CONTEXT_NULL)
+
+
+def thread_context() -> Context:
+    """The calling thread's context, for the calls ACL refuses with ``ACL_ERROR_RT_CONTEXT_NULL``
+    in a thread that set no device or context (``aclrtCreateStream``, ``aclrtCreateEvent``)."""
+    _bound()
+    return current_context()
 
 
 def current_context() -> Context:

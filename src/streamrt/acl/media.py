@@ -8,7 +8,7 @@ from typing import Any
 from .. import host_memory
 from .context import current_context
 from .errors import api, not_offered
-from .memory import alloc_size
+from .memory import alloc_size, free_as_acl
 
 __all__ = ["dvpp_free", "dvpp_malloc"]
 
@@ -21,8 +21,8 @@ def dvpp_malloc(size: int) -> int:
 
 @api()
 def dvpp_free(dev_ptr: int) -> None:
-    """``acldvppFree``: ``srt.free``."""
-    host_memory.free(dev_ptr)
+    """``acldvppFree``: ``srt.free``, judged as ``aclrtFree`` is (``acl.rt.free``)."""
+    free_as_acl(dev_ptr, "acldvppFree")
 
 
 def __getattr__(name: str) -> Any:

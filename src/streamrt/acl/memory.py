@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import host_memory
+from .. import host_memory, sanitizer
 from ..errors import InvalidTypeError, InvalidValueError
 from . import constants as C
 from . import util
@@ -21,7 +21,7 @@ from .context import current_context
 from .errors import api
 from .streams import stream_of
 
-__all__ = ["free", "free_host", "get_mem_info", "malloc", "malloc_host", "memcpy",
+__all__ = ["free", "free_as_acl", "free_host", "get_mem_info", "malloc", "malloc_host", "memcpy",
            "memcpy_async", "memset", "memset_async"]
 
 _POLICY_FLAGS = C.ACL_MEM_TYPE_LOW_BAND_WIDTH | C.ACL_MEM_TYPE_HIGH_BAND_WIDTH
@@ -86,10 +86,21 @@ def malloc(size: int, policy: int) -> int:
     return host_memory.malloc(n, current_context().device)
 
 
+def free_as_acl(dev_ptr: Any, what: str) -> None:
+    """``srt.free`` (which waits for the device, as ``cudaFree``); under the sanitizer judged as
+    ACL's free, which waits for no stream work: an access the host has not synchronized is
+    reported (``sanitizer.check_host_free``)."""
+    if not sanitizer.enabled():
+        host_memory.free(dev_ptr)
+        return
+    with sanitizer.check_host_free(dev_ptr if type(dev_ptr) is int else 0, what):
+        host_memory.free(dev_ptr)
+
+
 @api()
 def free(dev_ptr: int) -> None:
-    """``aclrtFree``: ``srt.free``."""
-    host_memory.free(dev_ptr)
+    """``aclrtFree``: ``srt.free`` (see ``free_as_acl``)."""
+    free_as_acl(dev_ptr, "aclrtFree")
 
 
 @api(None)

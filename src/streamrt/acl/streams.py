@@ -14,7 +14,7 @@ from ..errors import InvalidHandleError, InvalidValueError
 from ..event import Event
 from ..stream import Stream
 from . import constants as C
-from .context import current_context
+from .context import current_context, thread_context
 from .errors import api
 
 __all__ = ["create_event", "create_event_with_flag", "create_stream", "destroy_event",
@@ -40,8 +40,9 @@ def _event(event: Any) -> Event:
 
 @api(None)
 def create_stream() -> Stream:
-    """``aclrtCreateStream`` -> ``(stream, ret)``: ``srt.Stream()`` on the context's device."""
-    return Stream(current_context().device)
+    """``aclrtCreateStream`` -> ``(stream, ret)``: ``srt.Stream()`` on the context's device
+    (``ACL_ERROR_RT_CONTEXT_NULL`` in a thread that set no device or context)."""
+    return Stream(thread_context().device)
 
 
 @api()
@@ -69,8 +70,8 @@ def query_stream(stream: Stream) -> int:
 @api(None)
 def create_event() -> Event:
     """``aclrtCreateEvent`` -> ``(event, ret)``: ``srt.Event(timing=True)``, as ACL's events
-    carry a timestamp."""
-    return Event(current_context().device, timing=True)
+    carry a timestamp (``ACL_ERROR_RT_CONTEXT_NULL`` in a thread that set no device or context)."""
+    return Event(thread_context().device, timing=True)
 
 
 _EVENT_FLAGS = C.ACL_EVENT_SYNC | C.ACL_EVENT_CAPTURE_STREAM_PROGRESS | C.ACL_EVENT_TIME_LINE
@@ -81,7 +82,7 @@ def create_event_with_flag(flag: int) -> Event:
     """``aclrtCreateEventWithFlag`` -> ``(event, ret)``: timing only with ``ACL_EVENT_TIME_LINE``."""
     if type(flag) is not int or flag & ~_EVENT_FLAGS:
         raise InvalidValueError(f"event flag {flag!r} is not a combination of ACL_EVENT_*")
-    return Event(current_context().device, timing=bool(flag & C.ACL_EVENT_TIME_LINE))
+    return Event(thread_context().device, timing=bool(flag & C.ACL_EVENT_TIME_LINE))
 
 
 @api()

@@ -32,8 +32,9 @@ from ..errors import (
 )
 from ..interop import host_array
 
-__all__ = ["bytes_to_ptr", "endpoint", "forget_device", "is_host", "numpy_to_ptr",
-           "ptr_to_bytes", "ptr_to_numpy", "release_all"]
+# pyACL's names; ``endpoint``, ``is_host``, ``forget_device`` and ``release_all`` are the
+# facade's own (memory.py, context.py, acl.finalize), not offered to programs as pyACL's
+__all__ = ["bytes_to_ptr", "numpy_to_ptr", "ptr_to_bytes", "ptr_to_numpy"]
 
 
 @dataclass

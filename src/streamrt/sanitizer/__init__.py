@@ -28,7 +28,7 @@ from ..ops.executor import live_executors
 from ..validate import check_bool, env_flag, is_int
 from .checker import UNTRACKED, Sanitizer
 from .finding import KINDS, Finding, _finding  # noqa: F401 (KINDS: the kinds a finding has)
-from .order import op_before_op  # noqa: F401 (the relation, beside the checker that uses it)
+from .order import _HostFree, op_before_op  # noqa: F401 (op_before_op: the relation)
 
 _MAX_RUNS = 4096  # byte runs a strided view declares one by one; past it, its whole span
 
@@ -194,6 +194,34 @@ def _judged(ctx: Any, op: Any, p: int, nbytes: int, found: Any) -> None:
         # too: the synchronize reports no LaunchError for it (see sync)
         raise SanitizerError(str(found), found)
 
+
+
+class check_host_free:  # noqa: N801 (used as a function: ``with check_host_free(p): ...``)
+    """Around the host free of the allocation at ``ptr`` made inside the block: judge it as
+    ACL's ``what`` (``aclrtFree``), ordered after only the stream work the host had synchronized
+    when the block began, not after all work enqueued before it (``srt.free``'s order, as
+    ``cudaFree``'s). An access of that allocation the host had not seen complete then is a
+    use-after-free, found at the free (the free's device synchronize has run it by then) and
+    raised as the block ends in raise mode. Off, the block runs alone."""
+
+    __slots__ = ("ptr", "what")
+
+    def __init__(self, ptr: int, what: str = "aclrtFree") -> None:
+        self.ptr, self.what = int(ptr), what
+
+    def __enter__(self) -> None:
+        if _on:  # (an event made here: its site is the program's line, this frame being ours)
+            ev = _HostFree(f"{self.what} of {hex(self.ptr)}")  # the host's proofs now
+            with _SAN._lock:
+                if self.ptr in _SAN._live:
+                    _SAN._host_frees[self.ptr] = ev
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if _on:
+            with _SAN._lock:  # a free that failed (or never came) leaves no announcement
+                _SAN._host_frees.pop(self.ptr, None)
+            if exc_type is None:
+                raise_pending()
 
 def raise_pending() -> None:
     """Called by every synchronize: raise the first new finding (raise mode)."""

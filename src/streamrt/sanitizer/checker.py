@@ -85,6 +85,7 @@ class Sanitizer:
         self._freed: deque[_Gen] = deque()
         self._inflight: dict[int, deque[OpInfo]] = {}
         self._since = 0  # enqueue sequence of the latest restart: operations before it go unjudged
+        self._host_frees: dict[int, _Event] = {}  # base -> its coming unordered free (see there)
 
     def _restart(self) -> None:
         """Start from the program as it is now (the sanitizer is being turned on): what happened
@@ -92,7 +93,7 @@ class Sanitizer:
         before everything to come (pool memory allocated earlier was "never covered" before)."""
         with self._lock:
             for x in (self._at, self._live, self._live_bases, self._index,
-                      self._freed, self._inflight):
+                      self._freed, self._inflight, self._host_frees):
                 x.clear()
             # ops enqueued while it was off may still run: checked against the new history,
             # their memory would have been allocated after them (a false use-before-alloc)
@@ -163,7 +164,8 @@ class Sanitizer:
             if g is None:
                 return
             self._live_bases.discard(ptr)
-            g.free = ev
+            # a host free announced as ordered after only the host's proofs (check_host_free)
+            g.free = ev = self._host_frees.pop(ptr, ev)
             # an access that already ran is checked against this free here: left to the access's
             # own check, the finding would depend on whether it ran before the free was enqueued
             for aop in g.entries():

@@ -92,6 +92,23 @@ class _Event:
         return f"<{self.describe()}>"
 
 
+
+class _HostFree(_Event):
+    """A host free ordered after only what the host had proven complete when it was called
+    (ACL's ``aclrtFree``, which waits for no stream work), not after everything enqueued before
+    it: its stream id (-1) is no stream's, so ``_before_free`` judges it by ``host`` alone."""
+
+    __slots__ = ()
+
+    def __init__(self, what: str) -> None:
+        super().__init__(None, what)
+        self.sid = -1
+
+    def describe(self) -> str:
+        s = self._site
+        site = s if isinstance(s, str) else instrument.format_site(s)
+        return f"{self.what} on the host" + (f" (at {site})" if site else "")
+
 def _top(op: OpInfo) -> OpInfo:
     return op.parent if op.parent is not None else op
 

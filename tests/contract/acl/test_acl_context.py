@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+import pytest
 
 import streamrt as srt
 
@@ -63,6 +64,32 @@ def test_get_device_without_a_device_set_is_context_null(acl):
 def test_get_device_count_and_run_mode(acl):
     assert acl.rt.get_device_count() == (srt.device_count("cpu"), 0)
     assert acl.rt.get_run_mode() == (acl.ACL_HOST, 0)
+
+
+def test_get_device_count_of_an_unusable_backend_is_no_device(acl, monkeypatch):
+    # aclrtGetDeviceCount fails when the driver answers no devices; here the backend's
+    # device_count raises as a backend does when its driver is missing (cuda's, on a machine
+    # without one): ACL_ERROR_RT_NO_DEVICE, count 0, and the next call answers again
+    from streamrt.acl import context
+
+    def no_driver(backend):
+        raise srt.BackendUnavailableError(f"the {backend} backend cannot be used here: no driver")
+
+    monkeypatch.setattr(context, "device_count", no_driver)
+    count, ret = acl.rt.get_device_count()
+    assert count == 0
+    monkeypatch.undo()
+    failed(acl, ret, acl.ACL_ERROR_RT_NO_DEVICE, "no driver")
+    assert acl.rt.get_device_count() == (srt.device_count("cpu"), 0)
+
+
+def test_get_run_mode_has_no_failure(acl):
+    # aclrtGetRunMode's one failure is a null runMode out pointer (ACL_ERROR_INVALID_PARAM),
+    # which a Python call returning its value cannot make; it answers in any thread, device set
+    # or not (the mode is the process's), so there is no failing call to test
+    assert in_thread(acl.rt.get_run_mode) == (acl.ACL_HOST, 0)
+    with pytest.raises(TypeError):
+        acl.rt.get_run_mode(0)  # (an argument is a Python error, not an ACL code)
 
 
 @srt.kernel

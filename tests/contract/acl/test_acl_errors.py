@@ -63,6 +63,15 @@ def test_finalize_without_init_is_repeat_finalize(acl):
     failed(acl, acl.finalize(), acl.ACL_ERROR_REPEAT_FINALIZE, "without acl.init")
 
 
+def test_finalize_twice_is_repeat_finalize_and_init_then_works_again(acl):
+    assert acl.init() == 0
+    assert acl.finalize() == 0
+    failed(acl, acl.finalize(), acl.ACL_ERROR_REPEAT_FINALIZE, "second time")
+    assert acl.init() == 0  # the facade's state is back to "not initialized", not broken
+    failed(acl, acl.init(), acl.ACL_ERROR_REPEAT_INITIALIZE, "already")
+    assert acl.finalize() == 0
+
+
 def test_recent_error_message_is_the_threads_own(acl):
     assert acl.rt.free(0x1234) == acl.ACL_ERROR_RT_PARAM_INVALID
     seen = []

@@ -156,3 +156,18 @@ def test_create_tensor_refusals(acl, args, words):
 
 def test_destroy_tensor_of_no_tensor_fails(acl):
     failed(acl, acl.destroy_tensor(42), acl.ACL_ERROR_INVALID_PARAM, "not a tensor")
+
+
+@pytest.mark.parametrize("name", sorted(ops.OPS))
+def test_phase_two_with_another_operators_executor_fails(acl, dev_tensor, name):
+    # every operator's aclnnXxx refuses an executor aclnnYyyGetWorkspaceSize planned, and the
+    # executor stays usable by its own operator
+    other = "add" if name == "mul" else "mul"
+    x, out = dev_tensor(x34), dev_tensor(shape=(3, 4))
+    args = (x, x, 1.0, out) if other == "add" else (x, x, out)
+    ws, ex, ret = getattr(acl.nn, f"{other}_get_workspace_size")(*args)
+    assert ret == 0
+    failed(acl, getattr(acl.nn, name)(0, ws, ex, None), acl.ACLNN_ERR_PARAM_INVALID,
+           f"planned by ops.{other}")
+    assert getattr(acl.nn, other)(0, ws, ex, None) == 0
+    assert acl.rt.synchronize_device() == 0

@@ -30,6 +30,7 @@ CASES = [
     ("pool_pipeline.py", ["--blocks", "5", "--block_size", "1000"],
      "pool_pipeline: 5 blocks of 1000 bytes, run success"),
     ("error_codes.py", [], "error_codes: run success"),
+    ("scrub_and_free.py", [], "scrub_and_free n 4096: run success"),
 ]
 
 
@@ -53,6 +54,27 @@ def test_a_missing_stream_wait_is_reported_by_the_sanitizer(tmp_path):
     assert "synchronize_stream failed ret=507053" in r.stderr  # ACL_ERROR_RT_DEVICE_MEM_ERROR
     assert "race" in r.stderr and "planted.py" in r.stderr  # the lines of the two copies
 
+
+
+def test_a_missing_synchronize_before_acl_free_is_reported_by_the_sanitizer(tmp_path):
+    # aclrtFree waits for no stream work: with the synchronize before it removed, the wiping
+    # kernel may still run on freed memory (srt.free, cudaFree's order, would hide it)
+    src = (PROGRAMS / "scrub_and_free.py").read_text().splitlines()
+    kept = [line for line in src if "# before aclrtFree" not in line]
+    assert len(kept) == len(src) - 1
+    planted = tmp_path / "planted.py"
+    planted.write_text("\n".join(kept) + "\n")
+    (tmp_path / "scrub_kernels.py").write_text((PROGRAMS / "scrub_kernels.py").read_text())
+    free_line = next(i for i, line in enumerate(kept, 1) if "acl.rt.free(dev)" in line)
+    launch_line = next(i for i, line in enumerate(kept, 1) if "acl.rt.launch_kernel(" in line)
+    r = run(["-m", "streamrt.acl", str(planted)], sanitize=True)
+    assert r.returncode != 0
+    assert "acl.rt.free failed ret=507053" in r.stderr  # ACL_ERROR_RT_DEVICE_MEM_ERROR
+    assert "use-after-free: kernel 'scrub'" in r.stderr
+    assert f"planted.py:{launch_line}" in r.stderr  # where the kernel was enqueued
+    assert "aclrtFree of 0x" in r.stderr and f"planted.py:{free_line}" in r.stderr
+    plain = run(["-m", "streamrt.acl", str(planted)])  # unsanitized, the bug goes unseen
+    assert plain.returncode == 0 and "run success" in plain.stdout
 
 def test_acl_is_the_facade_only_inside_the_runner(tmp_path):
     prog = tmp_path / "which.py"

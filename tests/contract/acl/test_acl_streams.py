@@ -7,10 +7,11 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+import pytest
 
 import streamrt as srt
 
-from .conftest import failed
+from .conftest import failed, usable
 
 
 @srt.kernel
@@ -157,3 +158,27 @@ def test_synchronize_event_query_and_destroy_of_a_destroyed_event_fail(acl):
     failed(acl, acl.rt.synchronize_event(ev), acl.ACL_ERROR_RT_INVALID_HANDLE, "destroyed")
     failed(acl, acl.rt.query_event_status(ev)[1], acl.ACL_ERROR_RT_INVALID_HANDLE)
     failed(acl, acl.rt.destroy_event(ev), acl.ACL_ERROR_RT_INVALID_HANDLE)
+
+
+@pytest.mark.parametrize("call", ["create_stream", "create_event", "create_event_with_flag"])
+def test_create_in_a_thread_that_set_no_device_is_context_null(acl, call):
+    # aclrtCreateStream / aclrtCreateEvent need the thread's context: a thread that called
+    # neither aclrtSetDevice nor aclrtSetCurrentContext has none (107002)
+    make = getattr(acl.rt, call)
+    args = (acl.ACL_EVENT_SYNC,) if call == "create_event_with_flag" else ()
+    seen = []
+
+    def thread():
+        seen.append((make(*args), acl.get_recent_err_msg()))
+        assert acl.rt.set_device(0) == 0  # then it can, in that thread
+        obj, ret = make(*args)
+        seen.append(ret)
+        (acl.rt.destroy_stream if call == "create_stream" else acl.rt.destroy_event)(obj)
+
+    t = threading.Thread(target=thread)
+    t.start()
+    t.join()
+    (value, msg), ret = seen
+    assert value == (None, acl.ACL_ERROR_RT_CONTEXT_NULL) and ret == 0
+    assert f"acl.rt.{call}" in msg and "set_device" in msg
+    usable(acl)
