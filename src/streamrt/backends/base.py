@@ -1,5 +1,6 @@
 """The whole contract between the frontend and a backend: queues, devices, graph runners, pools
-(the graph runner's and the record mark's classes are in graphs.py, imported here).
+(the graph runner's and the record mark's classes are in graphs.py, the native pools' in
+native_pools.py, both imported here).
 
 Semantics (vector clocks, legacy-stream ordering, pools, capture) live in the frontend; a
 backend only provides the primitives declared here, and the frontend calls nothing else on a
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import InvalidAddressError, NotSupportedError
 from .graphs import Flat, GraphRunner, Mark, NodeOp  # the graph part of the contract
+from .native_pools import NativePools  # the native pool part of the contract
 
 if TYPE_CHECKING:
     import numpy as np
@@ -168,46 +170,6 @@ class InlineQueue(Queue):
     @abstractmethod
     def wake(self) -> None:
         """Wake the idle worker."""
-
-
-class NativePools(ABC):
-    """A backend's own stream-ordered pools (``cudaMemPool_t``): pools are opaque handles."""
-
-    @abstractmethod
-    def default(self) -> Any:
-        """The device's default pool (``cudaDeviceGetDefaultMemPool``)."""
-
-    @abstractmethod
-    def create(self, max_size: int) -> Any:
-        """A new pool (``cudaMemPoolCreate``); ``max_size`` 0 is no limit."""
-
-    @abstractmethod
-    def get(self, pool: Any, attr: int) -> int:
-        """An attribute (``cudaMemPoolGetAttribute``, values 1-8 as in CUDA)."""
-
-    @abstractmethod
-    def set(self, pool: Any, attr: int, value: int) -> None:
-        """Set an attribute (``cudaMemPoolSetAttribute``)."""
-
-    @abstractmethod
-    def malloc(self, pool: Any, nbytes: int, queue: Queue) -> int:
-        """Allocate in stream order on ``queue`` (``cudaMallocFromPoolAsync``)."""
-
-    @abstractmethod
-    def free(self, ptr: int, queue: Queue) -> None:
-        """Free in stream order on ``queue`` (``cudaFreeAsync``)."""
-
-    @abstractmethod
-    def free_now(self, ptr: int) -> None:
-        """Free and wait for it (``srt.free`` of a pool block)."""
-
-    @abstractmethod
-    def trim(self, pool: Any, keep: int) -> None:
-        """``cudaMemPoolTrimTo``."""
-
-    @abstractmethod
-    def destroy(self, pool: Any) -> None:
-        """``cudaMemPoolDestroy``."""
 
 
 class DeviceImpl(ABC):
