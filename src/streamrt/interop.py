@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from .tensor import Tensor
 
 __all__ = ["KDL_CPU", "KDL_CUDA", "KDL_CUDA_HOST", "array_of", "cuda_array_interface",
-           "dlpack_device", "export", "from_dlpack", "host_array"]
+           "dlpack_device", "export", "from_dlpack", "host_array", "import_device"]
 
 KDL_CPU, KDL_CUDA, KDL_CUDA_HOST = 1, 2, 3  # DLDeviceType
 
@@ -232,7 +232,7 @@ def from_dlpack(x: Any, *, device: Any = None, stream: Any = None,
                                f"__dlpack_device__), not {type(x).__name__}")
     kind, index = (int(v) for v in x.__dlpack_device__())
     if kind == KDL_CUDA:
-        return _import_device(x, index, device, stream, copy)
+        return import_device(x, index, device, stream, copy)
     if kind not in (KDL_CPU, KDL_CUDA_HOST):
         raise BufferError(f"importing DLPack device type {kind} (not host or CUDA memory) is "
                           "not supported")
@@ -271,8 +271,9 @@ def from_dlpack(x: Any, *, device: Any = None, stream: Any = None,
     return t
 
 
-def _import_device(x: Any, index: int, device: Any, stream: Any, copy: bool | None) -> Tensor:
-    """``from_dlpack`` of kDLCUDA memory (see the module docstring)."""
+def import_device(x: Any, index: int, device: Any, stream: Any, copy: bool | None) -> Tensor:
+    """``from_dlpack`` of kDLCUDA memory (see the module docstring); also a copy endpoint's
+    import (copy_ends.py)."""
     from .stream import Stream
     from .tensor import Tensor, TensorDesc
 

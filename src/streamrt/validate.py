@@ -78,6 +78,12 @@ def host_view(obj: Any, nbytes: int, *, writable: bool) -> np.ndarray:
         try:
             mv = memoryview(obj)
         except TypeError:
+            if hasattr(obj, "__cuda_array_interface__") or hasattr(obj, "__dlpack__"):
+                raise InvalidTypeError(
+                    f"{type(obj).__name__} is device memory (DLPack or CUDA Array Interface): it "
+                    "is an end of an eager copy on a stream of its device only (s.memcpy, "
+                    "srt.memcpy); a graph or a capture takes an int pointer whose memory outlives "
+                    "the graph (srt.from_dlpack(x), kept alive, and its .ptr)") from None
             raise InvalidTypeError(
                 "a copy endpoint is an int device pointer or a host buffer (numpy array, "
                 f"bytearray, memoryview), not {type(obj).__name__}"

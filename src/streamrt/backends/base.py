@@ -117,6 +117,11 @@ class Queue(ABC):
         this queue has completed ``pos`` (a DLPack consumer's stream; this queue may be closed)."""
         raise NotSupportedError(f"{type(self).__name__} has no native streams")
 
+    def op_wait_foreign(self, handle: int) -> tuple[Callable[..., Any], tuple]:
+        """Waiting for the work enqueued so far on the foreign native stream ``handle`` of this
+        queue's device (an event recorded on it when submitted: a CUDA Array Interface's stream)."""
+        raise NotSupportedError(f"{type(self).__name__} has no native streams")
+
     def handle(self) -> int | None:
         """The native stream handle as an int (``cudaStream_t``; 1 for the legacy default
         stream), for the ``__cuda_stream__`` protocol; None where the backend has none."""
