@@ -51,8 +51,9 @@ def resolve(s: Stream, obj: Any, n: int, *, writable: bool) -> tuple[Any, Any]:
         if kind[0] == KDL_CUDA:
             return _dlpack_end(s, obj, kind[1], n, writable)
         return obj, None  # host memory (or a device type no copy takes): host_view judges it
-    if hasattr(obj, "__cuda_array_interface__"):
-        return _cai_end(s, obj, n, writable)
+    cai = getattr(obj, "__cuda_array_interface__", None)  # once: a property may synchronize
+    if cai is not None:
+        return _cai_end(s, obj, cai, n, writable)
     return obj, None
 
 
@@ -109,10 +110,10 @@ def _check_room(obj: Any, size: int, n: int) -> None:
         raise InvalidValueError(f"{_what(obj)} holds {size} bytes, the copy needs {n}")
 
 
-def _cai_end(s: Stream, obj: Any, n: int, writable: bool) -> tuple[int, Any]:
+def _cai_end(s: Stream, obj: Any, cai: Any, n: int, writable: bool) -> tuple[int, Any]:
     """A CAI object's address (its stream waited for, unknown memory registered) and a holder
     keeping the object and the registration."""
-    ptr, stream = _cai_fields(obj, n, writable)
+    ptr, stream = _cai_fields(obj, cai, n, writable)
     if s.device.backend != "cuda":
         raise InvalidDeviceError(f"{_what(obj)} is CUDA memory (__cuda_array_interface__); the "
                                  f"copy runs on {s!r} of {s.device.name}")
@@ -144,11 +145,11 @@ def _forget(impl: Any, registered: int | None, obj: Any) -> None:
         impl.unregister_device(registered)
 
 
-def _cai_fields(obj: Any, n: int, writable: bool) -> tuple[int, Any]:
-    """The checked ``(data pointer, stream)`` of ``obj.__cuda_array_interface__`` for a copy of
-    ``n`` bytes (CAI v3: shape, typestr, data, strides in bytes or None, mask, stream)."""
+def _cai_fields(obj: Any, cai: Any, n: int, writable: bool) -> tuple[int, Any]:
+    """The checked ``(data pointer, stream)`` of ``cai``, ``obj``'s ``__cuda_array_interface__``,
+    for a copy of ``n`` bytes (CAI v3: shape, typestr, data, strides in bytes or None, mask,
+    stream)."""
     try:
-        cai = obj.__cuda_array_interface__
         shape = tuple(int(v) for v in cai["shape"])
         itemsize = np.dtype(cai["typestr"]).itemsize
         ptr, readonly = cai["data"]
