@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 
 __all__ = ["release", "resolve"]
 
+_NOTHING = np.empty(0, np.uint8)  # the end of a copy of no bytes (an endpoint the copy skips)
+
 
 def resolve(s: Stream, obj: Any, n: int, *, writable: bool) -> tuple[Any, Any]:
     """``(end, keep)``: ``obj`` and None, unless it is another library's device memory: then its
@@ -88,7 +90,7 @@ def _same_device(s: Stream, obj: Any, index: int, protocol: str) -> None:
                                  f"copies on the current device's: with srt.Device('cuda:{index}'))")
 
 
-def _dlpack_end(s: Stream, obj: Any, index: int, n: int, writable: bool) -> tuple[int, Any]:
+def _dlpack_end(s: Stream, obj: Any, index: int, n: int, writable: bool) -> tuple[Any, Any]:
     """A kDLCUDA producer's address, imported with the handshake on ``s``, and its import."""
     _same_device(s, obj, index, "DLPack kDLCUDA")
     try:
@@ -102,6 +104,8 @@ def _dlpack_end(s: Stream, obj: Any, index: int, n: int, writable: bool) -> tupl
     if writable and imported is not None and imported.flags & dlpack.FLAG_READ_ONLY:
         raise InvalidValueError(f"{_what(obj)}: its DLPack export is read-only: no destination")
     _check_room(obj, d.numel * d.dtype.itemsize, n)
+    if n == 0:
+        return _NOTHING, None  # nothing is copied (an empty producer's data may be NULL)
     return t.ptr + d._boff, t
 
 
@@ -110,14 +114,16 @@ def _check_room(obj: Any, size: int, n: int) -> None:
         raise InvalidValueError(f"{_what(obj)} holds {size} bytes, the copy needs {n}")
 
 
-def _cai_end(s: Stream, obj: Any, cai: Any, n: int, writable: bool) -> tuple[int, Any]:
+def _cai_end(s: Stream, obj: Any, cai: Any, n: int, writable: bool) -> tuple[Any, Any]:
     """A CAI object's address (its stream waited for, unknown memory registered) and a holder
     keeping the object and the registration."""
     ptr, stream = _cai_fields(obj, cai, n, writable)
     if s.device.backend != "cuda":
         raise InvalidDeviceError(f"{_what(obj)} is CUDA memory (__cuda_array_interface__); the "
                                  f"copy runs on {s!r} of {s.device.name}")
-    found = range_of(ptr) if n else None
+    if n == 0:
+        return _NOTHING, None  # nothing is copied (an empty array's data is NULL): no wait either
+    found = range_of(ptr)
     if found is not None and found[0] is not None and found[0] is not s.device:
         _same_device(s, obj, found[0].index, "__cuda_array_interface__")
     if found is not None and found[1].kind == "external":
@@ -126,7 +132,7 @@ def _cai_end(s: Stream, obj: Any, cai: Any, n: int, writable: bool) -> tuple[int
         _wait_stream(s, stream)
     impl = s.device._impl
     # streamrt's own memory (found) is an endpoint as it is; other memory is registered
-    added = found is None and n > 0 and impl.register_device(ptr, n)
+    added = found is None and impl.register_device(ptr, n)
     holder = _Held()
     weakref.finalize(holder, impl.reclaim, _forget, impl, ptr if added else None, obj)
     return ptr, holder

@@ -28,6 +28,8 @@ memory as capsules of streamrt's own structs (dlpack.py), which numpy cannot mak
   (``DeviceImpl.register_device``), and the producer's deleter runs when the Tensor is
   collected. The Tensor keeps what the memory needs alive. Negative or non-element strides
   are copied on the host path (or refused with ``copy=False``), refused on the GPU path.
+- Copies (copy_ends.py): ``s.memcpy`` / ``srt.memcpy`` take a kDLCUDA producer as an end,
+  imported as above with the copying stream for the handshake, and any CAI v3 object.
 - ``Tensor.__cuda_array_interface__`` (cuda tensors): version 3, field by field as its spec.
   Its ``stream`` is the tensor's device's current stream (the innermost ``with stream:`` of it,
   else its default stream, 1), first ordered after the work pending on the device's other

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import instrument, legacy
 from .graph import capture
+from .graph.refusals import CaptureMode
 from .validate import check_bool
 
 if TYPE_CHECKING:
@@ -20,7 +21,7 @@ __all__ = ["begin_capture", "begin_capture_to_graph", "capture_info", "end_captu
 def begin_capture(self: Stream, mode: Any = None) -> None:
     """Start capturing this stream into a graph (``cudaStreamBeginCapture``)."""
     legacy.capturing = True  # before the capture is visible (see legacy.capturing)
-    capture.begin(self, capture.CaptureMode.GLOBAL if mode is None else mode)
+    capture.begin(self, CaptureMode.GLOBAL if mode is None else mode)
     if instrument.listeners:
         instrument.notify("capture", self, "begin")
 
@@ -29,7 +30,7 @@ def begin_capture_to_graph(self: Stream, graph: Any, deps: Any = (), mode: Any =
     """Capture this stream into the existing ``graph``, after its nodes ``deps``
     (``cudaStreamBeginCaptureToGraph``); ``end_capture`` returns that graph."""
     legacy.capturing = True  # before the capture is visible (see legacy.capturing)
-    capture.begin(self, capture.CaptureMode.GLOBAL if mode is None else mode, graph, deps)
+    capture.begin(self, CaptureMode.GLOBAL if mode is None else mode, graph, deps)
     if instrument.listeners:
         instrument.notify("capture", self, "begin")
 

@@ -688,6 +688,8 @@ def test_memcpy_device_object_refusals(cuda0):
     with pytest.raises(srt.InvalidAddressError):
         s.memset(ptr, 0, n)  # and no refusal left a registration behind
     s.memcpy(host, CAI(ptr, n, readonly=True), n)  # a read-only CAI is a source
+    s.memcpy(CAI(0, 0), host, 0)  # an empty array (its data NULL, as CAI says): nothing to copy
+    s.memcpy(host, foreign_producer(0, 0, Owner()), 0)
     hp = HostProducer(np.zeros(n, np.uint8))
     s.memcpy(hp, CAI(ptr, n), n)
     s.synchronize()
