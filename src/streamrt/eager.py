@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import instrument, legacy
+from .copy_ends import release as release_ends
+from .copy_ends import resolve
 from .event import Event
 from .graph import memory as graph_memory
 from .labels import fn_label
@@ -29,7 +31,8 @@ if TYPE_CHECKING:
 
 def endpoint(impl: Any, obj: Any, n: int, *, writable: bool) -> Any:
     """A copy end: ``n`` bytes of device memory at ``obj`` (an int, checked by the backend), or
-    a host buffer as a view (by reference: read when the copy runs)."""
+    a host buffer as a view (by reference: read when the copy runs). Other libraries' device
+    memory was resolved to its address first (copy_ends.resolve)."""
     if is_int(obj):
         return impl.endpoint(int(obj), n)
     return host_view(obj, n, writable=writable)
@@ -51,8 +54,18 @@ class Eager:
         s._submit(fn, a, "kernel", kernel.name, extra=ctx._info)
 
     def memcpy(self, s: Stream, dst: Any, src: Any, n: int) -> None:
-        """Copy ``n`` bytes; a pageable host end is staged (source) or waited for (destination)."""
+        """Copy ``n`` bytes; a pageable host end is staged (source) or waited for (destination);
+        another library's device memory (copy_ends.py) is kept until the copy has run."""
         impl = s.device._impl
+        held: list[Any] = []  # what other libraries' device memory ends need until the copy has run
+        if not is_int(dst):
+            dst, keep = resolve(s, dst, n, writable=True)
+            if keep is not None:
+                held.append(keep)
+        if not is_int(src):
+            src, keep = resolve(s, src, n, writable=False)
+            if keep is not None:
+                held.append(keep)
         dst_view = endpoint(impl, dst, n, writable=True)
         src_view = endpoint(impl, src, n, writable=False)
         if n == 0:
@@ -67,6 +80,8 @@ class Eager:
         if not isinstance(dst, int | np.integer):  # pageable destination: synchronous
             clock = s._clock.copy()  # then the position: not later work (see synchronize)
             reach(s, s._pos, clock)  # the host saw the stream get this far
+        elif held:  # released in stream order, once the copy has run
+            self.host(s, release_ends, (held,))
 
     def memset(self, s: Stream, ptr: int, value: int, n: int) -> None:
         """Fill ``n`` bytes at ``ptr`` with ``value``."""

@@ -28,6 +28,8 @@ memory as capsules of streamrt's own structs (dlpack.py), which numpy cannot mak
   (``DeviceImpl.register_device``), and the producer's deleter runs when the Tensor is
   collected. The Tensor keeps what the memory needs alive. Negative or non-element strides
   are copied on the host path (or refused with ``copy=False``), refused on the GPU path.
+- Copies (copy_ends.py): ``s.memcpy`` / ``srt.memcpy`` take a kDLCUDA producer as an end,
+  imported as above with the copying stream for the handshake, and any CAI v3 object.
 - ``Tensor.__cuda_array_interface__`` (cuda tensors): version 3, field by field as its spec.
   Its ``stream`` is the tensor's device's current stream (the innermost ``with stream:`` of it,
   else its default stream, 1), first ordered after the work pending on the device's other
@@ -52,7 +54,7 @@ if TYPE_CHECKING:
     from .tensor import Tensor
 
 __all__ = ["KDL_CPU", "KDL_CUDA", "KDL_CUDA_HOST", "array_of", "cuda_array_interface",
-           "dlpack_device", "export", "from_dlpack", "host_array"]
+           "dlpack_device", "export", "from_dlpack", "host_array", "import_device"]
 
 KDL_CPU, KDL_CUDA, KDL_CUDA_HOST = 1, 2, 3  # DLDeviceType
 
@@ -232,7 +234,7 @@ def from_dlpack(x: Any, *, device: Any = None, stream: Any = None,
                                f"__dlpack_device__), not {type(x).__name__}")
     kind, index = (int(v) for v in x.__dlpack_device__())
     if kind == KDL_CUDA:
-        return _import_device(x, index, device, stream, copy)
+        return import_device(x, index, device, stream, copy)
     if kind not in (KDL_CPU, KDL_CUDA_HOST):
         raise BufferError(f"importing DLPack device type {kind} (not host or CUDA memory) is "
                           "not supported")
@@ -271,8 +273,9 @@ def from_dlpack(x: Any, *, device: Any = None, stream: Any = None,
     return t
 
 
-def _import_device(x: Any, index: int, device: Any, stream: Any, copy: bool | None) -> Tensor:
-    """``from_dlpack`` of kDLCUDA memory (see the module docstring)."""
+def import_device(x: Any, index: int, device: Any, stream: Any, copy: bool | None) -> Tensor:
+    """``from_dlpack`` of kDLCUDA memory (see the module docstring); also a copy endpoint's
+    import (copy_ends.py)."""
     from .stream import Stream
     from .tensor import Tensor, TensorDesc
 

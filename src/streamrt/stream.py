@@ -22,13 +22,12 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from . import foreign, instrument, legacy, sync
+from . import foreign, instrument, legacy, stream_capture, sync
 from .backends.base import InlineQueue
 from .device import Device, current_stream, pop_stream, push_stream
 from .eager import EAGER
 from .errors import InvalidHandleError, InvalidTypeError
 from .event import Event
-from .graph import capture
 from .graph import memory as graph_memory
 from .kernel import Kernel, KernelContext, dim3, exact_ints
 from .labels import site_line
@@ -36,7 +35,7 @@ from .pool import ArenaPool, MemPool
 from .pool.registry import _owners
 from .ranges import check_name
 from .sync import after_sync, covered, reach, retire
-from .validate import check_bool, check_byte, check_ptr, check_size, is_bool, is_int
+from .validate import check_byte, check_ptr, check_size, is_bool, is_int
 
 _owners_get = _owners.get  # live pool pointer -> pool
 
@@ -393,42 +392,13 @@ class Stream:
         event._check_alive()
         self._target.wait(self, event)
 
-    # -- capture -------------------------------------------------------------------------------
-    def begin_capture(self, mode: Any = None) -> None:
-        """Start capturing this stream into a graph (``cudaStreamBeginCapture``)."""
-        legacy.capturing = True  # before the capture is visible (see legacy.capturing)
-        capture.begin(self, capture.CaptureMode.GLOBAL if mode is None else mode)
-        if instrument.listeners:
-            instrument.notify("capture", self, "begin")
-
-    def begin_capture_to_graph(self, graph: Any, deps: Any = (), mode: Any = None) -> None:
-        """Capture this stream into the existing ``graph``, after its nodes ``deps``
-        (``cudaStreamBeginCaptureToGraph``); ``end_capture`` returns that graph."""
-        legacy.capturing = True  # before the capture is visible (see legacy.capturing)
-        capture.begin(self, capture.CaptureMode.GLOBAL if mode is None else mode, graph, deps)
-        if instrument.listeners:
-            instrument.notify("capture", self, "begin")
-
-    def end_capture(self) -> Any:
-        """End the capture begun on this stream and return its graph (``cudaStreamEndCapture``)."""
-        try:
-            return capture.end(self)
-        finally:
-            if instrument.listeners:
-                instrument.notify("capture", self, "end")
-
-    def is_capturing(self) -> bool:
-        """True from ``begin_capture`` (or joining one) to ``end_capture``, invalidated or not."""
-        return capture.is_capturing(self)
-
-    def capture_info(self) -> Any:
-        """Status, id, graph and current dependencies of the capture (``cudaStreamGetCaptureInfo``)."""
-        self._check_alive()
-        return capture.info(self)
-
-    def update_capture_dependencies(self, nodes: Any, *, replace: bool = False) -> None:
-        """Add (or, with ``replace``, set) the capture dependencies of this stream."""
-        capture.update_dependencies(self, nodes, check_bool(replace, "replace"))
+    # -- capture (the calls: stream_capture.py) ---------------------------------------------
+    begin_capture = stream_capture.begin_capture
+    begin_capture_to_graph = stream_capture.begin_capture_to_graph
+    end_capture = stream_capture.end_capture
+    is_capturing = stream_capture.is_capturing
+    capture_info = stream_capture.capture_info
+    update_capture_dependencies = stream_capture.update_capture_dependencies
 
     # -- host synchronization ----------------------------------------------------------------
     def synchronize(self) -> None:

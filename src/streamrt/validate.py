@@ -55,12 +55,15 @@ def check_ptr(ptr: Any, what: str = "pointer") -> int:
 def host_view(obj: Any, nbytes: int, *, writable: bool) -> np.ndarray:
     """A flat ``uint8`` view of a host buffer (numpy array, bytearray, memoryview, bytes, or a
     DLPack producer of host memory: a PyTorch CPU tensor, say), zero-copy."""
+    cuda = False  # a kDLCUDA producer: said so if refused
     if not isinstance(obj, np.ndarray) and hasattr(obj, "__dlpack__") and \
             not type(obj).__module__.startswith("streamrt"):  # (a Tensor is device memory)
         try:
-            host = int(obj.__dlpack_device__()[0]) in (1, 3)  # kDLCPU, kDLCUDAHost
+            kind = int(obj.__dlpack_device__()[0])
         except Exception:  # noqa: BLE001 - not a working producer: judged as any other object
-            host = False
+            kind = 0
+        host = kind in (1, 3)  # kDLCPU, kDLCUDAHost
+        cuda = kind == 2  # kDLCUDA
         if host:
             try:
                 obj = np.from_dlpack(obj)
@@ -78,6 +81,12 @@ def host_view(obj: Any, nbytes: int, *, writable: bool) -> np.ndarray:
         try:
             mv = memoryview(obj)
         except TypeError:
+            if cuda or _cuda_memory(obj):
+                raise InvalidTypeError(
+                    f"{type(obj).__name__} is device memory (DLPack or CUDA Array Interface): it "
+                    "is an end of an eager copy on a stream of its device only (s.memcpy, "
+                    "srt.memcpy); a graph or a capture takes an int pointer whose memory outlives "
+                    "the graph (srt.from_dlpack(x), kept alive, and its .ptr)") from None
             raise InvalidTypeError(
                 "a copy endpoint is an int device pointer or a host buffer (numpy array, "
                 f"bytearray, memoryview), not {type(obj).__name__}"
@@ -90,6 +99,16 @@ def host_view(obj: Any, nbytes: int, *, writable: bool) -> np.ndarray:
     if flat.size < nbytes:
         raise InvalidValueError(f"host buffer holds {flat.size} bytes, the copy needs {nbytes}")
     return flat[:nbytes]
+
+
+def _cuda_memory(obj: Any) -> bool:
+    """Whether ``obj`` (refused as a host buffer) is CUDA memory: a cuda Tensor, or an object
+    with a ``__cuda_array_interface__`` (looked up without calling a property: it may
+    synchronize)."""
+    if type(obj).__module__.startswith("streamrt"):
+        return getattr(getattr(obj, "device", None), "backend", None) == "cuda"
+    return hasattr(type(obj), "__cuda_array_interface__") or \
+        "__cuda_array_interface__" in getattr(obj, "__dict__", ())
 
 
 def host_array(obj: Any, what: str) -> np.ndarray:

@@ -499,3 +499,203 @@ def test_from_external_garbage_and_device_mismatch(cuda0):
         with pytest.raises(srt.InvalidValueError):
             srt.Stream.from_external(h, device="cuda:1")
         rt.cudaStreamDestroy(rt.cudaStream_t(h))
+
+
+# -- copies with other libraries' device memory (issue 24: DLPack kDLCUDA producers, CAI v3) -------
+class CAI:
+    """Any object with a ``__cuda_array_interface__`` (v3) over ``n`` bytes at ``ptr``."""
+
+    def __init__(self, ptr, n, *, stream=None, readonly=False, **extra) -> None:
+        self.__cuda_array_interface__ = {"shape": (n,), "typestr": "|u1", "data": (ptr, readonly),
+                                         "version": 3, "strides": None, "descr": [("", "|u1")],
+                                         "mask": None, "stream": stream, **extra}
+
+
+def foreign_malloc(n: int) -> int:
+    """Device memory streamrt never allocated (another library's)."""
+    err, ptr = rt.cudaMalloc(n)
+    assert err == rt.cudaError_t.cudaSuccess
+    return int(ptr)
+
+
+def foreign_producer(ptr: int, n: int, owner, *, flags=0) -> Producer:
+    """A kDLCUDA producer of ``n`` bytes at ``ptr`` whose capsule keeps ``owner`` until its deleter."""
+
+    def make(stream=None, max_version=None, **kw):
+        return dlpack.make_capsule(ptr, (KDL_CUDA, 0), (n,), (1,), np.dtype(np.uint8), 0, owner,
+                                   versioned=max_version is not None, flags=flags)
+
+    return Producer(make)
+
+
+def test_memcpy_with_a_dlpack_cuda_producer_keeps_it_until_the_copy_ran(cuda0, gate):
+    n = 256
+    src, out = Pinned(n), Pinned(n)
+    src.view[:] = np.arange(n, dtype=np.uint8)
+    ptr = foreign_malloc(n)
+    s = srt.Stream(cuda0, non_blocking=True)
+    owner = Owner()
+    ref = weakref.ref(owner)
+    prod = foreign_producer(ptr, n, owner)
+    s.memcpy(prod, src.ptr, n)  # into the producer's memory
+    assert prod.calls == [{"stream": s.__cuda_stream__()[1], "max_version": (1, 1)}]  # handshake
+    s.synchronize()
+    g = gate(s)
+    s.memcpy(out.ptr, prod, n)  # out of it, held behind the gate
+    del prod, owner
+    gc.collect()
+    assert ref() is not None  # the copy has not run: the producer's memory is still needed
+    g.open()
+    s.synchronize()
+    np.testing.assert_array_equal(out.view, np.arange(n, dtype=np.uint8))
+    s.memset(out.ptr, 0, 1)  # a later enqueue runs the release deferred off the host function
+    s.synchronize()
+    gc.collect()
+    assert ref() is None  # released once the copy ran: the producer's deleter was called
+    with pytest.raises(srt.InvalidAddressError):
+        s.memset(ptr, 0, n)  # the import's registration went with it
+    assert rt.cudaFree(ptr)[0] == rt.cudaError_t.cudaSuccess
+    src.close()
+    out.close()
+
+
+def test_memcpy_with_a_streamrt_tensor_orders_after_its_writer(cuda0, gate, delay):
+    n = 64
+    host = Pinned(n)
+    t, g = _gated_producer(cuda0, gate, n)  # a memset of t pending behind a gate on another stream
+    c = srt.Stream(cuda0, non_blocking=True)
+    c.memcpy(host.ptr, t, n)  # the handshake makes c wait for the producer's pending writer
+    assert not c.query()
+    g.open()
+    c.synchronize()
+    assert (host.view == 0x7E).all()
+    back = np.arange(n, dtype=np.uint8)
+    with cuda0:
+        srt.memcpy(t, back, n)  # srt.memcpy too (on the current device's stream), into the Tensor
+    np.testing.assert_array_equal(t.numpy(), back)
+    host.close()
+
+
+def test_memcpy_with_a_cai_object_waits_for_its_foreign_stream(cuda0, gate):
+    n = 128
+    out, staged = Pinned(n), Pinned(n)
+    staged.view[:] = 0x42
+    data = foreign_malloc(n)
+    h = raw_stream()
+    w = srt.Stream.from_external(h)
+    g = gate(w)  # the foreign stream is blocked ...
+    w.destroy()  # ... and no streamrt stream of it is left: a foreign library's stream
+    del w
+    raw_copy(h, data, staged.ptr, n)  # the foreign library's writer of its array, behind the gate
+    arr = CAI(data, n, stream=h)
+    s = srt.Stream(cuda0, non_blocking=True)
+    s.memcpy(out.ptr, arr, n)
+    assert not s.query()  # the copying stream waits on an event recorded on the foreign stream
+    g.open()
+    s.synchronize()
+    assert (out.view == 0x42).all()
+    s.memcpy(arr, np.arange(n, dtype=np.uint8), n)  # a destination too
+    got = np.zeros(n, np.uint8)
+    once = CAI(data, n)
+    kept = weakref.ref(once)
+    s.memcpy(got, once, n)  # a pageable destination: a synchronous copy, nothing kept after it
+    del once
+    gc.collect()
+    assert kept() is None
+    np.testing.assert_array_equal(got, np.arange(n, dtype=np.uint8))
+    again = np.zeros(n, np.uint8)
+    with cuda0:
+        srt.memcpy(again, CAI(data, n), n)  # srt.memcpy reads it too (no stream: no wait)
+    np.testing.assert_array_equal(again, got)
+    s.memset(out.ptr, 0, 1)  # a later enqueue runs the releases deferred off host functions
+    s.synchronize()
+    gc.collect()
+    with pytest.raises(srt.InvalidAddressError):
+        s.memset(data, 0, n)  # each copy's registration went after it
+    assert rt.cudaFree(data)[0] == rt.cudaError_t.cudaSuccess
+    assert rt.cudaStreamDestroy(rt.cudaStream_t(h))[0] == rt.cudaError_t.cudaSuccess
+    out.close()
+    staged.close()
+
+
+def test_memcpy_with_a_cai_object_on_a_streamrt_stream_orders_its_clock(cuda0, gate):
+    n = 64
+    out = Pinned(n)
+    writer = srt.Stream(cuda0, non_blocking=True)
+    t = srt.Tensor.from_numpy(np.zeros(n, np.uint8), stream=writer)
+    writer.synchronize()
+    g = gate(writer)
+    writer.memset(t.ptr, 0x7E, n)  # the array's writer, behind the gate
+    s = srt.Stream(cuda0, non_blocking=True)
+    s.memcpy(out.ptr, CAI(t.ptr, n, stream=writer.__cuda_stream__()[1]), n)
+    assert not s.query()
+    assert s._clock.get(writer.id, 0) == writer._pos  # ordered through the clocks: known here
+    g.open()
+    s.synchronize()
+    assert (out.view == 0x7E).all()
+    out.close()
+
+
+def test_memcpy_device_object_refusals(cuda0):
+    n = 32
+    ptr = foreign_malloc(n)
+    s = srt.Stream(cuda0, non_blocking=True)
+    base = dlpack.live_exports()
+    host = np.zeros(n, np.uint8)
+
+    class HostProducer:  # kDLCPU: stays a host endpoint (the copy fills the numpy array)
+        def __init__(self, arr):
+            self.arr = arr
+
+        def __dlpack__(self, **kw):
+            return self.arr.__dlpack__(**kw)
+
+        def __dlpack_device__(self):
+            return (KDL_CPU, 0)
+
+    fill = Pinned(n)
+    fill.view[:] = 0x11
+    c = raw_stream()
+    raw_copy(c, ptr, fill.ptr, n)  # the foreign library's data
+    raw_sync(c)
+    rt.cudaStreamDestroy(rt.cudaStream_t(c))
+    fill.close()
+    other = foreign_producer(ptr, n, Owner())
+    other.device = (KDL_CUDA, 1)
+    with pytest.raises(srt.InvalidDeviceError):
+        s.memcpy(host, other, n)  # another GPU's memory: not this stream's device
+    assert other.calls == []  # refused before any export
+    with pytest.raises(srt.InvalidDeviceError):
+        srt.Stream("cpu:0").memcpy(host, foreign_producer(ptr, n, Owner()), n)
+    read_only = foreign_producer(ptr, n, Owner(), flags=dlpack.FLAG_READ_ONLY)
+    with pytest.raises(srt.InvalidValueError):
+        s.memcpy(read_only, host, n)
+    with pytest.raises(srt.InvalidValueError):
+        s.memcpy(host, foreign_producer(ptr, n, Owner()), n + 1)  # more than it holds
+    with pytest.raises(srt.InvalidValueError):
+        s.memcpy(CAI(ptr, n, readonly=True), host, n)  # a read-only CAI is no destination
+    with pytest.raises(srt.InvalidValueError):
+        s.memcpy(host, CAI(ptr, n, stream=0), n)  # CAI v3 disallows stream 0
+    with pytest.raises(srt.InvalidValueError):
+        s.memcpy(host, CAI(ptr, 4, shape=(2, 2), strides=(1, 2)), 4)  # not C-contiguous
+    with pytest.raises(srt.NotSupportedError):
+        s.memcpy(host, CAI(ptr, n, mask=object()), n)
+    with pytest.raises(srt.InvalidTypeError):
+        s.memcpy(host, CAI("0x10", n), n)
+    s.synchronize()
+    gc.collect()
+    assert dlpack.live_exports() == base  # every refused import was released
+    with pytest.raises(srt.InvalidAddressError):
+        s.memset(ptr, 0, n)  # and no refusal left a registration behind
+    s.memcpy(host, CAI(ptr, n, readonly=True), n)  # a read-only CAI is a source
+    s.memcpy(CAI(0, 0), host, 0)  # an empty array (its data NULL, as CAI says): nothing to copy
+    s.memcpy(host, foreign_producer(0, 0, Owner()), 0)
+    hp = HostProducer(np.zeros(n, np.uint8))
+    s.memcpy(hp, CAI(ptr, n), n)
+    s.synchronize()
+    assert (hp.arr == 0x11).all() and (host == 0x11).all()
+    s.begin_capture()
+    with pytest.raises(srt.InvalidTypeError, match="device memory"):
+        s.memcpy(host, CAI(ptr, n), n)  # a graph node needs an int pointer that outlives it
+    s.end_capture()
+    assert rt.cudaFree(ptr)[0] == rt.cudaError_t.cudaSuccess

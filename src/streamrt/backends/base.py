@@ -1,5 +1,6 @@
 """The whole contract between the frontend and a backend: queues, devices, graph runners, pools
-(the graph runner's and the record mark's classes are in graphs.py, imported here).
+(the graph runner's and the record mark's classes are in graphs.py, the native pools' in
+native_pools.py, both imported here).
 
 Semantics (vector clocks, legacy-stream ordering, pools, capture) live in the frontend; a
 backend only provides the primitives declared here, and the frontend calls nothing else on a
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import InvalidAddressError, NotSupportedError
 from .graphs import Flat, GraphRunner, Mark, NodeOp  # the graph part of the contract
+from .native_pools import NativePools  # the native pool part of the contract
 
 if TYPE_CHECKING:
     import numpy as np
@@ -115,6 +117,11 @@ class Queue(ABC):
         this queue has completed ``pos`` (a DLPack consumer's stream; this queue may be closed)."""
         raise NotSupportedError(f"{type(self).__name__} has no native streams")
 
+    def op_wait_foreign(self, handle: int) -> tuple[Callable[..., Any], tuple]:
+        """Waiting for the work enqueued so far on the foreign native stream ``handle`` of this
+        queue's device (an event recorded on it when submitted: a CUDA Array Interface's stream)."""
+        raise NotSupportedError(f"{type(self).__name__} has no native streams")
+
     def handle(self) -> int | None:
         """The native stream handle as an int (``cudaStream_t``; 1 for the legacy default
         stream), for the ``__cuda_stream__`` protocol; None where the backend has none."""
@@ -168,46 +175,6 @@ class InlineQueue(Queue):
     @abstractmethod
     def wake(self) -> None:
         """Wake the idle worker."""
-
-
-class NativePools(ABC):
-    """A backend's own stream-ordered pools (``cudaMemPool_t``): pools are opaque handles."""
-
-    @abstractmethod
-    def default(self) -> Any:
-        """The device's default pool (``cudaDeviceGetDefaultMemPool``)."""
-
-    @abstractmethod
-    def create(self, max_size: int) -> Any:
-        """A new pool (``cudaMemPoolCreate``); ``max_size`` 0 is no limit."""
-
-    @abstractmethod
-    def get(self, pool: Any, attr: int) -> int:
-        """An attribute (``cudaMemPoolGetAttribute``, values 1-8 as in CUDA)."""
-
-    @abstractmethod
-    def set(self, pool: Any, attr: int, value: int) -> None:
-        """Set an attribute (``cudaMemPoolSetAttribute``)."""
-
-    @abstractmethod
-    def malloc(self, pool: Any, nbytes: int, queue: Queue) -> int:
-        """Allocate in stream order on ``queue`` (``cudaMallocFromPoolAsync``)."""
-
-    @abstractmethod
-    def free(self, ptr: int, queue: Queue) -> None:
-        """Free in stream order on ``queue`` (``cudaFreeAsync``)."""
-
-    @abstractmethod
-    def free_now(self, ptr: int) -> None:
-        """Free and wait for it (``srt.free`` of a pool block)."""
-
-    @abstractmethod
-    def trim(self, pool: Any, keep: int) -> None:
-        """``cudaMemPoolTrimTo``."""
-
-    @abstractmethod
-    def destroy(self, pool: Any) -> None:
-        """``cudaMemPoolDestroy``."""
 
 
 class DeviceImpl(ABC):

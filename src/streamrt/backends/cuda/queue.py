@@ -291,6 +291,18 @@ class CudaQueue(Queue):
                 activate(self.dev.index)
                 check(rt.cudaStreamWaitEvent(rt.cudaStream_t(handle), ev, 0))
 
+    def op_wait_foreign(self, handle: int) -> tuple[Callable[..., Any], tuple]:
+        return self._wait_foreign, (handle,)
+
+    def _wait_foreign(self, handle: int) -> None:
+        activate(self.dev.index)
+        ev = check(rt.cudaEventCreateWithFlags(rt.cudaEventDisableTiming))
+        try:  # the wait takes the record current now: the event may go at once
+            check(rt.cudaEventRecord(ev, rt.cudaStream_t(handle)))
+            check(rt.cudaStreamWaitEvent(self.stream, ev, 0))
+        finally:
+            rt.cudaEventDestroy(ev)
+
     def wait_event(self, pos: int, pins: ExitStack) -> Any | None:
         """The CUDA event to wait on for position ``pos`` of this stream (None: it has passed),
         kept alive by ``pins`` until it closes (a graph's wait node takes one too)."""
