@@ -1,4 +1,4 @@
-"""Kernels: CUBINs and PTX known by their CUDA C source, run on the CPU by ``tests/cuda/emu``.
+"""Kernels: CUBINs and PTX known by their CUDA C source, run on the CPU by ``streamrt.emu``.
 
 ``install()`` wraps ``streamrt.backends.cuda.nvrtc.compile_module`` so that it still compiles with the
 real NVRTC and records ``image -> (source, name)``; ``cuModuleLoadData`` of such an image gives a
@@ -56,7 +56,7 @@ class Module:
 
 class Function:
     def __init__(self, module: Module, name: str) -> None:
-        from tests.cuda.emu import emu
+        from streamrt import emu
 
         self.handle = state.new_handle()
         self.module = module
@@ -65,7 +65,7 @@ class Function:
         self.conds = "cudaGraphSetConditional" in module.source
         source = conditional.PRELUDE + module.source if self.conds else module.source
         try:
-            self.lib = emu.build_source(source, name)
+            self.lib = emu.library(source, name)
         except (NotImplementedError, RuntimeError) as exc:
             raise FakeUnsupported(f"the CPU emulator cannot build kernel {name!r}: {exc}") from exc
         self.capped = module.source in _operator_sources()
