@@ -112,6 +112,21 @@ def test_vector_add_equals_numpy_in_every_order(dev, monkeypatch, order):
 
 
 @needs_gxx
+def test_one_source_on_every_backend(any_dev):
+    # the same kernel object: NVRTC's build on cuda, the emulator on cpu, equal results
+    n = 300
+    a, b = np.arange(n, dtype=np.float32), np.full(n, 0.5, np.float32)
+    pa, pb, po = _device(a), _device(b), srt.malloc(4 * n)
+    s = srt.Stream(any_dev)
+    s.launch(vadd, po, pa, pb, n, grid=3, block=128)
+    x = np.random.default_rng(5).integers(-9, 9, 700).astype(np.int32)
+    assert np.array_equal(_host(po, n), a + b)
+    assert _sum(block_sum, x, s) == int(x.sum())
+    for p in (pa, pb, po):
+        srt.free(p)
+
+
+@needs_gxx
 @pytest.mark.parametrize("order", ORDERS)
 def test_shared_memory_reduction_with_atomics(dev, monkeypatch, order):
     monkeypatch.setenv(emu.ORDER_ENV, order)
