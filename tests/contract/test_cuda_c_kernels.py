@@ -127,6 +127,20 @@ def test_one_source_on_every_backend(any_dev):
 
 
 @needs_gxx
+def test_options_reach_both_compilers(any_dev):
+    src = VADD.replace("a[i] + b[i]", "a[i] + SCALE * b[i]")
+    k = srt.cuda_kernel(src, "vadd", signature="ptr, const ptr, const ptr, i32",
+                        options=("-DSCALE=3",))
+    assert k.options == ("-DSCALE=3",)
+    a, b = np.arange(64, dtype=np.float32), np.ones(64, np.float32)
+    pa, pb, po = _device(a), _device(b), srt.malloc(4 * 64)
+    srt.Stream(any_dev).launch(k, po, pa, pb, 64, grid=1, block=64)
+    assert np.array_equal(_host(po, 64), a + 3)
+    for p in (pa, pb, po):
+        srt.free(p)
+
+
+@needs_gxx
 @pytest.mark.parametrize("order", ORDERS)
 def test_shared_memory_reduction_with_atomics(dev, monkeypatch, order):
     monkeypatch.setenv(emu.ORDER_ENV, order)
