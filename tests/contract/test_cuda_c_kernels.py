@@ -140,12 +140,77 @@ def test_options_reach_both_compilers(any_dev):
         srt.free(p)
 
 
+COORDS = r"""
+extern "C" __global__ void coords(unsigned* out) {
+  const unsigned b = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+  const unsigned t = (threadIdx.z * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x;
+  const unsigned nt = blockDim.x * blockDim.y * blockDim.z;
+  out[b * nt + t] = blockIdx.x | blockIdx.y << 4 | blockIdx.z << 8 | threadIdx.x << 12
+                    | threadIdx.y << 16 | threadIdx.z << 20 | gridDim.x << 24 | blockDim.z << 28;
+}
+"""
+
+
+@needs_gxx
+def test_grid_and_block_as_given(dev, monkeypatch):
+    monkeypatch.setenv(emu.ORDER_ENV, "random:3")
+    k = srt.cuda_kernel(COORDS, "coords", signature="ptr")
+    grid, block = (5, 3, 2), (4, 2, 3)  # more blocks along x and z than the operators' tests run
+    n = 5 * 3 * 2 * 4 * 2 * 3
+    po = srt.malloc(4 * n)
+    srt.Stream(dev).launch(k, po, grid=grid, block=block)
+    want = [bx | by << 4 | bz << 8 | tx << 12 | ty << 16 | tz << 20 | 5 << 24 | 3 << 28
+            for bz in range(2) for by in range(3) for bx in range(5)
+            for tz in range(3) for ty in range(2) for tx in range(4)]
+    assert _host(po, n, np.uint32).tolist() == want
+    srt.free(po)
+
+
 @needs_gxx
 @pytest.mark.parametrize("order", ORDERS)
 def test_shared_memory_reduction_with_atomics(dev, monkeypatch, order):
     monkeypatch.setenv(emu.ORDER_ENV, order)
     x = np.random.default_rng(3).integers(-1000, 1000, 1500).astype(np.int32)  # 6 blocks
     assert _sum(block_sum, x, srt.Stream(dev)) == int(x.sum())
+
+
+WARPS = r"""
+extern "C" __global__ void warps(long long* out, const int* x, int n) {
+  __shared__ int block_total;
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  const int v = i < n ? x[i] : 0;
+  if (threadIdx.x == 0) block_total = 0;
+  __syncthreads();
+  int w = v;  // a warp's sum by shuffles down, lane 0 adding it to the block's (shared) total
+  for (int o = 16; o > 0; o >>= 1) w += __shfl_down_sync(0xffffffffu, w, o);
+  const unsigned pos = __ballot_sync(0xffffffffu, v > 0);
+  if ((threadIdx.x & 31) == 0) {
+    atomicAdd(&block_total, w);
+    atomicAdd((unsigned long long*)&out[1], (unsigned long long)__popc(pos));
+  }
+  atomicMax(&out[2], (long long)v);
+  if (__all_sync(0xffffffffu, v >= 0)) atomicAdd((unsigned long long*)&out[3], 1ull);
+  __syncthreads();
+  if (threadIdx.x == 0) atomicAdd((unsigned long long*)&out[0], (unsigned long long)block_total);
+}
+"""
+
+
+@needs_gxx
+@pytest.mark.parametrize("order", ORDERS)
+def test_warp_shuffles_votes_and_atomics(dev, monkeypatch, order):
+    monkeypatch.setenv(emu.ORDER_ENV, order)
+    k = srt.cuda_kernel(WARPS, "warps", signature="ptr, const ptr, i32")
+    x = np.random.default_rng(6).integers(-5, 100, 640).astype(np.int32)  # 5 blocks, 4 warps each
+    x[:64] = np.abs(x[:64])  # the first two warps' lanes are all >= 0
+    px, po = _device(x), _device(np.zeros(4, np.int64))
+    srt.Stream(dev).launch(k, po, px, x.size, grid=5, block=128)
+    total, positive, top, all_nonneg = _host(po, 4, np.int64).tolist()
+    lanes_ok = sum(32 for w in range(20) if (x[32 * w: 32 * w + 32] >= 0).all())
+    assert (total, positive, top, all_nonneg) == (int(x.sum()), int((x > 0).sum()), int(x.max()),
+                                                  lanes_ok)
+    srt.free(px)
+    srt.free(po)
 
 
 @needs_gxx
@@ -187,8 +252,12 @@ def test_cuda_kernel_needs_its_function_in_the_source():
 @needs_nvrtc
 def test_compile_checks_the_cuda_c_with_nvrtc():
     vadd.compile()
-    vadd.compile("sm_80")
-    vadd.compile("sm_90")
+    for src, name, sig in [(VADD, "vadd", "ptr, const ptr, const ptr, i32"),
+                           (REDUCE.replace("BARRIER", ""), "block_sum", "ptr, const ptr, i32"),
+                           (WARPS, "warps", "ptr, const ptr, i32"), (COORDS, "coords", "ptr"),
+                           (DYN, "reverse_block", "ptr")]:
+        for arch in ("sm_80", "sm_90"):  # every source the emulator runs here is CUDA C
+            srt.cuda_kernel(src, name, signature=sig).compile(arch)
     broken = srt.cuda_kernel(VADD.replace("a[i] + b[i];", "a[i] + b[i]"), "vadd",
                              signature="ptr, const ptr, const ptr, i32")
     with pytest.raises(srt.CompileError, match=r"line 5: \}") as info:
