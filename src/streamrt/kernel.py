@@ -213,8 +213,10 @@ def cuda_kernel(source: str, name: str, *, signature: str, options: Any = ()) ->
     runs it on cpu; ``signature`` must match the source's parameters of ``name``."""
     if not isinstance(source, str) or not isinstance(name, str):
         raise InvalidTypeError("cuda_kernel needs the CUDA C source and the kernel's name as str")
-    if isinstance(options, str) or not all(isinstance(o, str) for o in options):
-        raise InvalidTypeError(f"cuda_kernel options must be a sequence of str, not {options!r}")
+    if isinstance(options, str) or not isinstance(options, tuple | list) or not all(
+            isinstance(o, str) for o in options):
+        raise InvalidTypeError(f"cuda_kernel options must be a tuple or list of str (NVRTC "
+                               f"options such as '-DN=4'), not {options!r}")
     from .emu.params import check
 
     tokens = check(source, name, signature, need_source=True)
@@ -261,8 +263,10 @@ def _compile_now(k: Kernel, arch: str | None) -> None:
     try:
         nvrtc.compile_module(k.cuda_source, str(k.name), target, k.options)
     except KernelCompileError as exc:
-        raise KernelCompileError(f"{exc.args[0]}{_error_lines(k.cuda_source, str(k.name), exc.log)}",
-                                 log=exc.log) from exc
+        lines = _error_lines(k.cuda_source, str(k.name), exc.log)
+        err = KernelCompileError(f"{exc.args[0]}{lines}", log=exc.log)
+        err.code, err.name = exc.code, exc.name
+        raise err from exc
 
 
 def _error_lines(source: str, name: str, log: str) -> str:

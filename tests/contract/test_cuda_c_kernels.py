@@ -242,6 +242,8 @@ def test_a_signature_that_does_not_match_is_refused_when_made(signature, why):
 
 
 def test_cuda_kernel_needs_its_function_in_the_source():
+    with pytest.raises(srt.InvalidTypeError, match="options must be a tuple or list of str"):
+        srt.cuda_kernel(VADD, "vadd", signature="ptr, ptr, ptr, i32", options="-DX=1")
     with pytest.raises(srt.InvalidValueError, match='no extern "C" __global__ void vsub'):
         srt.cuda_kernel(VADD, "vsub", signature="ptr, const ptr, const ptr, i32")
     # whitespace in tokens is free; ptr may name a pointer to const
