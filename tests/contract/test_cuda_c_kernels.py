@@ -326,7 +326,7 @@ def test_explicit_kernel_node_and_its_new_params(dev):
 
 
 @needs_gxx
-def test_launch_refusals(dev):
+def test_launch_refusals(dev, monkeypatch):
     n, s = 64, srt.Stream(dev)
     pa = srt.malloc(4 * n)
     with pytest.raises(srt.InvalidTypeError, match="takes 4 argument"):  # at the launch's line
@@ -339,6 +339,13 @@ def test_launch_refusals(dev):
         s.synchronize()
     assert isinstance(info.value.__cause__, srt.InvalidAddressError)
     assert "argument 1" in str(info.value.__cause__)
+    monkeypatch.setenv(emu.ORDER_ENV, "sideways")
+    s.launch(vadd, pa, pa, pa, n, grid=1, block=n)
+    with pytest.raises(srt.LaunchError) as info:
+        s.synchronize()
+    assert isinstance(info.value.__cause__, srt.InvalidValueError)
+    assert "STREAMRT_EMU_ORDER" in str(info.value.__cause__)
+    monkeypatch.delenv(emu.ORDER_ENV)
     s.launch(vadd, pa, pa, pa, 1.5, grid=1, block=n)  # a float for an i32
     with pytest.raises(srt.LaunchError) as info:
         s.synchronize()
