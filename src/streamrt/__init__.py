@@ -57,12 +57,14 @@ from .graph.scope import graph_capture
 from .graph.update import GraphExecUpdateResult
 from .host_memory import free, free_host, malloc, malloc_host, memcpy, memset, read, write
 from .interop import from_dlpack, host_array
-from .kernel import Dim3, Kernel, KernelContext, kernel
+from .kernel import Dim3, Kernel, KernelContext, cuda_kernel, kernel
 from .pool import MemPool, MemPoolAttr
 from .ranges import Range as range  # noqa: F401 - srt.range (NVTX-like); not in __all__, below
 from .stream import Event, Stream, current_stream
 from .tensor import Tensor, TensorDesc
 from .trace import trace  # noqa: E402
+
+CompileError = KernelCompileError  # API.md 9.3's name for it (Kernel.compile raises it)
 
 __version__ = "0.1.0"
 
@@ -75,7 +77,7 @@ __all__ = [
     # devices
     "Device", "current_device", "device_count",
     # streams, events, kernels
-    "Stream", "Event", "current_stream", "kernel", "Kernel", "KernelContext", "Dim3",
+    "Stream", "Event", "current_stream", "kernel", "cuda_kernel", "Kernel", "KernelContext", "Dim3",
     # memory
     "malloc", "free", "malloc_host", "free_host", "memcpy", "memset", "read", "write",
     "MemPool", "MemPoolAttr",
@@ -93,7 +95,7 @@ __all__ = [
     "InvalidAddressError", "InvalidHandleError", "OutOfMemoryError", "NotReadyError",
     "NotSupportedError", "NotPermittedError", "IllegalStateError",
     "PeerAccessAlreadyEnabledError", "PeerAccessNotEnabledError", "LaunchError",
-    "KernelCompileError", "BackendUnavailableError",
+    "KernelCompileError", "CompileError", "BackendUnavailableError",
     "CaptureError", "CaptureUnsupportedError", "CaptureInvalidatedError", "CaptureMergeError",
     "CaptureUnmatchedError", "CaptureUnjoinedError", "CaptureIsolationError",
     "CaptureImplicitError", "CapturedEventError", "CaptureWrongThreadError",

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Callable
 from types import MethodType
 from typing import TYPE_CHECKING, Any, NamedTuple, overload
 
 import numpy as np
 
-from .errors import IllegalStateError, InvalidTypeError, InvalidValueError
+from .errors import (
+    BackendUnavailableError,
+    IllegalStateError,
+    InvalidTypeError,
+    InvalidValueError,
+    KernelCompileError,
+    NotSupportedError,
+)
 from .validate import is_int
 
 if TYPE_CHECKING:
@@ -81,7 +89,8 @@ def dim3(value: Any, what: str = "grid") -> Dim3:
 class Kernel:
     """A kernel: a Python body ``fn(ctx, *args)`` and, optionally, CUDA C source for the cuda backend."""
 
-    __slots__ = ("fn", "name", "cuda_source", "signature", "bind", "_lo", "_hi", "__weakref__")
+    __slots__ = ("fn", "name", "cuda_source", "signature", "options", "bind", "_lo", "_hi",
+                 "__weakref__")
 
     def __init__(
         self,
@@ -95,8 +104,17 @@ class Kernel:
             raise InvalidTypeError(f"a kernel body must be callable, not {type(fn).__name__}")
         self.fn = fn  # (sets _lo and _hi: see __setattr__)
         self.name = name or getattr(fn, "__name__", "kernel")
+        if cuda is not None:
+            if not isinstance(cuda, str):
+                raise InvalidTypeError(f"a kernel's cuda= body must be CUDA C source text, not "
+                                       f"{type(cuda).__name__}")
+            if signature is not None:  # refused here, not at a launch on some GPU later
+                from .emu.params import check
+
+                check(cuda, str(self.name), signature)
         self.cuda_source = cuda
         self.signature = signature
+        self.options: tuple[str, ...] = ()  # NVRTC options of the CUDA body (srt.cuda_kernel)
         self.bind: Callable[..., Callable[[], Any]] | None = None
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -125,6 +143,11 @@ class Kernel:
         n = len(args)
         if n < self._lo or n > self._hi:
             self._refuse(n)
+
+    def compile(self, arch: str | None = None) -> None:
+        """Compile every CUDA body now with NVRTC for ``arch`` (default "sm_80"); a failure
+        raises :class:`~.errors.KernelCompileError` (``srt.CompileError``) with NVRTC's ``.log``."""
+        _compile_now(self, arch)
 
     def binder(self, fn: Callable[..., Callable[[], Any]]) -> Callable[..., Callable[[], Any]]:
         """Decorator: ``fn(ctx, *args)`` makes the views once and returns a no-argument callable
@@ -183,6 +206,78 @@ def kernel(
     if fn is None:
         return lambda f: Kernel(f, name=name, cuda=cuda, signature=signature)
     return Kernel(fn, name=name, cuda=cuda, signature=signature)
+
+
+def cuda_kernel(source: str, name: str, *, signature: str, options: Any = ()) -> Kernel:
+    """A kernel made only of CUDA C (API.md 9.3): NVRTC builds it on cuda, the CUDA C emulator
+    runs it on cpu; ``signature`` must match the source's parameters of ``name``."""
+    if not isinstance(source, str) or not isinstance(name, str):
+        raise InvalidTypeError("cuda_kernel needs the CUDA C source and the kernel's name as str")
+    if isinstance(options, str) or not isinstance(options, tuple | list) or not all(
+            isinstance(o, str) for o in options):
+        raise InvalidTypeError(f"cuda_kernel options must be a tuple or list of str (NVRTC "
+                               f"options such as '-DN=4'), not {options!r}")
+    from .emu.params import check
+
+    tokens = check(source, name, signature, need_source=True)
+    k = Kernel(_emulated_body(source, name, signature, tuple(options), len(tokens)), name=name,
+               cuda=source, signature=signature)
+    k.options = tuple(options)
+    return k
+
+
+def _emulated_body(source: str, name: str, signature: str, options: tuple[str, ...],
+                   n: int) -> Callable[..., Any]:
+    """The body of a CUDA-C-only kernel: its CUDA C run by the backend's emulated launch (the
+    cpu backend's; other backends launch the CUDA C themselves or cannot)."""
+
+    def body(ctx: KernelContext, *args: Any) -> None:
+        if ctx.device.backend != "cpu":
+            raise NotSupportedError(f"kernel {name!r} is made only of CUDA C: it runs on cuda "
+                                    f"and cpu devices, not {ctx.device.name}")
+        from .backends.cpu.cuda_c import launch
+
+        launch(ctx, source, name, signature, options, args)
+
+    body.__name__ = body.__qualname__ = name
+    # the launch refuses another argument count at its line, as for a Python body
+    params = [inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_ONLY)]
+    params += [inspect.Parameter(f"a{i}", inspect.Parameter.POSITIONAL_ONLY) for i in range(n)]
+    body.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    return body
+
+
+_DEFAULT_ARCH = "sm_80"  # what compile() checks against when no arch is named
+
+
+def _compile_now(k: Kernel, arch: str | None) -> None:
+    """Body of :meth:`Kernel.compile`."""
+    if k.cuda_source is None:
+        return  # no CUDA body: nothing to compile
+    from .backends.cuda import nvrtc
+
+    why = nvrtc.nvrtc_available()
+    if why is not None:
+        raise BackendUnavailableError(f"kernel {k.name!r}: compile() needs NVRTC: {why}")
+    target = _DEFAULT_ARCH if arch is None else arch
+    try:
+        nvrtc.compile_module(k.cuda_source, str(k.name), target, k.options)
+    except KernelCompileError as exc:
+        lines = _error_lines(k.cuda_source, str(k.name), exc.log)
+        err = KernelCompileError(f"{exc.args[0]}{lines}", log=exc.log)
+        err.code, err.name = exc.code, exc.name
+        raise err from exc
+
+
+def _error_lines(source: str, name: str, log: str) -> str:
+    """The source lines NVRTC's ``log`` names ("name(12): error: ..."), quoted."""
+    lines = source.splitlines()
+    out: list[str] = []
+    for m in re.finditer(re.escape(name) + r"\((\d+)\): (?:catastrophic )?error", log):
+        n = int(m[1])
+        if 1 <= n <= len(lines) and len(out) < 5:
+            out.append(f"\n  line {n}: {lines[n - 1].strip()}")
+    return "".join(out)
 
 
 class KernelContext:

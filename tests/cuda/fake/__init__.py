@@ -136,7 +136,7 @@ def unavailable() -> str | None:
     err = rt.cudaGetDeviceCount()[0]
     if err != rt.cudaError_t.cudaErrorInsufficientDriver:
         return f"a CUDA driver is here (cudaGetDeviceCount: {err!r}): the cuda tests run on it instead"
-    from ..emu import emu
+    from streamrt import emu
 
     return emu.unavailable()
 

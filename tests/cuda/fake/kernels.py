@@ -1,4 +1,4 @@
-"""Kernels: CUBINs and PTX known by their CUDA C source, run on the CPU by ``tests/cuda/emu``.
+"""Kernels: CUBINs and PTX known by their CUDA C source, run on the CPU by ``streamrt.emu``.
 
 ``install()`` wraps ``streamrt.backends.cuda.nvrtc.compile_module`` so that it still compiles with the
 real NVRTC and records ``image -> (source, name)``; ``cuModuleLoadData`` of such an image gives a
@@ -23,7 +23,8 @@ from . import capture, conditional, state, streams
 from .binding import driver
 from .state import DRV_SUCCESS, LOCK, FakeMisuse, FakeUnsupported, R
 
-CUBINS: dict[bytes, tuple[str, str]] = {}  # images (CUBIN or PTX), by the compile_module wrapper
+# images (CUBIN or PTX) -> (source, name, NVRTC options), by the compile_module wrapper
+CUBINS: dict[bytes, tuple[str, str, tuple[str, ...]]] = {}
 _cubins_lock = threading.Lock()
 
 
@@ -39,7 +40,7 @@ def wrap_compile_module() -> None:
     def compile_module(source: str, name: str, target: str, options: tuple[str, ...] = ()) -> bytes:
         image = real(source, name, target, options)
         with _cubins_lock:
-            CUBINS[bytes(image)] = (source, name)
+            CUBINS[bytes(image)] = (source, name, tuple(options))
         return image
 
     compile_module.__fake_recording__ = True  # type: ignore[attr-defined]
@@ -48,15 +49,16 @@ def wrap_compile_module() -> None:
 
 
 class Module:
-    def __init__(self, source: str, device: int) -> None:
+    def __init__(self, source: str, device: int, options: tuple[str, ...] = ()) -> None:
         self.handle = state.new_handle()
         self.source = source
         self.device = device
+        self.options = options  # NVRTC's: their macros reach g++ too
 
 
 class Function:
     def __init__(self, module: Module, name: str) -> None:
-        from tests.cuda.emu import emu
+        from streamrt import emu
 
         self.handle = state.new_handle()
         self.module = module
@@ -65,7 +67,7 @@ class Function:
         self.conds = "cudaGraphSetConditional" in module.source
         source = conditional.PRELUDE + module.source if self.conds else module.source
         try:
-            self.lib = emu.build_source(source, name)
+            self.lib = emu.library(source, name, module.options)
         except (NotImplementedError, RuntimeError) as exc:
             raise FakeUnsupported(f"the CPU emulator cannot build kernel {name!r}: {exc}") from exc
         self.capped = module.source in _operator_sources()
@@ -89,7 +91,7 @@ def cuModuleLoadData(image: Any) -> tuple:
         raise FakeUnsupported("cuModuleLoadData: the fake runs only images compiled through "
                               "streamrt.backends.cuda.nvrtc.compile_module after install()")
     with LOCK:
-        m = Module(hit[0], state.current_device())
+        m = Module(hit[0], state.current_device(), hit[2])
         MODULES[m.handle] = m
     return (DRV_SUCCESS, drv.CUmodule(m.handle))
 

@@ -229,7 +229,7 @@ class CudaDevice(DeviceImpl):
         types = nvrtc.parse_signature(kernel.signature)
         if self._target is None:
             self._target = nvrtc.target_for(*self._cc)
-        image = nvrtc.compile_module(kernel.cuda_source, kernel.name, self._target)
+        image = nvrtc.compile_module(kernel.cuda_source, kernel.name, self._target, kernel.options)
         with self._lock:
             activate(self.index)
             module = check(drv.cuModuleLoadData(image))

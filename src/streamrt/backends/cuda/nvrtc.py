@@ -267,8 +267,8 @@ def _parse_signature(sig: str) -> tuple[type, ...]:
         return ()
     out = []
     for raw in sig.split(","):
-        token = raw.strip()
-        t = _SIG_TYPES.get(token)
+        token = " ".join(raw.split())
+        t = ctypes.c_void_p if token == "const ptr" else _SIG_TYPES.get(token)  # (read only)
         if t is None:
             raise InvalidValueError(
                 f"unknown kernel signature type {token!r} in {sig!r}; allowed: {', '.join(_SIG_TYPES)}"

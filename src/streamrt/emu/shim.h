@@ -1,4 +1,4 @@
-// CPU stand-ins for the CUDA built-ins that the streamrt kernels use (a test aid; see emu.py for
+// CPU stand-ins for the CUDA built-ins that CUDA C kernels use (see streamrt/emu/__init__.py for
 // what is and is not modelled). The CUDA threads of a block are fibers (ucontext) on the calling
 // OS thread: one runs until it reaches a barrier (__syncthreads, or a warp shuffle) or returns,
 // then the next, in an order chosen per launch (srt_emu_order); a barrier opens once every live
@@ -7,8 +7,10 @@
 // (streams) never share them.
 #undef _FORTIFY_SOURCE  // its longjmp check refuses a jump between a fiber's stack and another
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -26,8 +28,17 @@ static thread_local srt_dim3 threadIdx, blockIdx, blockDim, gridDim;
 
 #define __global__
 #define __device__
+#define __host__
 #define __forceinline__ inline
+#define __noinline__ __attribute__((noinline))
+#define __launch_bounds__(...)
+#define __align__(n) alignas(n)
+#define __constant__ static
 #define __shared__ static thread_local
+constexpr int warpSize = 32;
+// dynamic shared memory (extern __shared__ T name[]: build.py makes it a pointer to this), as
+// large as the launch's shared_mem bytes; one per OS thread, so per block, as __shared__ arrays
+static thread_local unsigned char* srt_emu_dyn_smem;
 
 enum srt_emu_wait { SRT_RUN = 0, SRT_BLOCK = 1, SRT_WARP = 2, SRT_DONE = 3 };
 struct srt_emu_fiber {
@@ -70,6 +81,105 @@ template <typename T> inline T __shfl_up_sync(unsigned, T v, int o) {
   return srt_emu_shfl(v, l >= o ? l - o : l);
 }
 
+template <typename T> inline T __shfl_sync(unsigned, T v, int src, int width = 32) {
+  const int l = srt_emu_cur->t & 31;
+  return srt_emu_shfl(v, (l & ~(width - 1)) + (src & (width - 1)));
+}
+template <typename T> inline T __shfl_down_sync(unsigned, T v, unsigned o, int width = 32) {
+  const int l = srt_emu_cur->t & 31;
+  return srt_emu_shfl(v, (l & (width - 1)) + (int)o < width ? l + (int)o : l);
+}
+inline void __syncwarp(unsigned = 0xffffffffu) { srt_emu_wait_at(SRT_WARP); }
+// Votes: every lane publishes its predicate, then each reads the lanes of its warp that exist
+// (a partial last warp has fewer); the mask is ignored, as for shuffles.
+inline unsigned __ballot_sync(unsigned, int pred) {
+  const unsigned t = srt_emu_cur->t, w = t >> 5;
+  const unsigned n = blockDim.x * blockDim.y * blockDim.z;
+  const unsigned lanes = std::min(32u, n - w * 32);
+  srt_emu_warp& wp = srt_emu_warps[w];
+  wp.lane[t & 31][0] = pred != 0;
+  srt_emu_wait_at(SRT_WARP);
+  unsigned r = 0;
+  for (unsigned i = 0; i < lanes; ++i) r |= (unsigned)wp.lane[i][0] << i;
+  srt_emu_wait_at(SRT_WARP);
+  return r;
+}
+inline int __all_sync(unsigned m, int pred) {
+  const unsigned t = srt_emu_cur->t, n = blockDim.x * blockDim.y * blockDim.z;
+  const unsigned lanes = std::min(32u, n - (t >> 5) * 32);
+  return __ballot_sync(m, pred) == (lanes == 32 ? 0xffffffffu : (1u << lanes) - 1);
+}
+inline int __any_sync(unsigned m, int pred) { return __ballot_sync(m, pred) != 0; }
+inline unsigned __activemask() { return 0xffffffffu; }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
+inline int __ffs(int x) { return __builtin_ffs(x); }
+inline int __clz(int x) { return x ? __builtin_clz((unsigned)x) : 32; }
+
+// Atomics: real read-modify-writes (std::atomic_ref), since launches on different streams run
+// on different OS threads at once; each returns the old value, as CUDA's.
+template <typename T, typename F> inline T srt_emu_rmw(T* p, F f) {
+  std::atomic_ref<T> a(*p);
+  T old = a.load();
+  while (!a.compare_exchange_weak(old, f(old))) {}
+  return old;
+}
+#define SRT_EMU_ATOMIC(NAME, T, EXPR) \
+  inline T NAME(T* p, T v) { return srt_emu_rmw(p, [v](T o) -> T { return EXPR; }); }
+#define SRT_EMU_ATOMICS_INT(T)                              \
+  SRT_EMU_ATOMIC(atomicAdd, T, o + v)                       \
+  SRT_EMU_ATOMIC(atomicSub, T, o - v)                       \
+  SRT_EMU_ATOMIC(atomicMax, T, o < v ? v : o)               \
+  SRT_EMU_ATOMIC(atomicMin, T, v < o ? v : o)               \
+  SRT_EMU_ATOMIC(atomicExch, T, v)                          \
+  SRT_EMU_ATOMIC(atomicAnd, T, o & v)                       \
+  SRT_EMU_ATOMIC(atomicOr, T, o | v)                        \
+  SRT_EMU_ATOMIC(atomicXor, T, o ^ v)                       \
+  inline T atomicCAS(T* p, T cmp, T v) {                    \
+    std::atomic_ref<T>(*p).compare_exchange_strong(cmp, v); \
+    return cmp;                                             \
+  }
+SRT_EMU_ATOMICS_INT(int)
+SRT_EMU_ATOMICS_INT(unsigned)
+SRT_EMU_ATOMICS_INT(long long)
+SRT_EMU_ATOMICS_INT(unsigned long long)
+SRT_EMU_ATOMIC(atomicAdd, float, o + v)
+SRT_EMU_ATOMIC(atomicAdd, double, o + v)
+SRT_EMU_ATOMIC(atomicExch, float, v)
+SRT_EMU_ATOMIC(atomicMax, float, o < v ? v : o)
+SRT_EMU_ATOMIC(atomicMin, float, v < o ? v : o)
+inline unsigned short atomicCAS(unsigned short* p, unsigned short cmp, unsigned short v) {
+  std::atomic_ref<unsigned short>(*p).compare_exchange_strong(cmp, v);
+  return cmp;
+}
+inline unsigned atomicInc(unsigned* p, unsigned v) {
+  return srt_emu_rmw(p, [v](unsigned o) { return o >= v ? 0u : o + 1; });
+}
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline void __threadfence_block() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline void __threadfence_system() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+
+// CUDA's device math beyond <cmath>: min/max of every arithmetic type, the fast intrinsics
+using std::max;
+using std::min;
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline double rsqrt(double x) { return 1.0 / std::sqrt(x); }
+inline float __expf(float x) { return std::exp(x); }
+inline float __logf(float x) { return std::log(x); }
+inline float __sinf(float x) { return std::sin(x); }
+inline float __cosf(float x) { return std::cos(x); }
+inline float __powf(float x, float y) { return std::pow(x, y); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float __saturatef(float x) { return x < 0.f ? 0.f : x > 1.f ? 1.f : x; }
+inline float __fadd_rn(float a, float b) { volatile float r = a + b; return r; }
+inline double __dadd_rn(double a, double b) { volatile double r = a + b; return r; }
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+inline float __float_as_float(float f) { return f; }
+inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
+inline unsigned __float_as_uint(float f) { unsigned i; std::memcpy(&i, &f, 4); return i; }
+inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
+inline long long __double_as_longlong(double d) { long long i; std::memcpy(&i, &d, 8); return i; }
+
 // A nanosecond counter. Kernels call it in spin loops (a gate waiting for a host flag): each call
 // sleeps a moment, so a spinning kernel does not starve the host of its few cores.
 inline long long clock64() {
@@ -82,7 +192,7 @@ inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; 
 inline double __longlong_as_double(long long i) { double d; std::memcpy(&d, &i, 8); return d; }
 inline float __fmul_rn(float a, float b) { volatile float r = a * b; return r; }
 inline double __dmul_rn(double a, double b) { volatile double r = a * b; return r; }
-// the PTX cvt.f32.f16 / cvt.rn.f16.f32 of srt_ld / srt_st (emu.py swaps the asm for these)
+// the PTX cvt.f32.f16 / cvt.rn.f16.f32 of srt_ld / srt_st (build.py swaps the asm for these)
 inline float srt_emu_h2f(unsigned short h) { _Float16 x; std::memcpy(&x, &h, 2); return (float)x; }
 inline unsigned short srt_emu_f2h(float f) {
   _Float16 x = (_Float16)f;  // round to nearest even, as cvt.rn
@@ -91,7 +201,7 @@ inline unsigned short srt_emu_f2h(float f) {
   return h;
 }
 
-// The orders the scheduler can run a block's threads and a grid's blocks in (emu.py ORDERS).
+// The orders the scheduler can run a block's threads and a grid's blocks in (runner.py ORDERS).
 // forward (the default) and reverse make passes over the runnable threads of a block in thread
 // order (reverse order), a barrier opening after a pass: warps move in lockstep from shuffle to
 // shuffle. ahead, behind and random run one warp at a time, opening its shuffles at once, so a
@@ -194,7 +304,7 @@ static bool srt_emu_block(std::vector<srt_emu_fiber>& fs, int order, srt_emu_rng
   return true;
 }
 
-// Bounds checks of fixed-size arrays (__shared__ and local ones): emu.py compiles with
+// Bounds checks of fixed-size arrays (__shared__ and local ones): build.py compiles with
 // -fsanitize=bounds,object-size, whose checks call these handlers (defined here and hidden, so no
 // libubsan is linked). It abandons the launch before the stray access happens (on a GPU it would read or
 // corrupt a neighbouring array silently, or fault), and srt_emu_run returns 2.
@@ -219,7 +329,8 @@ SRT_EMU_HANDLER __ubsan_handle_type_mismatch_v1_abort(void* d, void* p) {
 }
 
 // Run kernel k over a (gx, gy, gz) grid of (bx, by, bz) blocks in the given order (random: from
-// seed); params[i] points at argument i. Returns 0, 1 when the threads of a block deadlocked, or
+// seed), with smem bytes of dynamic shared memory; params[i] points at argument i. Returns 0,
+// 1 when the threads of a block deadlocked, or
 // 2 when one indexed a fixed-size array out of its bounds (srt_emu_oob_line says where).
 template <typename... P, std::size_t... I>
 static void srt_emu_call(void (*k)(P...), void** params, std::index_sequence<I...>) {
@@ -233,7 +344,8 @@ static void srt_emu_entry() {
 }
 template <typename... P>
 static int srt_emu_run(void (*k)(P...), void** params, unsigned gx, unsigned gy, unsigned gz,
-                       unsigned bx, unsigned by, unsigned bz, int order, unsigned long long seed) {
+                       unsigned bx, unsigned by, unsigned bz, int order, unsigned long long seed,
+                       unsigned long long smem) {
   static thread_local void (*kern)(P...);
   static thread_local void** args;
   kern = k;
@@ -244,6 +356,8 @@ static int srt_emu_run(void (*k)(P...), void** params, unsigned gx, unsigned gy,
   std::vector<srt_emu_fiber> fibers(n);
   std::unique_ptr<char[]> stacks(new char[STACK * n]);
   std::vector<srt_emu_warp> warps((n + 31) / 32);
+  std::vector<std::max_align_t> dyn((smem + sizeof(std::max_align_t) - 1) / sizeof(std::max_align_t));
+  srt_emu_dyn_smem = reinterpret_cast<unsigned char*>(dyn.data());
   gridDim = {gx, gy, gz};
   blockDim = {bx, by, bz};
   srt_emu_warps = warps.data();

@@ -1,0 +1,156 @@
+"""Build one CUDA C kernel for the CPU: g++ after ``shim.h``, into a shared object cached on disk.
+
+The cache folder is ``$STREAMRT_EMU_CACHE``, else ``$STREAMRT_CACHE_DIR/emu``, else
+``$XDG_CACHE_HOME/streamrt/emu``, else ``~/.cache/streamrt/emu`` (read on every build). A
+library is named by a hash of the C++ translation unit (shim, source, launcher), the g++
+options and the compiler's version, so a changed kernel, option or compiler is rebuilt and an
+unchanged one is loaded as it is; files appear atomically (``os.replace``), so concurrent
+builders (threads, processes) never see half a library.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import threading
+from importlib import resources
+from pathlib import Path
+
+from ..errors import BackendUnavailableError
+
+SHIM = resources.files(__package__).joinpath("shim.h").read_text()
+# -fsanitize checks accesses to fixed-size (__shared__, local) arrays, by index or through a pointer
+# the compiler follows; compile only (-c): the shim defines the handlers, and linking with
+# -fsanitize would add libubsan
+CXX = ["g++", "-std=c++20", "-O1", "-ffp-contract=off", "-fPIC", "-pthread", "-w",
+       "-fsanitize=bounds,object-size"]
+LINK = ["g++", "-shared", "-pthread"]
+# srt_ld / srt_st convert float16 with PTX; the host converts with the shim's _Float16 helpers
+PTX = {
+    'asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(p->bits));': "f = srt_emu_h2f(p->bits);",
+    'asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));': "h = srt_emu_f2h(v);",
+}
+LAUNCH = ('extern "C" int srt_emu_launch(void** p, unsigned gx, unsigned gy, unsigned gz, '
+          'unsigned bx, unsigned by, unsigned bz, int order, unsigned long long seed, '
+          'unsigned long long smem) '
+          '{{ return srt_emu_run(&{name}, p, gx, gy, gz, bx, by, bz, order, seed, smem); }}\n'
+          'extern "C" unsigned srt_emu_param_sizes(unsigned long long* out, unsigned max) '
+          '{{ return srt_emu_sizes(&{name}, out, max); }}\n'
+          'extern "C" unsigned srt_emu_oob_at() {{ return srt_emu_oob_line; }}\n')
+# extern __shared__ T name[]; (dynamic shared memory) -> a pointer to the launch's bytes
+_DYN_SHARED = re.compile(
+    r"extern\s+__shared__\s+(?:__align__\s*\(\s*\d+\s*\)\s*)?([A-Za-z_][\w:<>\s]*?)\s+"
+    r"(?:__align__\s*\(\s*\d+\s*\)\s*)?([A-Za-z_]\w*)\s*\[\s*\]\s*;")
+# the NVRTC options g++ understands too (macros, include folders); others are NVRTC's alone
+_GXX_OPTION = re.compile(r"(-D|-U|-I|--define-macro=|--undefine-macro=|--include-path=)(.+)")
+_GXX_SPELLING = {"--define-macro=": "-D", "--undefine-macro=": "-U", "--include-path=": "-I"}
+_build_lock = threading.Lock()  # guards nothing shared but the folder's creation
+
+
+def cache_dir() -> Path:
+    """Where built kernels are kept (see the module docstring; read on every call)."""
+    own = os.environ.get("STREAMRT_EMU_CACHE")
+    if own:
+        return Path(own)
+    root = os.environ.get("STREAMRT_CACHE_DIR")
+    if root:
+        return Path(root) / "emu"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "streamrt" / "emu"
+
+
+@functools.lru_cache(maxsize=1)
+def compiler_version() -> str:
+    """``g++ --version``'s first line (part of every cache key): a new compiler rebuilds."""
+    r = subprocess.run(["g++", "--version"], capture_output=True, text=True, timeout=60)
+    return r.stdout.splitlines()[0] if r.stdout else r.stderr.strip()
+
+
+@functools.lru_cache(maxsize=1)
+def _unavailable() -> str | None:
+    if shutil.which("g++") is None:
+        return "g++ is not on PATH"
+    try:
+        r = subprocess.run([*CXX, "-fsyntax-only", "-x", "c++", "-"], input=SHIM,
+                           capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"g++ did not run: {exc}"
+    if r.returncode:
+        return f"g++ cannot compile the C++20 shim (ucontext, _Float16): {r.stderr.strip()[-600:]}"
+    return None
+
+
+def unavailable() -> str | None:
+    """None when g++ compiles the shim here (C++20, ``<ucontext.h>``, ``_Float16``), else why not
+    (found once per process)."""
+    return _unavailable()
+
+
+def require() -> None:
+    """Raise :class:`BackendUnavailableError` saying what to install when kernels cannot be built."""
+    why = unavailable()
+    if why is not None:
+        raise BackendUnavailableError(
+            f"CUDA C kernels run on the cpu backend through g++, which cannot be used here: {why}. "
+            "Install GCC 11 or newer with C++20 (Debian/Ubuntu: apt-get install g++; Fedora: "
+            "dnf install gcc-c++; macOS has no <ucontext.h> fibers: use Linux)")
+
+
+def gxx_options(options: tuple[str, ...]) -> list[str]:
+    """The g++ spelling of the NVRTC ``options`` that g++ understands (macros, include paths)."""
+    out = []
+    for o in options:
+        m = _GXX_OPTION.fullmatch(o)
+        if m:
+            out.append(_GXX_SPELLING.get(m[1], m[1]) + m[2])
+    return out
+
+
+def cpp_source_of(source: str, name: str) -> str:
+    """The C++ translation unit of kernel ``name`` in CUDA C ``source``: shim, the source, and
+    ``extern "C"`` launcher and parameter-size functions."""
+    src = source
+    for ptx, host in PTX.items():
+        src = src.replace(ptx, host)
+    if "asm(" in src or "asm volatile" in src:
+        raise NotImplementedError(f"{name}: inline PTX the emulator does not know")
+    src = _DYN_SHARED.sub(r"\1* const \2 = reinterpret_cast<\1*>(srt_emu_dyn_smem);", src)
+    return SHIM + src + LAUNCH.format(name=name)
+
+
+def build(source: str, name: str, options: tuple[str, ...] = ()) -> Path:
+    """The shared object of kernel ``name`` of CUDA C ``source`` (g++ options from the NVRTC
+    ``options``), compiled unless cached. A compile failure raises RuntimeError with g++'s
+    message; g++ missing raises :class:`BackendUnavailableError`."""
+    require()
+    src = cpp_source_of(source, name)
+    flags = gxx_options(tuple(options))
+    key = hashlib.sha256("\0".join([*CXX, *flags, *LINK, compiler_version(), src]).encode())
+    so = cache_dir() / f"{name}-{key.hexdigest()[:16]}.so"
+    if not so.exists():
+        _compile(src, so, flags)
+    return so
+
+
+def _compile(src: str, so: Path, flags: list[str]) -> None:
+    with _build_lock:
+        so.parent.mkdir(parents=True, exist_ok=True)
+    tag = f"{os.getpid()}-{threading.get_ident()}"  # concurrent builders never share a file
+    cpp, obj = so.with_suffix(f".{tag}.cpp"), so.with_suffix(f".{tag}.o")
+    tmp = so.with_suffix(f".{tag}.tmp")
+    cpp.write_text(src)
+    try:
+        for cmd in ([*CXX, *flags, "-c", "-o", str(obj), str(cpp)],
+                    [*LINK, "-o", str(tmp), str(obj)]):
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode:
+                raise RuntimeError(f"g++ failed on {so.stem}:\n{r.stderr[-4000:]}")
+        os.replace(tmp, so)
+        os.replace(cpp, so.with_suffix(".cpp"))  # kept next to the library, for debugging
+    finally:
+        for f in (cpp, obj, tmp):
+            f.unlink(missing_ok=True)
