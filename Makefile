@@ -47,7 +47,9 @@ test: $(VENV)/.installed-test
 
 # the operators' CUDA C built with g++ and run on the CPU (no GPU needed; a few minutes)
 test-emu: $(VENV)/.installed-test
-	STREAMRT_CUDA_EMU=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/cuda/test_ops_cuda_emulated.py
+	@# the per-test timeout raised: with a cold build cache the first test's fixture compiles every
+	@# operator's kernels (minutes on 2 cores)
+	STREAMRT_CUDA_EMU=1 $(BIN)/python -m pytest -q -p no:cacheprovider --timeout=1800 tests/cuda/test_ops_cuda_emulated.py
 
 # every test with the cuda backend on the fake CUDA runtime (no GPU needed; about 2 minutes)
 test-fake: $(VENV)/.installed-test
