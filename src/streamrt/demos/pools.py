@@ -158,7 +158,11 @@ def _demo_reuse_modes(dev: Device, out: Callable[[str], None]) -> list[str]:
             if state != "busy":
                 gate.open()
                 passed = threading.Event()
-                b.launch_host_func(passed.set)  # runs once b has executed the free
+
+                def free_reached() -> None:  # (named: a trace of the demo shows this name)
+                    passed.set()
+
+                b.launch_host_func(free_reached)  # runs once b has executed the free
                 if not passed.wait(timeout=60):  # a host-side wait for a callback, not a synchronize
                     raise TimeoutError(f"{b.name} did not reach its host function in 60 s")
                 if state == "synced":
