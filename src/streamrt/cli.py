@@ -14,6 +14,7 @@ from .backends import BACKENDS, get_backend
 from .backends.cpu import delay_us
 from .demos import SECTION_NAMES
 from .device import Device
+from .emu.build import unavailable as emu_unavailable
 from .errors import BackendUnavailableError, StreamRTError
 from .ops.docs import summary
 from .sync import launch_blocking
@@ -52,6 +53,8 @@ def _info(args: argparse.Namespace) -> int:
             what = f"{model} ({dev._impl.arch}), " if model else ""
             print(f"    {dev.name}  {what}memory {total / 2**30:.1f} GiB total, "
                   f"{free / 2**30:.1f} GiB free")
+    why = emu_unavailable()  # (one g++ run, at most, per process)
+    print(f"CUDA C kernels on cpu (the emulator): {'yes, with g++' if why is None else 'no: ' + why}")
     print("settings:")
     env = {
         "STREAMRT_DEVICE": "backend of Device(None)",
@@ -60,6 +63,8 @@ def _info(args: argparse.Namespace) -> int:
         "STREAMRT_CPU_DELAY_US": "random worker delay before each op, for ordering tests",
         "STREAMRT_LAUNCH_BLOCKING": "every enqueue synchronous",
         "STREAMRT_CACHE_DIR": "NVRTC kernel cache root (default ~/.cache/streamrt)",
+        "STREAMRT_EMU_CACHE": "the CUDA C emulator's build cache (default STREAMRT_CACHE_DIR/emu)",
+        "STREAMRT_EMU_ORDER": "emulated threads' order: forward reverse ahead behind random:SEED",
         "STREAMRT_SANITIZE": "1/raise or collect: the sanitizer on from the start",
         "STREAMRT_TRACE": "path of a Chrome/Perfetto trace written at exit",
         "STREAMRT_OPS_LOG": "1: log every operator plan (logger streamrt.ops)",

@@ -24,6 +24,11 @@ def test_cli_info():
     assert r.returncode == 0, r.stderr
     assert "cpu:0" in r.stdout and "cpu:1" in r.stdout
     assert "STREAMRT_CPU_DELAY_US" in r.stdout and "cuda" in r.stdout
+    # whether CUDA C kernels can run on the cpu backend here, and if not why
+    from streamrt.emu.build import unavailable
+
+    why = unavailable()
+    assert ("CUDA C kernels on cpu (the emulator): yes" in r.stdout) == (why is None), r.stdout
     # every setting the package reads is listed
     src = Path(streamrt_pkg.__file__).parent
     read = {m for f in src.rglob("*.py") for m in re.findall(r"STREAMRT_[A-Z_]+", f.read_text())}
