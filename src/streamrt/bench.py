@@ -27,7 +27,7 @@ from . import __version__
 BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
 ORDER = (
     "eager_launch", "pool_alloc", "pool_footprint", "ops_cache", "graph_replay",
-    "graph_instantiate", "graph_branches", "sanitizer_overhead",
+    "graph_instantiate", "graph_branches", "sanitizer_overhead", "emu_launch",
 )
 
 
