@@ -16,7 +16,6 @@ from .errors import (
     InvalidTypeError,
     InvalidValueError,
     KernelCompileError,
-    NotSupportedError,
 )
 from .validate import is_int
 
@@ -228,16 +227,11 @@ def cuda_kernel(source: str, name: str, *, signature: str, options: Any = ()) ->
 
 def _emulated_body(source: str, name: str, signature: str, options: tuple[str, ...],
                    n: int) -> Callable[..., Any]:
-    """The body of a CUDA-C-only kernel: its CUDA C run by the backend's emulated launch (the
-    cpu backend's; other backends launch the CUDA C themselves or cannot)."""
+    """The body of a CUDA-C-only kernel: its CUDA C run by the device's emulated launch
+    (``DeviceImpl.launch_cuda_c``: the cpu backend's; a GPU backend launches the CUDA C itself)."""
 
     def body(ctx: KernelContext, *args: Any) -> None:
-        if ctx.device.backend != "cpu":
-            raise NotSupportedError(f"kernel {name!r} is made only of CUDA C: it runs on cuda "
-                                    f"and cpu devices, not {ctx.device.name}")
-        from .backends.cpu.cuda_c import launch
-
-        launch(ctx, source, name, signature, options, args)
+        ctx.device._impl.launch_cuda_c(ctx, source, name, signature, options, args)
 
     body.__name__ = body.__qualname__ = name
     # the launch refuses another argument count at its line, as for a Python body

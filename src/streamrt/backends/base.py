@@ -211,6 +211,12 @@ class DeviceImpl(ABC):
     def owns(self, ptr: int) -> bool:
         """True when ``ptr`` is the start of a live :meth:`malloc` allocation of this device."""
 
+    def launch_cuda_c(self, ctx: Any, source: str, name: str, signature: str,
+                      options: tuple[str, ...], args: tuple) -> None:
+        """Run CUDA C ``name`` of ``source`` now over ``ctx``'s grid and block (an emulating
+        backend; a GPU backend launches the CUDA C itself, never this)."""
+        raise NotSupportedError(f"kernel {name!r} is only CUDA C: {type(self).__name__} can't run it")
+
     def register(self, buf: np.ndarray) -> int:
         """Map foreign host memory (``buf``: a ``uint8`` numpy view of it, a DLPack import) into
         the device's addresses, zero-copy; returns its pointer (MemRange kind "external"). The

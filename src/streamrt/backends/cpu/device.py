@@ -95,6 +95,12 @@ class CpuDevice(DeviceImpl):
     def used(self) -> int:
         return self._used
 
+    def launch_cuda_c(self, ctx: Any, source: str, name: str, signature: str,
+                      options: tuple[str, ...], args: tuple) -> None:
+        from .cuda_c import launch  # (g++ and the emulator only for kernels made of CUDA C)
+
+        launch(ctx, source, name, signature, options, args)
+
     def register(self, buf: np.ndarray) -> int:
         return SPACE.register(self.index, buf).base
 
