@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dis
 import inspect
 import re
 from collections.abc import Callable
-from types import MethodType
+from types import FunctionType, MethodType
 from typing import TYPE_CHECKING, Any, NamedTuple, overload
 
 import numpy as np
@@ -86,7 +87,9 @@ def dim3(value: Any, what: str = "grid") -> Dim3:
 
 
 class Kernel:
-    """A kernel: a Python body ``fn(ctx, *args)`` and, optionally, CUDA C source for the cuda backend."""
+    """A kernel: a Python body ``fn(ctx, *args)`` and, optionally, CUDA C source for the cuda
+    backend; a stub body (``...``, ``pass``, ``raise NotImplementedError``) with ``cuda=`` and
+    ``signature=`` runs the CUDA C on every backend (the cpu backend emulates it)."""
 
     __slots__ = ("fn", "name", "cuda_source", "signature", "options", "bind", "_lo", "_hi",
                  "__weakref__")
@@ -107,9 +110,16 @@ class Kernel:
             if not isinstance(cuda, str):
                 raise InvalidTypeError(f"a kernel's cuda= body must be CUDA C source text, not "
                                        f"{type(cuda).__name__}")
-            if signature is not None:  # refused here, not at a launch on some GPU later
-                from .emu.params import check
+            from .emu.params import check
 
+            if _no_python_body(fn):  # ``...``/``pass``/NotImplementedError: the CUDA C is the body
+                if signature is None:
+                    raise InvalidValueError(
+                        f"kernel {self.name!r} has only a CUDA C body: give its signature= "
+                        "('ptr, i32, ...') so that it can run on every backend")
+                tokens = check(cuda, str(self.name), signature, need_source=True)
+                self.fn = _emulated_body(cuda, str(self.name), signature, (), len(tokens))
+            elif signature is not None:  # refused here, not at a launch on some GPU later
                 check(cuda, str(self.name), signature)
         self.cuda_source = cuda
         self.signature = signature
@@ -160,6 +170,20 @@ class Kernel:
 
 
 _UNBOUNDED = 1 << 30
+# what a body that does nothing, or only raises NotImplementedError, compiles to besides these
+_STUB_OPS = frozenset({"RESUME", "NOP", "CACHE", "PRECALL", "CALL", "PUSH_NULL", "KW_NAMES"})
+
+
+def _no_python_body(fn: Any) -> bool:
+    """Whether ``fn`` is a stub (a function whose body is ``...``, ``pass``, a docstring, or
+    ``raise NotImplementedError(...)``): a kernel declared for its CUDA C alone."""
+    if not isinstance(fn, FunctionType):
+        return False
+    ops = [(i.opname, i.argval) for i in dis.get_instructions(fn) if i.opname not in _STUB_OPS]
+    if ops in ([("LOAD_CONST", None), ("RETURN_VALUE", None)], [("RETURN_CONST", None)]):
+        return True
+    return (len(ops) >= 2 and ops[0] == ("LOAD_GLOBAL", "NotImplementedError")
+            and ops[-1][0] == "RAISE_VARARGS" and all(o == "LOAD_CONST" for o, _ in ops[1:-1]))
 
 
 def _arity(fn: Any) -> tuple[int, int] | None:
@@ -201,7 +225,8 @@ def kernel(
     cuda: str | None = None,
     signature: str | None = None,
 ) -> Kernel | Callable[[Callable[..., Any]], Kernel]:
-    """Decorator making a kernel: ``@srt.kernel`` or ``@srt.kernel(cuda=SRC, signature=...)``."""
+    """Decorator making a kernel: ``@srt.kernel`` or ``@srt.kernel(cuda=SRC, signature=...)`` (a
+    stub body then means the CUDA C alone, as :func:`cuda_kernel`)."""
     if fn is None:
         return lambda f: Kernel(f, name=name, cuda=cuda, signature=signature)
     return Kernel(fn, name=name, cuda=cuda, signature=signature)

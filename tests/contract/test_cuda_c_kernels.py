@@ -126,6 +126,56 @@ def test_one_source_on_every_backend(any_dev):
         srt.free(p)
 
 
+@srt.kernel(name="vadd", cuda=VADD, signature="ptr, const ptr, const ptr, i32")
+def vadd_stub(ctx, out, a, b, n):
+    """A kernel declared for its CUDA C alone: no usable Python body."""
+    ...
+
+
+@srt.kernel(name="vadd", cuda=VADD, signature="ptr, const ptr, const ptr, i32")
+def vadd_todo(ctx, out, a, b, n):
+    raise NotImplementedError("written in CUDA C")
+
+
+@needs_gxx
+@pytest.mark.parametrize("k", [vadd_stub, vadd_todo], ids=["ellipsis", "not-implemented"])
+def test_a_kernel_without_a_python_body_runs_its_cuda_c(any_dev, k):
+    n = 200
+    a, b = np.arange(n, dtype=np.float32), np.full(n, 2.0, np.float32)
+    pa, pb, po = _device(a), _device(b), srt.malloc(4 * n)
+    s = srt.Stream(any_dev)
+    s.launch(k, po, pa, pb, n, grid=2, block=128)
+    assert np.array_equal(_host(po, n), a + b)
+    with pytest.raises(srt.InvalidTypeError, match="takes 4 argument"):
+        s.launch(k, po, pa, pb, grid=2, block=128)  # the signature's count, at the launch line
+    for p in (pa, pb, po):
+        srt.free(p)
+
+
+def test_a_kernel_with_a_python_body_keeps_it(dev):
+    ran = []
+
+    @srt.kernel(name="vadd", cuda=VADD, signature="ptr, const ptr, const ptr, i32")
+    def body(ctx, out, a, b, n):
+        ran.append(n)
+
+    s = srt.Stream(dev)
+    s.launch(body, 0, 0, 0, 7)
+    s.synchronize()
+    assert ran == [7]
+
+
+def test_a_stub_body_needs_a_signature_and_its_function():
+    with pytest.raises(srt.InvalidValueError, match="only a CUDA C body: give its signature"):
+        @srt.kernel(cuda=VADD)
+        def vadd(ctx, *args):
+            pass
+    with pytest.raises(srt.InvalidValueError, match='no extern "C" __global__ void vsub'):
+        @srt.kernel(cuda=VADD, signature="ptr, const ptr, const ptr, i32")
+        def vsub(ctx, *args):
+            ...
+
+
 @needs_gxx
 def test_options_reach_both_compilers(any_dev):
     src = VADD.replace("a[i] + b[i]", "a[i] + SCALE * b[i]")
