@@ -56,6 +56,31 @@ def cache_dir() -> Path:
     return base / "nvrtc"
 
 
+@functools.lru_cache(maxsize=1)
+def toolkit_include() -> str | None:
+    """The CUDA headers' folder (``cuda_fp16.h``...) NVRTC searches, as CuPy finds it:
+    ``$CUDA_PATH``, ``$CUDA_HOME``, ``/usr/local/cuda``, the newest ``/usr/local/cuda-*``, then
+    the NVIDIA wheels' headers; None when there is none (found once per process)."""
+    roots = [os.environ.get("CUDA_PATH"), os.environ.get("CUDA_HOME"), "/usr/local/cuda"]
+    roots += sorted(Path("/usr/local").glob("cuda-*"), key=lambda p: _version_of(p.name),
+                    reverse=True)
+    try:
+        import nvidia  # the namespace of the nvidia-* wheels (cuda-bindings' NVRTC, runtime)
+
+        roots += [p for base in nvidia.__path__ for p in sorted(Path(base).glob("cu*"))]
+    except ImportError:
+        pass
+    for root in roots:
+        if root and (Path(root) / "include" / "cuda_fp16.h").is_file():
+            return str(Path(root) / "include")
+    return None
+
+
+def _version_of(name: str) -> tuple[int, ...]:
+    """(13, 0) of "cuda-13.0"; () when the name has no version."""
+    return tuple(int(p) for p in re.findall(r"\d+", name))
+
+
 def _nvrtc() -> Any:
     """cuda-bindings' NVRTC module, imported on first use: this module (and the kernels' CUDA
     C checks) must import without the optional cuda-bindings."""
@@ -172,6 +197,10 @@ def _compile(source: str, name: str, arch: str, options: tuple[str, ...]) -> byt
         if res != 0:
             # Any compile failure (syntax, bad option, bad arch) leaves its explanation in the log.
             log = _program_log(nvrtc, prog)
+            if "could not open source file" in log and not any("include-path" in o or
+                                                                  o.startswith("-I") for o in options):
+                log += ("\n(no CUDA headers found: set CUDA_PATH to a CUDA toolkit, whose include/ "
+                        "holds cuda_fp16.h, or pass --include-path=DIR in the kernel's options)")
             exc = KernelCompileError(
                 f"NVRTC could not compile {name!r} for {arch} ({res.name}):\n{log}", log=log
             )
@@ -209,6 +238,10 @@ def compile_module(source: str, name: str, target: str, options: tuple[str, ...]
     options = tuple(options)
     if not all(isinstance(o, str) for o in options):
         raise InvalidTypeError(f"NVRTC options must be strings, got {options!r}")
+    if "#include" in source:  # <cuda_fp16.h> and the like: the toolkit's headers, as nvcc's
+        inc = toolkit_include()
+        if inc is not None:
+            options += (f"--include-path={inc}",)
     key = _cache_key(source, name, target, options)
     image = _memory_cache.get(key)  # lock-free fast path: dict reads are atomic
     if image is not None:
