@@ -454,3 +454,52 @@ def test_without_gxx_the_error_says_what_to_install(monkeypatch):
     finally:
         monkeypatch.undo()
         build._unavailable.cache_clear()
+
+
+# float16 through cuda_fp16.h's names: __half arithmetic rounds each operation to float16, as the
+# GPU's __hmul/__hadd; a float4 load reads four floats at once (CUDA's vector types)
+HALF = r"""
+#include <cuda_fp16.h>
+extern "C" __global__ void hfma(__half* y, const __half* x, const float4* q, float a, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) {
+    const float4 v = q[i / 4];
+    const float w = (i % 4 == 0) ? v.x : (i % 4 == 1) ? v.y : (i % 4 == 2) ? v.z : v.w;
+    y[i] = __hadd(__hmul(__float2half(a), x[i]), y[i]) + __float2half(w);
+  }
+  if (i == 0) atomicAdd(&y[n], __float2half(1.5f));
+}
+"""
+
+
+@needs_gxx
+@pytest.mark.parametrize("order", ["forward", "random:3"])
+def test_half_and_vector_types(any_dev, monkeypatch, order):
+    monkeypatch.setenv(emu.ORDER_ENV, order)
+    k = srt.cuda_kernel(HALF, "hfma", signature="ptr, const ptr, const ptr, f32, i32")
+    n = 301
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(n).astype(np.float16)
+    y = np.append(rng.standard_normal(n), 0.25).astype(np.float16)
+    q = rng.standard_normal(n + 3).astype(np.float32)
+    px, py, pq = _device(x), _device(y), _device(q)
+    s = srt.Stream(any_dev)
+    s.launch(k, py, px, pq, 0.75, n, grid=3, block=128)
+    got = _host(py, n + 1, np.float16)
+    want = (np.float16(0.75) * x + y[:n]).astype(np.float16)  # numpy float16 rounds per operation
+    want = want + q[:n].astype(np.float16)
+    assert np.array_equal(got[:n], want)
+    assert got[n] == np.float16(1.75)
+    for p in (px, py, pq):
+        srt.free(p)
+
+
+@needs_nvrtc
+def test_half_source_compiles_with_nvrtc_for_sm_80_and_sm_90():
+    from streamrt.backends.cuda.nvrtc import toolkit_include
+
+    if toolkit_include() is None:
+        pytest.skip("no CUDA headers (cuda_fp16.h) on this machine: set CUDA_PATH")
+    k = srt.cuda_kernel(HALF, "hfma", signature="ptr, const ptr, const ptr, f32, i32")
+    for arch in ("sm_80", "sm_90"):
+        k.compile(arch)

@@ -22,7 +22,13 @@ from pathlib import Path
 
 from ..errors import BackendUnavailableError
 
-SHIM = resources.files(__package__).joinpath("shim.h").read_text()
+# the CUDA built-ins, then vector_types.h's and cuda_fp16.h's names (a kernel's own #include of
+# those headers is dropped: _CUDA_INCLUDE)
+SHIM = "".join(resources.files(__package__).joinpath(h).read_text()
+               for h in ("shim.h", "vectors.h", "fp16.h"))
+_CUDA_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"](?:cuda_fp16\.h|cuda_fp16\.hpp|'
+                           r'cuda_runtime\.h|cuda\.h|vector_types\.h|device_launch_parameters\.h)'
+                           r'[>"][^\n]*$', re.M)
 # -fsanitize checks accesses to fixed-size (__shared__, local) arrays, by index or through a pointer
 # the compiler follows; compile only (-c): the shim defines the handlers, and linking with
 # -fsanitize would add libubsan
@@ -118,6 +124,7 @@ def cpp_source_of(source: str, name: str) -> str:
         src = src.replace(ptx, host)
     if "asm(" in src or "asm volatile" in src:
         raise NotImplementedError(f"{name}: inline PTX the emulator does not know")
+    src = _CUDA_INCLUDE.sub(r"// (emulator) \g<0>", src)
     src = _DYN_SHARED.sub(r"\1* const \2 = reinterpret_cast<\1*>(srt_emu_dyn_smem);", src)
     return SHIM + src + LAUNCH.format(name=name)
 
