@@ -307,7 +307,8 @@ def test_compile_checks_the_cuda_c_with_nvrtc():
     for src, name, sig in [(VADD, "vadd", "ptr, const ptr, const ptr, i32"),
                            (REDUCE.replace("BARRIER", ""), "block_sum", "ptr, const ptr, i32"),
                            (WARPS, "warps", "ptr, const ptr, i32"), (COORDS, "coords", "ptr"),
-                           (DYN, "reverse_block", "ptr")]:
+                           (DYN, "reverse_block", "ptr"),
+                           (INTRINSICS, "intrinsics", "ptr, const ptr, i32")]:
         for arch in ("sm_80", "sm_90"):  # every source the emulator runs here is CUDA C
             srt.cuda_kernel(src, name, signature=sig).compile(arch)
     broken = srt.cuda_kernel(VADD.replace("a[i] + b[i];", "a[i] + b[i]"), "vadd",
@@ -503,3 +504,48 @@ def test_half_source_compiles_with_nvrtc_for_sm_80_and_sm_90():
     k = srt.cuda_kernel(HALF, "hfma", signature="ptr, const ptr, const ptr, f32, i32")
     for arch in ("sm_80", "sm_90"):
         k.compile(arch)
+
+
+# block-wide votes, bit tricks, rounding conversions and read-only loads (CUDA's intrinsics)
+INTRINSICS = r"""
+extern "C" __global__ void intrinsics(int* out, const float* x, int n) {
+  const int t = threadIdx.x, i = blockIdx.x * blockDim.x + t;
+  const float v = i < n ? __ldg(&x[i]) : 0.0f;
+  const int positives = __syncthreads_count(v > 0.0f);
+  const int all_small = __syncthreads_and(fabsf(v) < 100.0f);
+  const int any_big = __syncthreads_or(v > 2.5f);
+  if (i < n) {
+    int* o = out + 8 * i;
+    o[0] = positives; o[1] = all_small; o[2] = any_big;
+    o[3] = __float2int_rn(v * 10.0f); o[4] = __float2int_rd(v * 10.0f);
+    o[5] = (int)__brev((unsigned)i); o[6] = (int)__umulhi(0x80000000u, (unsigned)i * 6u);
+    o[7] = __mul24(i - 100, 3);
+  }
+}
+"""
+
+
+@needs_gxx
+@pytest.mark.parametrize("order", ["forward", "reverse", "random:5"])
+def test_block_votes_and_intrinsics(dev, monkeypatch, order):
+    monkeypatch.setenv(emu.ORDER_ENV, order)
+    k = srt.cuda_kernel(INTRINSICS, "intrinsics", signature="ptr, const ptr, i32")
+    n, block = 200, 64
+    x = np.random.default_rng(11).standard_normal(n).astype(np.float32) * 1.5
+    px, po = _device(x), srt.malloc(8 * 4 * n)
+    srt.Stream(dev).launch(k, po, px, n, grid=(n + block - 1) // block, block=block)
+    got = _host(po, 8 * n, np.int32).reshape(n, 8)
+    i = np.arange(n)
+    xs = np.append(x, np.zeros(-n % block, np.float32)).reshape(-1, block)  # the padded blocks
+    per_block = lambda a: np.repeat(a, block)[:n]  # noqa: E731
+    assert np.array_equal(got[:, 0], per_block((xs > 0).sum(1)))
+    assert np.array_equal(got[:, 1], np.ones(n))
+    assert np.array_equal(got[:, 2], per_block((xs > 2.5).any(1)))
+    assert np.array_equal(got[:, 3], np.rint(x * np.float32(10)).astype(np.int32))
+    assert np.array_equal(got[:, 4], np.floor(x * np.float32(10)).astype(np.int32))
+    rev = [int(f"{v:032b}"[::-1], 2) for v in range(n)]
+    assert np.array_equal(got[:, 5], np.array(rev, np.uint32).view(np.int32))
+    assert np.array_equal(got[:, 6], (i * 6 * 0x80000000) >> 32)
+    assert np.array_equal(got[:, 7], (i - 100) * 3)
+    for p in (px, po):
+        srt.free(p)

@@ -25,7 +25,7 @@ from ..errors import BackendUnavailableError
 # the CUDA built-ins, then vector_types.h's and cuda_fp16.h's names (a kernel's own #include of
 # those headers is dropped: _CUDA_INCLUDE)
 SHIM = "".join(resources.files(__package__).joinpath(h).read_text()
-               for h in ("shim.h", "vectors.h", "fp16.h"))
+               for h in ("shim.h", "intrinsics.h", "vectors.h", "fp16.h"))
 _CUDA_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"](?:cuda_fp16\.h|cuda_fp16\.hpp|'
                            r'cuda_runtime\.h|cuda\.h|vector_types\.h|device_launch_parameters\.h)'
                            r'[>"][^\n]*$', re.M)
