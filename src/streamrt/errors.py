@@ -149,7 +149,8 @@ class LaunchError(StreamRTError):
 
 
 class KernelCompileError(LaunchError):
-    """Raised when NVRTC cannot compile a kernel's CUDA source; ``.log`` is NVRTC's program log."""
+    """Raised when NVRTC (cuda), or g++ for the cpu backend's CUDA C emulator, cannot compile a
+    kernel's CUDA source; ``.log`` is the compiler's log, its lines named ``kernel(LINE)``."""
 
     code = 6
     name = "NVRTC_ERROR_COMPILATION"

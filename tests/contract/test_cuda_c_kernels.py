@@ -549,3 +549,22 @@ def test_block_votes_and_intrinsics(dev, monkeypatch, order):
     assert np.array_equal(got[:, 7], (i - 100) * 3)
     for p in (px, po):
         srt.free(p)
+
+
+@needs_gxx
+def test_a_kernel_g_plus_plus_cannot_compile_fails_with_its_line(dev, tmp_path, monkeypatch):
+    monkeypatch.setenv("STREAMRT_EMU_CACHE", str(tmp_path))
+    src = VADD.replace("a[i] + b[i]", "a[i] + undefined_thing(i)")
+    k = srt.cuda_kernel(src, "vadd", signature="ptr, const ptr, const ptr, i32")
+    p = srt.malloc(64)
+    s = srt.Stream(dev)
+    s.launch(k, p, p, p, 4, block=4)
+    with pytest.raises(srt.LaunchError, match="raised KernelCompileError") as info:
+        s.synchronize()
+    err = info.value.__cause__
+    assert isinstance(err, srt.CompileError)
+    assert "line 4: if (i < n) out[i] = a[i] + undefined_thing(i);" in str(err)
+    assert "vadd(4): error:" in err.log and "undefined_thing" in err.log
+    s.launch(vadd, p, p, p, 4, block=4)  # the stream goes on: the next kernel runs
+    s.synchronize()
+    srt.free(p)

@@ -20,7 +20,7 @@ import threading
 from importlib import resources
 from pathlib import Path
 
-from ..errors import BackendUnavailableError
+from ..errors import BackendUnavailableError, KernelCompileError
 
 # the CUDA built-ins, then vector_types.h's and cuda_fp16.h's names (a kernel's own #include of
 # those headers is dropped: _CUDA_INCLUDE)
@@ -131,16 +131,48 @@ def cpp_source_of(source: str, name: str) -> str:
 
 def build(source: str, name: str, options: tuple[str, ...] = ()) -> Path:
     """The shared object of kernel ``name`` of CUDA C ``source`` (g++ options from the NVRTC
-    ``options``), compiled unless cached. A compile failure raises RuntimeError with g++'s
-    message; g++ missing raises :class:`BackendUnavailableError`."""
+    ``options``), compiled unless cached. A compile failure raises
+    :class:`~..errors.KernelCompileError` (``srt.CompileError``) with g++'s log; g++ missing
+    raises :class:`BackendUnavailableError`."""
     require()
     src = cpp_source_of(source, name)
     flags = gxx_options(tuple(options))
     key = hashlib.sha256("\0".join([*CXX, *flags, *LINK, compiler_version(), src]).encode())
     so = cache_dir() / f"{name}-{key.hexdigest()[:16]}.so"
     if not so.exists():
-        _compile(src, so, flags)
+        try:
+            _compile(src, so, flags)
+        except _GxxFailed as exc:
+            raise _compile_error(source, name, str(exc)) from None
     return so
+
+
+class _GxxFailed(RuntimeError):
+    """g++'s compile step failed; the message is its stderr."""
+
+
+# g++'s "FILE.cpp:LINE:COL: error: ..." (and notes/warnings): LINE of the translation unit
+_GXX_LINE = re.compile(r"^[^\n:]*\.cpp:(\d+):(?:\d+:)? ", re.M)
+
+
+def _compile_error(source: str, name: str, stderr: str) -> KernelCompileError:
+    """A KernelCompileError for g++'s ``stderr``: its lines renamed ``name(LINE)`` in ``source``'s
+    numbering (as NVRTC's log names them), the first error lines quoted."""
+    shim_lines = SHIM.count("\n")
+    lines = source.splitlines()
+
+    def rename(m: re.Match) -> str:
+        n = int(m[1]) - shim_lines
+        return f"{name}({n}): " if 1 <= n <= len(lines) else f"{name}(emulator {m[1]}): "
+
+    log = _GXX_LINE.sub(rename, stderr)
+    quoted: list[str] = []
+    for m in re.finditer(re.escape(name) + r"\((\d+)\): error", log):
+        n = int(m[1])
+        if len(quoted) < 5 and f"\n  line {n}: {lines[n - 1].strip()}" not in quoted:
+            quoted.append(f"\n  line {n}: {lines[n - 1].strip()}")
+    return KernelCompileError(f"g++ could not compile kernel {name!r} for the cpu backend's CUDA C "
+                              f"emulator{''.join(quoted)}\n{log[-3000:]}", log=log)
 
 
 def _compile(src: str, so: Path, flags: list[str]) -> None:
@@ -151,11 +183,13 @@ def _compile(src: str, so: Path, flags: list[str]) -> None:
     tmp = so.with_suffix(f".{tag}.tmp")
     cpp.write_text(src)
     try:
-        for cmd in ([*CXX, *flags, "-c", "-o", str(obj), str(cpp)],
-                    [*LINK, "-o", str(tmp), str(obj)]):
-            r = subprocess.run(cmd, capture_output=True, text=True)
-            if r.returncode:
-                raise RuntimeError(f"g++ failed on {so.stem}:\n{r.stderr[-4000:]}")
+        r = subprocess.run([*CXX, *flags, "-c", "-o", str(obj), str(cpp)], capture_output=True,
+                           text=True)
+        if r.returncode:  # the kernel's source (or an option): the user's to fix
+            raise _GxxFailed(r.stderr)
+        r = subprocess.run([*LINK, "-o", str(tmp), str(obj)], capture_output=True, text=True)
+        if r.returncode:  # the toolchain's: no source line to name
+            raise RuntimeError(f"g++ could not link {so.stem}:\n{r.stderr[-4000:]}")
         os.replace(tmp, so)
         os.replace(cpp, so.with_suffix(".cpp"))  # kept next to the library, for debugging
     finally:
