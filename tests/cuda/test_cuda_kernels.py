@@ -19,7 +19,7 @@ def test_kernel_named_unlike_its_cuda_function_is_a_clear_error(cuda0):
 
     @srt.kernel(cuda=src, signature="ptr")
     def my_kernel(ctx, p):
-        pass
+        ctx.array(p, (1,), np.int32)[0] = 1  # a Python body: the CUDA C is looked up at launch
 
     s = srt.Stream(cuda0, non_blocking=True)
     p = srt.malloc(4, cuda0)
@@ -30,6 +30,16 @@ def test_kernel_named_unlike_its_cuda_function_is_a_clear_error(cuda0):
     s.synchronize()
     assert srt.read(p, (1,), np.int32)[0] == 0
     srt.free(p)
+
+
+def test_stub_kernel_named_unlike_its_cuda_function_is_refused_when_made():
+    # with no Python body the CUDA C is the only body: the mismatch is refused at the decorator,
+    # before any device is involved
+    src = 'extern "C" __global__ void other_name(int* p) { *p = 1; }'
+    with pytest.raises(srt.InvalidValueError, match="my_kernel.*function"):
+        @srt.kernel(cuda=src, signature="ptr")
+        def my_kernel(ctx, p):
+            pass
 
 
 @pytest.mark.cuda
