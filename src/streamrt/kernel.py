@@ -40,6 +40,10 @@ _DIMS: dict[str, dict[Any, Dim3]] = {"grid": {}, "block": {}}
 _MAX_GRID = (2**31 - 1, 65535, 65535)
 _MAX_BLOCK = (1024, 1024, 64)
 _MAX_THREADS = 1024
+# dynamic shared memory per block (cudaLaunchKernel's sharedMem): the most any NVIDIA GPU gives
+# (sm_90's opt-in, cudaDevAttrMaxSharedMemoryPerBlockOptin); past 48 KiB the cuda backend opts
+# the function in (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES), and a smaller GPU refuses it
+MAX_SHARED_MEM = 227 << 10
 
 
 # int and numpy's integer scalar types (equal and hashing alike for one value), never bool/np.bool_
@@ -84,6 +88,18 @@ def dim3(value: Any, what: str = "grid") -> Dim3:
     if exact_ints(value) and len(cache) < 4096:
         cache[value] = d
     return d
+
+
+def shared_mem_bytes(value: Any) -> int:
+    """Check a launch's dynamic shared memory in bytes (an int, 0 to :data:`MAX_SHARED_MEM`)."""
+    if not is_int(value):
+        raise InvalidTypeError(f"shared_mem must be an int (bytes of dynamic shared memory), "
+                               f"not {value!r}")
+    n = int(value)
+    if n < 0 or n > MAX_SHARED_MEM:
+        raise InvalidValueError(f"shared_mem={n}: dynamic shared memory is 0 to {MAX_SHARED_MEM} "
+                                f"bytes per block (227 KiB, the most a GPU gives)")
+    return n
 
 
 class Kernel:
@@ -302,12 +318,14 @@ def _error_lines(source: str, name: str, log: str) -> str:
 class KernelContext:
     """What a kernel body sees: launch dimensions, device, stream, and bounds-checked memory views."""
 
-    __slots__ = ("grid", "block", "device", "stream", "_view", "_last", "_runs", "_info",
-                 "_conds")
+    __slots__ = ("grid", "block", "shared_mem", "device", "stream", "_view", "_last", "_runs",
+                 "_info", "_conds")
 
-    def __init__(self, grid: Dim3, block: Dim3, device: Device, stream: Stream) -> None:
+    def __init__(self, grid: Dim3, block: Dim3, device: Device, stream: Stream,
+                 shared_mem: int = 0) -> None:
         self.grid = grid
         self.block = block
+        self.shared_mem = shared_mem  # bytes of dynamic shared memory (extern __shared__ arrays)
         self.device = device
         self.stream = stream
         self._view = device._impl.view
@@ -315,7 +333,9 @@ class KernelContext:
         # device's, whose memory may be out of this device's reach (peer access)
         self._last = device._impl.last_views
         # what traces show of a launch with this context (shared by its launches, never changed)
-        self._info = {"grid": tuple(grid), "block": tuple(block)}
+        self._info: dict[str, Any] = {"grid": tuple(grid), "block": tuple(block)}
+        if shared_mem:
+            self._info["shared_mem"] = shared_mem
         # kernel body -> the body bound to this context (``run(*args)`` is ``body(ctx, *args)``):
         # an eager launch queues that and its own argument tuple, and makes no tuple holding the
         # context per launch (see backends/cpu/queues.py); keyed by the body, not the Kernel, so

@@ -29,7 +29,7 @@ from .eager import EAGER
 from .errors import InvalidHandleError, InvalidTypeError
 from .event import Event
 from .graph import memory as graph_memory
-from .kernel import Kernel, KernelContext, dim3, exact_ints
+from .kernel import Kernel, KernelContext, dim3, exact_ints, shared_mem_bytes
 from .labels import site_line
 from .pool import ArenaPool, MemPool
 from .pool.registry import _owners
@@ -62,6 +62,7 @@ instrument.on_change.append(_refresh_global)
 _refresh_global()
 
 _ONE = 1  # small ints are singletons in CPython: ``grid is _ONE`` is a cheap default test
+_ZERO = 0
 
 
 class Stream:
@@ -252,9 +253,13 @@ class Stream:
             self.synchronize()
 
     # -- enqueue ---------------------------------------------------------------------------
-    def launch(self, kernel: Kernel, *args: Any, grid: Any = 1, block: Any = 1) -> None:
-        """Enqueue ``kernel`` (``cudaLaunchKernel``); returns at once."""
-        if grid is _ONE and block is _ONE:  # the default launch shape: skip the lookup
+    def launch(self, kernel: Kernel, *args: Any, grid: Any = 1, block: Any = 1,
+               shared_mem: int = 0) -> None:
+        """Enqueue ``kernel`` (``cudaLaunchKernel``; ``shared_mem``: bytes of dynamic shared
+        memory per block, its ``sharedMem``); returns at once."""
+        if shared_mem is not _ZERO:  # rare: a context of its own (validated, kept by shape)
+            ctx = self._context(grid, block, shared_mem)
+        elif grid is _ONE and block is _ONE:  # the default launch shape: skip the lookup
             ctx = self._ctx1
         elif exact_ints(grid) and exact_ints(block):  # True == 1, 2.0 == 2: those never hit
             try:
@@ -295,10 +300,20 @@ class Stream:
         q.submit(fn, a)
         self._note_site(self._pos)
 
-    def _context(self, grid: Any, block: Any) -> KernelContext:
-        ctx = KernelContext(dim3(grid, "grid"), dim3(block, "block"), self.device, self)
-        if len(self._ctxs) < 256 and exact_ints(grid) and exact_ints(block):
-            self._ctxs[grid, block] = ctx
+    def _context(self, grid: Any, block: Any, shared_mem: Any = 0) -> KernelContext:
+        if shared_mem is not _ZERO:
+            key = (grid, block, shared_mem)
+            if shared_mem.__class__ is int and exact_ints(grid) and exact_ints(block):
+                ctx = self._ctxs.get(key)
+                if ctx is not None:
+                    return ctx
+            smem = shared_mem_bytes(shared_mem)
+        else:
+            key, smem = (grid, block), 0
+        ctx = KernelContext(dim3(grid, "grid"), dim3(block, "block"), self.device, self, smem)
+        if len(self._ctxs) < 256 and exact_ints(grid) and exact_ints(block) and (
+                smem == 0 or shared_mem.__class__ is int):
+            self._ctxs[key] = ctx
         return ctx
 
     def _launch_slow(self, kernel: Any, ctx: KernelContext, args: tuple) -> None:

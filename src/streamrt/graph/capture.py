@@ -169,7 +169,8 @@ class Capture:
     def kernel(self, s: Stream, kernel: Any, ctx: Any, args: tuple) -> None:
         """A KERNEL node."""
         if self.add(s, NodeType.KERNEL, {"kernel": kernel, "args": tuple(args), "grid": ctx.grid,
-                                         "block": ctx.block, "device": s.device}) is None:
+                                         "block": ctx.block, "device": s.device,
+                                         "shared_mem": ctx.shared_mem}) is None:
             s._target.kernel(s, kernel, ctx, args)
 
     def memcpy(self, s: Stream, dst: Any, src: Any, n: int) -> None:

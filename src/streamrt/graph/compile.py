@@ -308,7 +308,8 @@ def _ops_for(stream: Stream, conds: frozenset = frozenset(),
         if t is NodeType.KERNEL:
             # the node runs on the device it was made for (cudaGraphKernelNodeParams: the
             # context at creation), whichever device's stream launches the graph
-            ctx = KernelContext(p["grid"], p["block"], p["device"], stream)
+            ctx = KernelContext(p["grid"], p["block"], p["device"], stream,
+                                p.get("shared_mem", 0))
             if conds:
                 ctx._conds = conds
             k = p["kernel"]

@@ -18,7 +18,7 @@ from .. import instrument
 from ..device import Device, current_device
 from ..errors import IllegalStateError, InvalidHandleError, InvalidTypeError, InvalidValueError
 from ..event import Event
-from ..kernel import Kernel, dim3
+from ..kernel import Kernel, dim3, shared_mem_bytes
 from ..validate import check_ptr, check_size
 from . import dot, memory
 from .conditional import BODY_KINDS, ConditionalHandle, ConditionalType, body_refusal, check_value, node_args
@@ -184,8 +184,8 @@ class Graph(Edges):
         return out
 
     def add_kernel_node(self, kernel: Kernel, *args: Any, grid: Any = 1, block: Any = 1,
-                        deps: Any = ()) -> Node:
-        """Add a KERNEL node (``cudaGraphAddKernelNode``)."""
+                        deps: Any = (), shared_mem: int = 0) -> Node:
+        """Add a KERNEL node (``cudaGraphAddKernelNode``; ``shared_mem``: its sharedMemBytes)."""
         if not isinstance(kernel, Kernel):
             raise InvalidTypeError(f"a kernel node needs an @srt.kernel, not {type(kernel).__name__}")
         kernel.check_args(args)
@@ -193,7 +193,9 @@ class Graph(Edges):
         params = {"kernel": kernel, "args": args,
                   "grid": _ONE_GRID if grid.__class__ is int and grid == 1 else dim3(grid, "grid"),
                   "block": _ONE_BLOCK if block.__class__ is int and block == 1 else
-                  dim3(block, "block"), "device": current_device()}
+                  dim3(block, "block"), "device": current_device(),
+                  "shared_mem": 0 if shared_mem.__class__ is int and shared_mem == 0 else
+                  shared_mem_bytes(shared_mem)}
         return self._add(NodeType.KERNEL, params, deps)
 
     def add_memcpy_node(self, dst: Any, src: Any, nbytes: int, deps: Any = ()) -> Node:

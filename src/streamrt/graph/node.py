@@ -92,7 +92,9 @@ class Node:
         p = self._params
         t = self.type
         if t is NodeType.KERNEL:
-            return f"KERNEL {p['kernel'].name} grid={tuple(p['grid'])} block={tuple(p['block'])}"
+            smem = p.get("shared_mem", 0)
+            return (f"KERNEL {p['kernel'].name} grid={tuple(p['grid'])} block={tuple(p['block'])}"
+                    + (f" shared_mem={smem}" if smem else ""))
         if t is NodeType.MEMCPY:
             return f"MEMCPY {_end(p['dst'])} <- {_end(p['src'])} {p['nbytes']} B"
         if t is NodeType.MEMSET:

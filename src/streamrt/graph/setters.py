@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..errors import GraphExecUpdateError, InvalidHandleError, InvalidTypeError, InvalidValueError
-from ..kernel import dim3
+from ..kernel import dim3, shared_mem_bytes
 from ..pool import device_of
 from ..validate import is_bool
 from .graph import Graph
@@ -67,8 +67,9 @@ class NodeUpdates:
         self._has_binds = None
 
     def set_kernel_node_params(self, node: Node, *args: Any, grid: Any = None,
-                               block: Any = None) -> None:
-        """Replace a kernel node's arguments (and launch shape) for later launches."""
+                               block: Any = None, shared_mem: int | None = None) -> None:
+        """Replace a kernel node's arguments (and launch shape, dynamic shared memory) for later
+        launches."""
         t = self._node(node, NodeType.KERNEL)
         t._params["kernel"].check_args(args)
         p = dict(t._params)
@@ -77,6 +78,8 @@ class NodeUpdates:
             p["grid"] = dim3(grid, "grid")
         if block is not None:
             p["block"] = dim3(block, "block")
+        if shared_mem is not None:
+            p["shared_mem"] = shared_mem_bytes(shared_mem)
         self._set(t, p)
 
     def set_memcpy_node_params(self, node: Node, dst: Any, src: Any, nbytes: int) -> None:

@@ -226,12 +226,13 @@ def _kernel_run(kp: Any) -> Any:
         return None
     grid = (int(kp.gridDimX), int(kp.gridDimY), int(kp.gridDimZ))
     block = (int(kp.blockDimX), int(kp.blockDimY), int(kp.blockDimZ))
-    if kernels.check_dims(grid, block, int(kp.sharedMemBytes)) is not None:
+    smem = int(kp.sharedMemBytes)
+    if kernels.check_dims(grid, block, smem, fn) is not None:
         return None
     if state.as_int(kp.extra):
         raise state.FakeUnsupported("kernel node with 'extra': not modelled")
     params = kernels.Params(int(kp.kernelParams), fn.lib.param_sizes)  # copied now
-    return lambda: kernels.run(fn, params, grid, block)
+    return lambda: kernels.run(fn, params, grid, block, smem)
 
 
 @driver("cuGraphAddKernelNode", 1)

@@ -71,6 +71,8 @@ class Function:
         except (NotImplementedError, RuntimeError) as exc:
             raise FakeUnsupported(f"the CPU emulator cannot build kernel {name!r}: {exc}") from exc
         self.capped = module.source in _operator_sources()
+        # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: 48 KiB until the program opts in
+        self.max_dyn_smem = SMEM_DEFAULT
 
 
 MODULES: dict[int, Module] = {}
@@ -157,7 +159,12 @@ def copy_params(f: Function, kernel_params: Any) -> Params:
     return Params(int(kernel_params), sizes)
 
 
-def check_dims(grid: tuple[int, int, int], block: tuple[int, int, int], shmem: int) -> Any:
+SMEM_DEFAULT = 48 << 10  # dynamic shared memory a function takes before it opts in
+SMEM_OPTIN = 227 << 10  # sharedMemPerBlockOptin of the fake's sm_90 GPU
+
+
+def check_dims(grid: tuple[int, int, int], block: tuple[int, int, int], shmem: int,
+               f: Function | None = None) -> Any:
     """None when the launch shape is valid and supported; else the CUresult (or raises)."""
     gx, gy, gz = grid
     bx, by, bz = block
@@ -165,20 +172,35 @@ def check_dims(grid: tuple[int, int, int], block: tuple[int, int, int], shmem: i
         return R.CUDA_ERROR_INVALID_VALUE
     if bx > 1024 or by > 1024 or bz > 64 or bx * by * bz > 1024:
         return R.CUDA_ERROR_INVALID_VALUE
-    if shmem:
-        raise FakeUnsupported(f"{shmem} bytes of dynamic shared memory: the emulator has none")
+    if shmem > (f.max_dyn_smem if f is not None else SMEM_DEFAULT):  # not opted in that far
+        return R.CUDA_ERROR_INVALID_VALUE
     return None
 
 
+@driver("cuFuncSetAttribute")
+def cuFuncSetAttribute(hfunc: Any, attrib: Any, value: int) -> tuple:
+    with LOCK:
+        fn = FUNCTIONS.get(state.as_int(hfunc))
+    if fn is None:
+        return (R.CUDA_ERROR_INVALID_HANDLE,)
+    a = drv.CUfunction_attribute(int(attrib))
+    if a is not drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES:
+        raise FakeUnsupported(f"cuFuncSetAttribute({a.name}): not modelled")
+    if not 0 <= int(value) <= SMEM_OPTIN:
+        return (R.CUDA_ERROR_INVALID_VALUE,)
+    fn.max_dyn_smem = int(value)
+    return (DRV_SUCCESS,)
+
+
 def run(f: Function, params: Params, grid: tuple[int, int, int],
-        block: tuple[int, int, int]) -> None:
+        block: tuple[int, int, int], shmem: int = 0) -> None:
     """Run one launch now (on a stream worker thread)."""
     from tests.cuda.emu import emu
 
     gx, gy, gz = grid
     if f.capped:
         gx, gz = min(gx, emu.GRID_CAP), min(gz, emu.GRID_CAP)
-    f.lib.launch(params.array, gx, gy, gz, *block)
+    f.lib.launch(params.array, gx, gy, gz, *block, shared_mem=shmem)
     if f.conds:  # its cudaGraphSetConditional calls reach the graph launch running it
         conditional.take(f.lib.lib)
 
@@ -195,7 +217,8 @@ def cuLaunchKernel(f: Any, gx: int, gy: int, gz: int, bx: int, by: int, bz: int,
         if fn.module.device != d or s.device != d:
             return (R.CUDA_ERROR_INVALID_HANDLE,)  # a launch runs in the current device's context
     grid, block = (int(gx), int(gy), int(gz)), (int(bx), int(by), int(bz))
-    bad = check_dims(grid, block, int(shmem))
+    smem = int(shmem)
+    bad = check_dims(grid, block, smem, fn)
     if bad is not None:
         return (bad,)
     if extra not in (None, 0):
@@ -204,8 +227,8 @@ def cuLaunchKernel(f: Any, gx: int, gy: int, gz: int, bx: int, by: int, bz: int,
     with LOCK:
         if streams.resolve(stream) is not s:
             return (R.CUDA_ERROR_INVALID_HANDLE,)
-        res = capture.intercept(s, "kernel", lambda: run(fn, params, grid, block))
+        res = capture.intercept(s, "kernel", lambda: run(fn, params, grid, block, smem))
         if res is not None:
             return (R(int(res)),)
-        s.enqueue(lambda: run(fn, params, grid, block), f"kernel {fn.name}")
+        s.enqueue(lambda: run(fn, params, grid, block, smem), f"kernel {fn.name}")
     return (DRV_SUCCESS,)

@@ -36,4 +36,4 @@ def launch(ctx: Any, source: str, name: str, signature: str, options: tuple[str,
                 host[i] = view(v, (1,), _U8, False).ctypes.data
             except InvalidAddressError as exc:
                 raise InvalidAddressError(f"kernel {name!r} argument {i}: {exc}") from exc
-    emu.launch(lib, host, types, ctx.grid, ctx.block)
+    emu.launch(lib, host, types, ctx.grid, ctx.block, shared_mem=ctx.shared_mem)

@@ -42,6 +42,9 @@ if TYPE_CHECKING:
     from ...graph.node import Node
 
 
+_SMEM_DEFAULT = 48 << 10  # dynamic shared memory any function may take without opting in
+
+
 class CudaDevice(DeviceImpl):
     """Device ``cuda:N``: memory through ``cudaMalloc``, pools through ``cudaMemPool``."""
 
@@ -74,6 +77,7 @@ class CudaDevice(DeviceImpl):
         self.reclaim = self._reclaim
         self.pools = CudaPools(self, self._ranges)
         self._functions: dict[Any, tuple] = {}
+        self._smem_opted: dict[int, int] = {}  # CUfunction -> the dynamic shared memory it may take
         self._external: dict[int, int] = {}  # imported foreign memory: base -> imports holding it
         self._ext_lock = threading.Lock()  # guards _external (lock order: before _ranges')
         self._ext_reclaim = Reclaim(self._ext_lock)
@@ -239,6 +243,23 @@ class CudaDevice(DeviceImpl):
                                 f'extern "C" __global__ function of that name')
             hit = self._functions[kernel] = (fn, nvrtc.packer(types))
         return hit
+
+    def opt_in_shared(self, fn: Any, nbytes: int) -> int:
+        """``nbytes`` of dynamic shared memory for launches of ``fn``: past the 48 KiB every
+        function may take, ``fn`` is opted in first (``cuFuncSetAttribute`` of
+        CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, as a CUDA program must); more than this
+        GPU gives is refused (InvalidValueError)."""
+        if nbytes <= _SMEM_DEFAULT or self._smem_opted.get(int(fn), 0) >= nbytes:
+            return nbytes
+        with self._lock:
+            activate(self.index)
+            attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            err, = drv.cuFuncSetAttribute(fn, attr, nbytes)
+            if err != 0:
+                raise error_for(err, f"{nbytes} bytes of dynamic shared memory: more than "
+                                     f"{self.model} gives a block")
+            self._smem_opted[int(fn)] = nbytes
+        return nbytes
 
     def graph_runner(self, flat: Flat, op_of: Callable[[int, Node], NodeOp],
                      marks: dict[int, Mark] | None = None, *,

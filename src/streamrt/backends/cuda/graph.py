@@ -195,7 +195,7 @@ class NativeGraph(GraphRunner):
         g, b = p["grid"], p["block"]
         kp.gridDimX, kp.gridDimY, kp.gridDimZ = g.x, g.y, g.z
         kp.blockDimX, kp.blockDimY, kp.blockDimZ = b.x, b.y, b.z
-        kp.sharedMemBytes = 0
+        kp.sharedMemBytes = self.dev.opt_in_shared(fn, p.get("shared_mem", 0))
         kp.kernelParams = pack(tuple(p["args"]))
         return kp
 

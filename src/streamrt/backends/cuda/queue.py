@@ -227,13 +227,16 @@ class CudaQueue(Queue):
         # the eager hot path on cuda: a dict hit, one generated argument test, no attribute walk
         fn, pack = self._functions.get(kernel) or self.dev.function(kernel)
         (gx, gy, gz), (bx, by, bz) = ctx.grid, ctx.block
-        return self._launch, (fn, gx, gy, gz, bx, by, bz, pack(args))
+        smem = ctx.shared_mem
+        if smem:
+            smem = self.dev.opt_in_shared(fn, smem)
+        return self._launch, (fn, gx, gy, gz, bx, by, bz, pack(args), smem)
 
     def _launch(self, fn: Any, gx: int, gy: int, gz: int, bx: int, by: int, bz: int,
-                params: Any) -> None:
+                params: Any, smem: int = 0) -> None:
         if getattr(current, "device", None) != self._index:  # activate's own test, inline: the
             activate(self._index)  # eager hot path skips a call when the device is current
-        err, = drv.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, 0, self._cu_stream, params, 0)
+        err, = drv.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, smem, self._cu_stream, params, 0)
         if err != 0:
             check((err,))
 
