@@ -4,7 +4,8 @@ Phase 1 (``op.get_workspace_size(*tensors, **attrs)``) validates metadata only: 
 tensors (161001), types, devices, dtypes, formats, self-overlapping outputs and attributes
 (161002), then asks the subclass for a :class:`Plan` (output shape checks, implementation,
 tiling, exact workspace) from the planner of the tensors' backend (``_plan_for``): ``_plan``
-(Python kernels) or, on cuda, ``_plan_cuda`` (CUDA C kernels, ``ops/cuda``). It never reads
+(Python kernels) or, on cuda, ``_plan_cuda`` (CUDA C kernels, ``ops/cuda``; on cpu too under
+:func:`use_cuda_c`, where the emulator runs them). It never reads
 tensor data. An unexpected exception inside planning is an inner error (561000) chained to its
 cause. The executor is created last, so a refused phase 1 leaves nothing behind.
 
@@ -26,7 +27,7 @@ from .. import instrument
 from ..errors import ExecutorError, StreamRTError
 from ..stream import Stream, current_stream
 from ..tensor import Tensor, TensorDesc
-from ..validate import check_bool, is_bool, is_int
+from ..validate import check_bool, env_flag, is_bool, is_int
 from .common import FLOATS, WS_ALIGN
 from .docs import attr_type, compose
 from .executor import (
@@ -40,10 +41,31 @@ from .executor import (
 )
 from .stats import OpStats
 
-__all__ = ["Op", "Plan", "Attr", "OPS", "stats", "float_attr", "bool_attr", "int_attr",
+__all__ = ["Op", "Plan", "Attr", "OPS", "CUDA_C_ENV", "use_cuda_c", "stats", "float_attr", "bool_attr", "int_attr",
            "axes_attr", "optional_int_attr"]
 
 OPS: dict[str, Op] = {}
+CUDA_C_ENV = "STREAMRT_OPS_CUDA_C"  # 1: the operators run their CUDA C on cpu too (read at import)
+# whether cpu plans are the CUDA C ones (use_cuda_c); a list, so tests and threads see one value
+_cuda_c = [bool(env_flag(CUDA_C_ENV))]
+
+
+def use_cuda_c(enabled: bool = True) -> bool:
+    """Plan the operators on cpu with their CUDA C kernels, run by the CUDA C emulator (as on
+    cuda), or again with their Python kernels (``enabled=False``); returns the previous setting.
+    Executors planned before keep their kernels; cached ones are not reused (every ``Op.version``
+    moves on)."""
+    on = check_bool(enabled, "use_cuda_c(enabled)")
+    was = _cuda_c[0]
+    if on:
+        from ..emu import require
+
+        require()  # g++ missing: BackendUnavailableError now, not at some later launch
+    if on != was:
+        _cuda_c[0] = on
+        for op in OPS.values():
+            type(op).version += 1  # ExecutorCache keys hold it: no hit on the other kind of plan
+    return was
 ND_FORMATS = ("ND", "NCHW", "NHWC", "NCDHW", "NDHWC")
 
 
@@ -218,8 +240,14 @@ class Op:
 
     def _plan_for(self, backend: str, ins: list[TensorDesc | None], outs: list[TensorDesc],
                   attrs: dict) -> Plan:
-        """The planner of ``backend``: ``_plan_cuda`` on cuda, ``_plan`` (Python kernels) elsewhere."""
+        """The planner of ``backend``: ``_plan_cuda`` on cuda (and on cpu under :func:`use_cuda_c`),
+        ``_plan`` (Python kernels) elsewhere."""
         if backend == "cuda":
+            return self._plan_cuda(ins, outs, attrs)
+        if _cuda_c[0] and backend == "cpu":
+            from ..emu import require
+
+            require()  # (the setting came from the environment: g++ checked at the first plan)
             return self._plan_cuda(ins, outs, attrs)
         return self._plan(ins, outs, attrs)
 

@@ -19,8 +19,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ...errors import NotSupportedError
-from ...kernel import Kernel
+from ...emu.params import parse_tokens
+from ...kernel import Kernel, _emulated_body
 from ...tensor import TensorDesc
 from ..common import F16, F32, F64, Layout
 from ..executor import PARAM_INVALID
@@ -148,17 +148,17 @@ __device__ __forceinline__ void srt_offsets(i64 i, int nd, const i64* sh, const 
 KERNELS: dict[str, Kernel] = {}  # name -> kernel, every CUDA kernel of every operator
 
 
-def _host_body(ctx: Any, *args: Any) -> None:
-    """The Python body of a CUDA-only operator kernel: cuda plans never run on another backend."""
-    raise NotSupportedError("this operator kernel exists only in CUDA C (a cuda plan ran elsewhere)")
-
-
 def cuda_kernel(name: str, body: str, signature: str) -> Kernel:
-    """The registered kernel ``name`` with source ``PRELUDE + body`` (made once)."""
+    """The registered kernel ``name`` with source ``PRELUDE + body`` (made once): CUDA C alone,
+    which the cpu backend emulates (``ops.use_cuda_c``)."""
     k = KERNELS.get(name)
     if k is None:
         assert f'extern "C" __global__ void {name}(' in body, name
-        k = KERNELS[name] = Kernel(_host_body, name=name, cuda=PRELUDE + body, signature=signature)
+        src = PRELUDE + body
+        # the operators' parameter lists are macros (SRT_PARAMS8): the signature is not
+        # checked against the source here, but by every NVRTC build of the tests
+        run = _emulated_body(src, name, signature, (), len(parse_tokens(signature)))
+        k = KERNELS[name] = Kernel(run, name=name, cuda=src, signature=signature)
     return k
 
 
@@ -174,7 +174,8 @@ def one_dtype(op: str, descs: list[TensorDesc | None]) -> str:
     """The single dtype name of the tensors; mixed dtypes are refused on cuda (161002)."""
     dts = sorted({d.dtype.name for d in descs if d is not None})
     if len(dts) != 1:
-        raise _bad(op, f"mixed dtypes ({', '.join(dts)}) are not supported on the cuda backend; "
+        raise _bad(op, f"mixed dtypes ({', '.join(dts)}) are not supported by the CUDA C "
+                       "kernels (the cuda backend, cpu under ops.use_cuda_c()); "
                        "give every tensor the same dtype", PARAM_INVALID)
     return DT[np.dtype(dts[0])]
 
