@@ -41,8 +41,8 @@ from .executor import (
 )
 from .stats import OpStats
 
-__all__ = ["Op", "Plan", "Attr", "OPS", "CUDA_C_ENV", "use_cuda_c", "stats", "float_attr", "bool_attr", "int_attr",
-           "axes_attr", "optional_int_attr"]
+__all__ = ["Op", "Plan", "Attr", "OPS", "CUDA_C_ENV", "use_cuda_c", "stats", "float_attr",
+           "bool_attr", "int_attr", "axes_attr", "optional_int_attr"]
 
 OPS: dict[str, Op] = {}
 CUDA_C_ENV = "STREAMRT_OPS_CUDA_C"  # 1: the operators run their CUDA C on cpu too (read at import)
