@@ -65,6 +65,7 @@ def _info(args: argparse.Namespace) -> int:
         "STREAMRT_CACHE_DIR": "NVRTC kernel cache root (default ~/.cache/streamrt)",
         "STREAMRT_EMU_CACHE": "the CUDA C emulator's build cache (default STREAMRT_CACHE_DIR/emu)",
         "STREAMRT_EMU_ORDER": "emulated threads' order: forward reverse ahead behind random:SEED",
+        "STREAMRT_OPS_CUDA_C": "1: the operators run their CUDA C kernels on cpu (ops.use_cuda_c)",
         "STREAMRT_SANITIZE": "1/raise or collect: the sanitizer on from the start",
         "STREAMRT_TRACE": "path of a Chrome/Perfetto trace written at exit",
         "STREAMRT_OPS_LOG": "1: log every operator plan (logger streamrt.ops)",

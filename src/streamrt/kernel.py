@@ -402,6 +402,9 @@ class KernelContext:
     # the sanitizer swaps in checking versions while it is on (zero cost when off)
     array = _fast_array
     strided = _fast_strided
+    # while the sanitizer is on, what an emulated CUDA C launch reports its accesses to
+    # (sanitizer.emulated.EmulatedChecker; see DeviceImpl.launch_cuda_c), else None
+    emu_checker: Any = None
 
 
 _NO_CONDS: frozenset = frozenset()

@@ -61,8 +61,7 @@ def _refresh_global() -> None:
 instrument.on_change.append(_refresh_global)
 _refresh_global()
 
-_ONE = 1  # small ints are singletons in CPython: ``grid is _ONE`` is a cheap default test
-_ZERO = 0
+_ONE, _ZERO = 1, 0  # small ints are singletons in CPython: ``grid is _ONE`` is a cheap test
 
 
 class Stream:

@@ -56,7 +56,9 @@ What it does not emulate, so what it cannot find:
 from __future__ import annotations
 
 from .build import build, cache_dir, cpp_source_of, require, unavailable
+from .checked import REDZONE, Checked, OutOfBounds, launch_checked
 from .runner import ORDER_ENV, ORDERS, Library, launch, library, parse_order
 
-__all__ = ["ORDERS", "ORDER_ENV", "Library", "build", "cache_dir", "cpp_source_of", "launch",
-           "library", "parse_order", "require", "unavailable"]
+__all__ = ["ORDERS", "ORDER_ENV", "REDZONE", "Checked", "Library", "OutOfBounds", "build",
+           "cache_dir", "cpp_source_of", "launch", "launch_checked", "library", "parse_order",
+           "require", "unavailable"]

@@ -25,7 +25,7 @@ from ..errors import BackendUnavailableError, KernelCompileError
 # the CUDA built-ins, then vector_types.h's and cuda_fp16.h's names (a kernel's own #include of
 # those headers is dropped: _CUDA_INCLUDE)
 SHIM = "".join(resources.files(__package__).joinpath(h).read_text()
-               for h in ("shim.h", "intrinsics.h", "vectors.h", "fp16.h"))
+               for h in ("shim.h", "intrinsics.h", "vectors.h", "fp16.h", "sanitize.h"))
 _CUDA_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"](?:cuda_fp16\.h|cuda_fp16\.hpp|'
                            r'cuda_runtime\.h|cuda\.h|vector_types\.h|device_launch_parameters\.h)'
                            r'[>"][^\n]*$', re.M)
@@ -35,6 +35,11 @@ _CUDA_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"](?:cuda_fp16\.h|cuda
 CXX = ["g++", "-std=c++20", "-O1", "-ffp-contract=off", "-fPIC", "-pthread", "-w",
        "-fsanitize=bounds,object-size"]
 LINK = ["g++", "-shared", "-pthread"]
+# the sanitizer's build: g++ calls sanitize.h's handlers on every load and store (no libasan: the
+# kernel-address flavour with callbacks needs only the handlers, no runtime or shadow mapping)
+SANITIZE = ["-DSRT_EMU_SANITIZE", "-fsanitize=kernel-address", "--param",
+            "asan-instrumentation-with-call-threshold=0", "--param", "asan-stack=0", "--param",
+            "asan-globals=0"]
 # srt_ld / srt_st convert float16 with PTX; the host converts with the shim's _Float16 helpers
 PTX = {
     'asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(p->bits));': "f = srt_emu_h2f(p->bits);",
@@ -129,14 +134,15 @@ def cpp_source_of(source: str, name: str) -> str:
     return SHIM + src + LAUNCH.format(name=name)
 
 
-def build(source: str, name: str, options: tuple[str, ...] = ()) -> Path:
+def build(source: str, name: str, options: tuple[str, ...] = (), sanitize: bool = False) -> Path:
     """The shared object of kernel ``name`` of CUDA C ``source`` (g++ options from the NVRTC
-    ``options``), compiled unless cached. A compile failure raises
+    ``options``; ``sanitize``: the build whose accesses sanitize.h records), compiled unless
+    cached. A compile failure raises
     :class:`~..errors.KernelCompileError` (``srt.CompileError``) with g++'s log; g++ missing
     raises :class:`BackendUnavailableError`."""
     require()
     src = cpp_source_of(source, name)
-    flags = gxx_options(tuple(options))
+    flags = gxx_options(tuple(options)) + (SANITIZE if sanitize else [])
     key = hashlib.sha256("\0".join([*CXX, *flags, *LINK, compiler_version(), src]).encode())
     so = cache_dir() / f"{name}-{key.hexdigest()[:16]}.so"
     if not so.exists():

@@ -73,6 +73,7 @@ inline __half2 __hfma2(__half2 a, __half2 b, __half2 c) {
 
 // atomicAdd on __half (sm_70+): a CAS loop on the 16 bits, as a GPU's is one atomic operation
 inline __half atomicAdd(__half* p, __half v) {
+  SRT_EMU_TOUCH(p, 2, 3);
   std::atomic_ref<unsigned short> bits(*reinterpret_cast<unsigned short*>(p));
   unsigned short old = bits.load(), want;
   do {

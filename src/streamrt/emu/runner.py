@@ -16,14 +16,15 @@ ORDERS = {"forward": 0, "reverse": 1, "ahead": 2, "behind": 3, "random": 4}  # s
 ORDER_ENV = "STREAMRT_EMU_ORDER"  # the default order, e.g. "reverse" or "random:7"
 MAX_PARAMS = 64
 
-_libs: dict[tuple[str, str, tuple[str, ...]], Library] = {}  # by (source, name, options)
+_libs: dict[tuple[str, str, tuple[str, ...], bool], Library] = {}  # (source, name, options, sanitize)
 _libs_lock = threading.Lock()  # guards _libs
 
 
 class Library:
     """One kernel built by g++: its launcher and the sizes of its C parameters."""
 
-    def __init__(self, lib: ctypes.CDLL, name: str, cpp: Path | None = None) -> None:
+    def __init__(self, lib: ctypes.CDLL, name: str, cpp: Path | None = None,
+                 sanitize: bool = False) -> None:
         lib.srt_emu_launch.argtypes = ([ctypes.c_void_p] + [ctypes.c_uint] * 6
                                        + [ctypes.c_int, ctypes.c_ulonglong, ctypes.c_ulonglong])
         lib.srt_emu_launch.restype = ctypes.c_int
@@ -32,6 +33,12 @@ class Library:
         lib.srt_emu_oob_at.restype = ctypes.c_uint
         self.lib = lib
         self.name = name
+        self.sanitize = sanitize  # built to record its accesses (sanitize.h; see checked.py)
+        if sanitize:
+            lib.srt_emu_san_set.argtypes = [ctypes.c_void_p, ctypes.c_uint, ctypes.c_ulonglong]
+            lib.srt_emu_san_set.restype = None
+            lib.srt_emu_san_get.argtypes = [ctypes.c_void_p]
+            lib.srt_emu_san_get.restype = None
         self.cpp = cpp  # the C++ source kept next to the library
         sizes = (ctypes.c_ulonglong * MAX_PARAMS)()
         n = lib.srt_emu_param_sizes(sizes, MAX_PARAMS)
@@ -67,14 +74,14 @@ def parse_order(order: str | None = None) -> tuple[int, int]:
     return ORDERS[name], int(seed or 0)
 
 
-def library(source: str, name: str, options: Sequence[str] = ()) -> Library:
-    """The loaded library of kernel ``name`` of ``source``, built unless cached (in this process,
-    then on disk)."""
-    key = (source, name, tuple(options))
+def library(source: str, name: str, options: Sequence[str] = (), sanitize: bool = False) -> Library:
+    """The loaded library of kernel ``name`` of ``source`` (``sanitize``: its build that records
+    its accesses), built unless cached (in this process, then on disk)."""
+    key = (source, name, tuple(options), sanitize)
     lib = _libs.get(key)
     if lib is None:
-        so = build(source, name, key[2])
-        made = Library(ctypes.CDLL(str(so)), name, so.with_suffix(".cpp"))
+        so = build(source, name, key[2], sanitize)
+        made = Library(ctypes.CDLL(str(so)), name, so.with_suffix(".cpp"), sanitize)
         with _libs_lock:
             lib = _libs.setdefault(key, made)
     return lib
@@ -85,6 +92,18 @@ def launch(lib: Library, values: Sequence[Any], types: Sequence[type], grid: Seq
     """Run one launch of ``lib``: argument ``values[i]`` stored as C type ``types[i]`` (pointers
     are host addresses), every block of ``grid`` with ``block`` threads. A kernel failure (a
     deadlock, an out-of-bounds index) raises :class:`LaunchError`."""
+    params, keep = _params(lib, values, types)
+    gx, gy, gz = grid
+    bx, by, bz = block
+    try:
+        lib.launch(params, gx, gy, gz, bx, by, bz, order, shared_mem)
+    except RuntimeError as exc:
+        raise LaunchError(str(exc)) from exc
+    del keep
+
+
+def _params(lib: Library, values: Sequence[Any], types: Sequence[type]) -> tuple[Any, list]:
+    """The ``void**`` of a launch's arguments, and the slots it points at (keep them alive)."""
     if len(values) != len(lib.param_sizes):
         raise InvalidValueError(f"kernel {lib.name!r} takes {len(lib.param_sizes)} C parameters, "
                                 f"{len(values)} arguments given")
@@ -93,10 +112,4 @@ def launch(lib: Library, values: Sequence[Any], types: Sequence[type], grid: Seq
         if ctypes.sizeof(s) != size:
             raise InvalidValueError(f"kernel {lib.name!r}: argument {i} is {ctypes.sizeof(s)} "
                                     f"bytes, its C parameter {size}")
-    params = (ctypes.c_void_p * max(len(slots), 1))(*[ctypes.addressof(s) for s in slots])
-    gx, gy, gz = grid
-    bx, by, bz = block
-    try:
-        lib.launch(params, gx, gy, gz, bx, by, bz, order, shared_mem)
-    except RuntimeError as exc:
-        raise LaunchError(str(exc)) from exc
+    return (ctypes.c_void_p * max(len(slots), 1))(*[ctypes.addressof(s) for s in slots]), slots

@@ -23,6 +23,15 @@
 #include <utility>
 #include <vector>
 
+// the sanitizer's build (-DSRT_EMU_SANITIZE, sanitize.h): accesses the compiler does not
+// instrument (the atomics' read-modify-writes) are reported by hand
+#ifdef SRT_EMU_SANITIZE
+extern "C" void srt_emu_touch(const void* p, unsigned long long n, int how);
+#define SRT_EMU_TOUCH(p, n, how) srt_emu_touch((p), (n), (how))
+#else
+#define SRT_EMU_TOUCH(p, n, how) ((void)0)
+#endif
+
 struct srt_dim3 { unsigned x, y, z; };
 static thread_local srt_dim3 threadIdx, blockIdx, blockDim, gridDim;
 
@@ -119,6 +128,7 @@ inline int __clz(int x) { return x ? __builtin_clz((unsigned)x) : 32; }
 // Atomics: real read-modify-writes (std::atomic_ref), since launches on different streams run
 // on different OS threads at once; each returns the old value, as CUDA's.
 template <typename T, typename F> inline T srt_emu_rmw(T* p, F f) {
+  SRT_EMU_TOUCH(p, sizeof(T), 3);
   std::atomic_ref<T> a(*p);
   T old = a.load();
   while (!a.compare_exchange_weak(old, f(old))) {}
@@ -136,6 +146,7 @@ template <typename T, typename F> inline T srt_emu_rmw(T* p, F f) {
   SRT_EMU_ATOMIC(atomicOr, T, o | v)                        \
   SRT_EMU_ATOMIC(atomicXor, T, o ^ v)                       \
   inline T atomicCAS(T* p, T cmp, T v) {                    \
+    SRT_EMU_TOUCH(p, sizeof(T), 3);                         \
     std::atomic_ref<T>(*p).compare_exchange_strong(cmp, v); \
     return cmp;                                             \
   }
@@ -149,6 +160,7 @@ SRT_EMU_ATOMIC(atomicExch, float, v)
 SRT_EMU_ATOMIC(atomicMax, float, o < v ? v : o)
 SRT_EMU_ATOMIC(atomicMin, float, v < o ? v : o)
 inline unsigned short atomicCAS(unsigned short* p, unsigned short cmp, unsigned short v) {
+  SRT_EMU_TOUCH(p, 2, 3);
   std::atomic_ref<unsigned short>(*p).compare_exchange_strong(cmp, v);
   return cmp;
 }

@@ -27,6 +27,7 @@ from ..kernel import KernelContext
 from ..ops.executor import live_executors
 from ..validate import check_bool, env_flag, is_int
 from .checker import UNTRACKED, Sanitizer
+from .emulated import EmulatedChecker
 from .finding import KINDS, Finding, _finding  # noqa: F401 (KINDS: the kinds a finding has)
 from .order import _HostFree, op_before_op  # noqa: F401 (op_before_op: the relation)
 
@@ -54,6 +55,7 @@ def enable(mode: str = "raise", *, leaks: bool = False) -> None:
         _SAN._restart()
         KernelContext.array = _checked_array  # views declare their accesses
         KernelContext.strided = _checked_strided
+        KernelContext.emu_checker = _EMU  # emulated CUDA C launches record what they touch
         _on = True
         instrument.add(_SAN)
     if leaks:
@@ -66,6 +68,7 @@ def disable() -> None:
     if _on:
         KernelContext.array = KernelContext._fast_array
         KernelContext.strided = KernelContext._fast_strided
+        KernelContext.emu_checker = None
         _on = False
         instrument.remove(_SAN)
 
@@ -194,6 +197,13 @@ def _judged(ctx: Any, op: Any, p: int, nbytes: int, found: Any) -> None:
         # too: the synchronize reports no LaunchError for it (see sync)
         raise SanitizerError(str(found), found)
 
+
+
+def _stop(ctx: Any, found: Any) -> None:
+    raise SanitizerError(str(found), found)
+
+
+_EMU = EmulatedChecker(_SAN, _current_op, _check, _stop)
 
 
 class check_host_free:  # noqa: N801 (used as a function: ``with check_host_free(p): ...``)
