@@ -6,18 +6,22 @@ dynamic ``extern __shared__ T s[]`` sized by the launch), ``__syncthreads``, ``_
 the shuffles (``__shfl_sync``, ``_xor``, ``_up``, ``_down``) and votes (``__ballot_sync``,
 ``__all_sync``, ``__any_sync``), ``atomicAdd/Sub/Max/Min/Exch/CAS/And/Or/Xor/Inc`` (real atomic
 operations), ``__threadfence``, ``min``/``max``, the math of ``<cmath>`` and the fast
-intrinsics, ``clock64`` and the float16 conversions (``_Float16``, round to nearest even). A
+intrinsics, ``clock64``, ``cuda_fp16.h``'s ``__half``/``__half2`` (``fp16.h``), the vector
+types (``vectors.h``) and the integer and conversion intrinsics (``intrinsics.h``). A
 launch (``runner``) runs the CUDA threads of a block as fibers (``ucontext``) on the calling
 thread. The shared objects are cached on disk (``build.cache_dir``), named by a hash of the
-C++ source, the options and the compiler's version.
+C++ source, the options and the compiler's version; a kernel g++ cannot compile raises
+``srt.CompileError`` with g++'s log, its lines named as NVRTC names them.
 
 What it does not emulate, so what it cannot find:
 
-- no real memory model: no weak ordering, caches or coalescing. Only indices into fixed-size
+- no real memory model: no weak ordering, caches or coalescing. Indices into fixed-size
   arrays (``__shared__`` and local ones) are bounds checked (``-fsanitize=bounds,object-size``:
   the launch stops with RuntimeError; an array index, or a pointer into one inside an inlined
-  helper); a stray access through a pointer (a global buffer, a workspace region) reads or
-  corrupts this process's memory, or crashes it;
+  helper). Global memory is checked only while the sanitizer is on (``checked``: the kernel's
+  recording build runs on redzoned copies of the allocations its pointer arguments lie in);
+  otherwise a stray access through a pointer reads or corrupts this process's memory, or
+  crashes it, and so does an ``extern __shared__`` array used past the launch's ``shared_mem``;
 - scheduling: the threads of a block are fibers on one OS thread, each running until it waits at
   a barrier (``__syncthreads``, a shuffle) or returns, in the launch's *order* (``runner.ORDERS``; the
   ``order`` argument, else ``$STREAMRT_EMU_ORDER``, else ``forward``):
