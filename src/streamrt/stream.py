@@ -300,18 +300,19 @@ class Stream:
         self._note_site(self._pos)
 
     def _context(self, grid: Any, block: Any, shared_mem: Any = 0) -> KernelContext:
-        if shared_mem is not _ZERO:
+        keep = exact_ints(grid) and exact_ints(block)  # a safe key (see exact_ints)
+        if shared_mem is _ZERO:
+            key: tuple = (grid, block)
+            smem = 0
+        else:  # kept by (grid, block, bytes): a repeated launch is not validated again
+            keep = keep and shared_mem.__class__ is int
             key = (grid, block, shared_mem)
-            if shared_mem.__class__ is int and exact_ints(grid) and exact_ints(block):
-                ctx = self._ctxs.get(key)
-                if ctx is not None:
-                    return ctx
+            hit = self._ctxs.get(key) if keep else None
+            if hit is not None:
+                return hit
             smem = shared_mem_bytes(shared_mem)
-        else:
-            key, smem = (grid, block), 0
         ctx = KernelContext(dim3(grid, "grid"), dim3(block, "block"), self.device, self, smem)
-        if len(self._ctxs) < 256 and exact_ints(grid) and exact_ints(block) and (
-                smem == 0 or shared_mem.__class__ is int):
+        if keep and len(self._ctxs) < 256:
             self._ctxs[key] = ctx
         return ctx
 

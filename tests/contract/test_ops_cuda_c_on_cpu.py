@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -19,6 +17,7 @@ import pytest
 import streamrt as srt
 from streamrt import emu, ops
 from streamrt.backends.cpu.device import CpuDevice
+from tests.conftest import _run
 
 pytestmark = pytest.mark.skipif(emu.unavailable() is not None,
                                 reason=f"the CUDA C emulator needs g++: {emu.unavailable()}")
@@ -168,18 +167,20 @@ def test_mixed_dtypes_are_refused_by_the_cuda_c_plans(dev, cuda_c):
 
 
 def test_the_environment_turns_it_on(built):
-    code = ("import numpy as np, streamrt as srt; from streamrt import ops\n"
-            "from streamrt.backends.cpu.device import CpuDevice\n"
-            "seen = []; real = CpuDevice.launch_cuda_c\n"
-            "CpuDevice.launch_cuda_c = lambda self, ctx, src, name, *r: (seen.append(name), "
-            "real(self, ctx, src, name, *r))\n"
-            "a = srt.Tensor.from_numpy(np.arange(5.0, dtype=np.float32))\n"
-            "o = srt.Tensor.from_numpy(np.zeros(5, np.float32)); ops.run(ops.mul, a, a, o)\n"
-            "assert o.numpy().tolist() == [0, 1, 4, 9, 16], o.numpy()\n"
-            "print(seen)")
-    env = dict(os.environ, STREAMRT_OPS_CUDA_C="1")
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       timeout=300)
+    r = _run("""
+        import numpy as np, streamrt as srt
+        from streamrt import ops
+        from streamrt.backends.cpu.device import CpuDevice
+        seen = []
+        real = CpuDevice.launch_cuda_c
+        CpuDevice.launch_cuda_c = lambda self, ctx, src, name, *r: (seen.append(name),
+                                                                    real(self, ctx, src, name, *r))
+        a = srt.Tensor.from_numpy(np.arange(5.0, dtype=np.float32))
+        o = srt.Tensor.from_numpy(np.zeros(5, np.float32))
+        ops.run(ops.mul, a, a, o)
+        assert o.numpy().tolist() == [0, 1, 4, 9, 16], o.numpy()
+        print(seen)
+        """, STREAMRT_OPS_CUDA_C="1")
     assert r.returncode == 0, r.stderr
     assert "srt_mul_contig_f32" in r.stdout
 

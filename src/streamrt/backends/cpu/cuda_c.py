@@ -39,14 +39,15 @@ def launch(ctx: Any, source: str, name: str, signature: str, options: tuple[str,
     host = list(values)
     for i, (t, v) in enumerate(zip(types, values, strict=True)):
         if t is ctypes.c_void_p and v:
-            host[i] = _host(view, name, i, v, 1)
+            host[i] = _host(view, name, i, v)
     emu.launch(lib, host, types, ctx.grid, ctx.block, shared_mem=ctx.shared_mem)
     return None
 
 
-def _host(view: Any, name: str, i: int, ptr: int, nbytes: int) -> Any:
+def _host(view: Any, name: str, i: int, ptr: int) -> Any:
+    """The host address of argument ``i``'s device pointer, checked as a one-byte view."""
     try:
-        return view(ptr, (nbytes,), _U8, False).ctypes.data
+        return view(ptr, (1,), _U8, False).ctypes.data
     except InvalidAddressError as exc:
         raise InvalidAddressError(f"kernel {name!r} argument {i}: {exc}") from exc
 
@@ -65,7 +66,7 @@ def _launch_checked(ctx: Any, checker: Any, source: str, name: str, options: tup
             continue
         ext = checker.extent(v)
         if ext is None or ext[1] == ext[0]:  # memory the sanitizer does not track (pinned)
-            host[i] = _host(view, name, i, v, 1)
+            host[i] = _host(view, name, i, v)
             continue
         lo, hi = ext
         k = bases.get(lo)
