@@ -21,7 +21,7 @@ from .event import Event
 from .graph import memory as graph_memory
 from .labels import fn_label
 from .pool import pool_of
-from .sync import reach
+from .sync import ran, reach
 from .validate import host_view, is_int
 
 if TYPE_CHECKING:
@@ -39,7 +39,17 @@ def endpoint(impl: Any, obj: Any, n: int, *, writable: bool) -> Any:
 
 
 def _free_marker() -> None:
-    """Queue operation: the position of a free that follows an event record (see after_record)."""
+    """Queue operation doing nothing: the position of a free that follows an event record (see
+    after_record), or of a wait for work that has run (see wait)."""
+
+
+def _did_nothing(s: Any, before: int) -> None:
+    """Note the operation just enqueued on ``s`` (its position was ``before``) as one doing
+    nothing, for :func:`~streamrt.sync.ran`; its position is known only if no other thread's
+    operation came between."""
+    pos = s._pos
+    first, last = s._nops
+    s._nops = (1, 0) if pos != before + 1 else (first, pos) if last == before else (pos, pos)
 
 
 class Eager:
@@ -105,7 +115,9 @@ class Eager:
         record (``cudaFreeAsync``): a stream waiting on that event must not count as ordered
         after the free (DESIGN.md §3, reuse by event dependency)."""
         if not s._destroyed:
+            before = s._pos
             s._submit(_free_marker, (), "free", "pool free")
+            _did_nothing(s, before)
 
     def malloc(self, s: Stream, pool: Any, nbytes: int) -> int:
         """A stream-ordered allocation from ``pool``."""
@@ -160,6 +172,16 @@ class Eager:
             return  # never recorded: a no-op, as in CUDA
         if s._clock.get(other.id, 0) >= pos:
             return  # already ordered: no new dependency needed
+        # (``other`` is a stream, or the point of a graph's record node: no ``_inline``)
+        if s._inline and getattr(other, "_inline", False) and ran(other) >= pos and not (
+                instrument.listeners):
+            # the work it waits for has run (``done`` counts exactly on an inline queue): the wait
+            # is an operation doing nothing at its position, which counts as run at once (a later
+            # free on s is reusable opportunistically without a worker pass: DESIGN.md §3 step 4)
+            before = s._pos
+            s._enqueue(_free_marker, (), "wait", "wait", (), None, clock)
+            _did_nothing(s, before)
+            return
         s._order_after(other, pos, clock, event)
 
     def launch_graph(self, s: Stream, ge: Any) -> None:

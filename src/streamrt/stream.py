@@ -70,7 +70,7 @@ class Stream:
     __slots__ = (
         "device", "id", "priority", "non_blocking", "_legacy", "_q", "_pos", "_clock", "_host",
         "_destroyed", "_ctxs", "_ctx1", "_target", "_slow", "_lock", "_inline", "_recorded",
-        "_push", "_cv", "_snap", "_wref", "_sites", "_name", "__weakref__",
+        "_push", "_cv", "_snap", "_wref", "_sites", "_name", "_nops", "__weakref__",
     )
 
     def __init__(
@@ -115,6 +115,7 @@ class Stream:
         self._push = self._q.ops.extend if self._inline else None  # type: ignore[attr-defined]
         self._pos = 0
         self._recorded = -1  # position of the latest event record (see free)
+        self._nops = (1, 0)  # the latest run of free markers' positions (sync.ran; none yet)
         self._clock: dict[int, int] = {}
         self._cv = 0  # the clock's version: counts changes of _clock (a copy of it stays valid)
         # (version, copy of _clock): instrumented operations share one copy while it is valid

@@ -90,6 +90,15 @@ def proved(stream: Stream, pos: int, clock: dict[int, int]) -> None:
         instrument.prove(stream.id, pos, clock)
 
 
+def ran(stream: Stream) -> int:
+    """The position up to which ``stream``'s work has run: ``done``, or past it the run of free
+    markers (operations doing nothing, eager.after_record) that follows it, which need no worker
+    pass to count as run (``_nops``: the positions of the latest run of them, read once)."""
+    done = stream._q.done
+    first, last = stream._nops
+    return last if first - 1 <= done < last else done
+
+
 def reach(stream: Stream, pos: int, clock: dict[int, int]) -> tuple[int, dict[int, int]]:
     """Block until ``stream`` has completed ``pos`` operations and record what the host saw;
     returns the position and clock proved. ``clock`` must be read, then ``pos``, before the call

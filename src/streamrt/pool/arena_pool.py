@@ -37,6 +37,7 @@ State and invariants (all guarded by ``_lock``):
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import TYPE_CHECKING, Any
 
 from .. import instrument, legacy
@@ -162,6 +163,26 @@ class ArenaPool(MemPool):
                             self._used_high = used
                         self._fast_allocs += 1  # alloc_count and reuse_same_stream, see stats()
                         return b.addr
+                    v = fl.newest
+                    if (v is not None and v.size > size and not self._arena.holes
+                            and not self._dirty and size <= SMALL_REQUEST):
+                        sizes = fl.sizes
+                        i = bisect_left(sizes, size) if sizes else 0
+                        if i == len(sizes) or sizes[i] > v.size:
+                            # step 1's best fit is the newest (every binned size that fits is
+                            # larger; a stale bin only hides a larger one): split it in place,
+                            # the high end live (arena.landing), the rest stays the newest
+                            b = split(self._blocks, v, v.size - size)
+                            b.live = True
+                            b.req = nbytes
+                            b.stream = None
+                            b.fresh = False
+                            _owners[b.addr] = self
+                            used = self._used = self._used + size
+                            if used > self._used_high:
+                                self._used_high = used
+                            self._fast_allocs += 1
+                            return b.addr
                 return self._alloc(stream, size, nbytes)
             finally:
                 lock.release()
@@ -321,6 +342,24 @@ class ArenaPool(MemPool):
                                 fl.track(v)
                             fl.newest = b
                             fl.count += 1
+                        return
+                    fl = self._pending.get(stream.id)
+                    v = fl.newest if fl is not None else None
+                    if (v is prev and (nxt is None or nxt.live or nxt.stream is not None
+                                       and nxt.stream is not stream)
+                            and ((vp := v.prev) is None or vp.live or vp.stream is not None)
+                            and not self._dirty and not instrument.listeners):
+                        # the one neighbour to merge is the stream's newest pending block (a
+                        # split's remainder) and it has no ready neighbour: it takes b in place
+                        # and stays the newest, at b's later position (what coalesce and
+                        # PendingList.add would leave)
+                        del _owners[ptr]
+                        b.live = False
+                        self._blocks.absorb(v, b)
+                        v.pos, v.clock = stream._pos, None
+                        v.fresh = False
+                        self._used -= b.size
+                        self._fast_frees += 1
                         return
                     # a neighbour freed on this stream: coalesce now (the general path;
                     # _free_block, inline)

@@ -16,6 +16,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from ..errors import OutOfMemoryError
+from ..sync import ran
 from .arena import ALIGN
 from .block import Block, coalesce
 
@@ -45,7 +46,7 @@ def find(pool: ArenaPool, a: Stream, size: int, requested: int) -> tuple[Block, 
         if b is not None:
             return b, "reuse_event_dependency"
     if others and opts.reuse_allow_opportunistic:
-        b = _best_of(pool, others, size, lambda sid: pool._pstream[sid]._q.done)
+        b = _best_of(pool, others, size, lambda sid: ran(pool._pstream[sid]))
         if b is not None:
             return b, "reuse_opportunistic"
     b = _merge_for(pool, a, size)

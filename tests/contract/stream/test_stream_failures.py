@@ -171,6 +171,10 @@ _INTERRUPTED = textwrap.dedent("""
     import os, signal, threading, time
     import streamrt as srt
 
+    # a shell starting the suite in the background leaves SIGINT ignored, and children inherit
+    # that: Python then installs no KeyboardInterrupt handler of its own
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
     @srt.kernel
     def slow(ctx, t):
         time.sleep(t)
