@@ -115,7 +115,7 @@ class Stream:
         self._push = self._q.ops.extend if self._inline else None  # type: ignore[attr-defined]
         self._pos = 0
         self._recorded = -1  # position of the latest event record (see free)
-        self._nops = (1, 0)  # the latest run of free markers' positions (sync.ran; none yet)
+        self._nops = (1, 0)  # positions of the latest run of operations doing nothing (sync.ran)
         self._clock: dict[int, int] = {}
         self._cv = 0  # the clock's version: counts changes of _clock (a copy of it stays valid)
         # (version, copy of _clock): instrumented operations share one copy while it is valid

@@ -22,7 +22,10 @@ State and invariants (all guarded by ``_lock``):
   as it is, and ``stats()`` counts the deferred merges without making them, so observing the
   pool never changes where a later block goes.
 - Placement: a request of at most 1 MiB takes the high end of its block, a larger one the low
-  end, which keeps small and large blocks apart (:func:`~streamrt.pool.arena.landing`).
+  end, which keeps small and large blocks apart (:func:`~streamrt.pool.arena.landing`). When
+  best fit picks a stream's newest pending block, the fast path splits it in place (the rest
+  stays the newest), and a free whose only mergeable neighbour is that block merges into it in
+  place: the layout, positions and counters are those of the general path.
 - ``_seams[F.id]``: ready blocks that may lie next to a block pending on F (recorded whenever a
   ready or pending block is put into a free list next to the other kind; checked when used):
   the only places where a run of blocks F may merge before growing can start (reuse.py).
@@ -37,7 +40,7 @@ State and invariants (all guarded by ``_lock``):
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, insort
 from typing import TYPE_CHECKING, Any
 
 from .. import instrument, legacy
@@ -45,19 +48,18 @@ from ..device import Device
 from ..errors import InvalidAddressError, OutOfMemoryError
 from . import release, reuse
 from .arena import ALIGN, SMALL_REQUEST, Arena
+from .arena_stats import COUNTERS, attr_of, stats_of
 from .attrs import OPTIONS, MemPoolAttr
 from .attrs import parse as parse_attr
-from .block import Block, BlockList, coalesce, merged_dirty, settled_runs, split
+from .block import Block, BlockList, coalesce, split
 from .freelist import PendingList, ReadyList
 from .mempool import MemPool
 from .registry import _busy, _owners, _pools
 
+_new = object.__new__
+
 if TYPE_CHECKING:
     from ..stream import Stream
-
-_COUNTERS = ("alloc_count", "free_count", "reuse_same_stream", "reuse_after_sync",
-             "reuse_event_dependency", "reuse_opportunistic", "reuse_merged", "fresh_count",
-             "grow_count", "reuse_internal_dependency", "oom_count", "release_count")
 
 
 class ArenaPool(MemPool):
@@ -76,7 +78,7 @@ class ArenaPool(MemPool):
         self._pstream: dict[int, Stream] = {}  # stream id -> stream, for pending lists
         self._seams: dict[int, set[Block]] = {}
         self._used = self._used_high = 0
-        self._stats = dict.fromkeys(_COUNTERS, 0)
+        self._stats = dict.fromkeys(COUNTERS, 0)
         self._fast_allocs = self._fast_frees = 0  # counted apart: the fast paths stay short
         self._gone = 0  # live allocations forgotten by a device reset
         self.device._pools.add(self)
@@ -94,15 +96,7 @@ class ArenaPool(MemPool):
     # -- attributes -------------------------------------------------------------------------
     def get_attr(self, attr: MemPoolAttr | int) -> int:
         """``cudaMemPoolGetAttribute``: flags as 0/1, sizes in bytes."""
-        attr = parse_attr(attr)
-        if attr in OPTIONS:  # the reuse flags and the release threshold
-            return int(getattr(self._opts, OPTIONS[attr]))
-        return {
-            MemPoolAttr.RESERVED_MEM_CURRENT: self._arena.reserved,
-            MemPoolAttr.RESERVED_MEM_HIGH: self._arena.reserved_high,
-            MemPoolAttr.USED_MEM_CURRENT: self._used,
-            MemPoolAttr.USED_MEM_HIGH: self._used_high,
-        }[attr]
+        return attr_of(self, parse_attr(attr))
 
     def _store_attr(self, attr: MemPoolAttr, value: int) -> None:
         with self._lock:  # one write at a time: another thread's option change is not lost
@@ -116,21 +110,7 @@ class ArenaPool(MemPool):
     def _collect_stats(self) -> dict[str, Any]:
         """``stats()``: the counters of the frontend's reuse steps (every key documented there)."""
         with self._lock:
-            out = {a.name.lower(): self.get_attr(a) for a in MemPoolAttr}
-            out.update(self._stats)
-            out["alloc_count"] += self._fast_allocs
-            out["reuse_same_stream"] += self._fast_allocs
-            out["free_count"] += self._fast_frees
-            # the deferred merges counted, not made: reading statistics must not change which
-            # block a later allocation gets (the fast path takes unmerged exact-size blocks)
-            arena, blocks, dirty = self._arena, self._blocks, self._dirty
-            out["largest_free_block"] = (
-                arena.largest_mapped(settled_runs(blocks, dirty)) if arena.holes else max(
-                    [self._ready.largest(), *(size for _, size in merged_dirty(blocks, dirty)[0]),
-                     *(fl.largest() for fl in self._pending.values())]))
-            out["live_allocations"] = out["alloc_count"] - out["free_count"] - self._gone
-            out["chunks"] = len(arena.mapped)  # mapped granules
-        return out
+            return stats_of(self)
 
     # -- allocation -----------------------------------------------------------------------------
     def _malloc(self, stream: Stream, nbytes: int) -> int:
@@ -172,12 +152,28 @@ class ArenaPool(MemPool):
                             # step 1's best fit is the newest (every binned size that fits is
                             # larger; a stale bin only hides a larger one): split it in place,
                             # the high end live (arena.landing), the rest stays the newest
-                            b = split(self._blocks, v, v.size - size)
-                            b.live = True
-                            b.req = nbytes
-                            b.stream = None
+                            # (block.split, inline; the new block is the live one)
+                            b = _new(Block)
+                            v.size = rest = v.size - size
+                            b.addr = addr = v.addr + rest
+                            b.size, b.req, b.live, b.stream, b.pos = size, nbytes, True, None, 0
+                            b.clock = b.fl = None
                             b.fresh = False
-                            _owners[b.addr] = self
+                            blocks = self._blocks
+                            nxt = b.next = v.next
+                            b.prev = v
+                            v.next = b
+                            if nxt is not None:
+                                nxt.prev = b
+                            else:
+                                blocks.last = b
+                            blocks.by_addr[addr] = b
+                            lst = blocks.starts.get(addr >> blocks.shift)
+                            if lst is None:
+                                blocks._index(addr)
+                            else:
+                                insort(lst, addr)
+                            _owners[addr] = self
                             used = self._used = self._used + size
                             if used > self._used_high:
                                 self._used_high = used
@@ -355,7 +351,20 @@ class ArenaPool(MemPool):
                         # PendingList.add would leave)
                         del _owners[ptr]
                         b.live = False
-                        self._blocks.absorb(v, b)
+                        # (BlockList.absorb, inline)
+                        blocks = self._blocks
+                        v.size += b.size
+                        nxt = v.next = b.next
+                        if nxt is not None:
+                            nxt.prev = v
+                        else:
+                            blocks.last = v
+                        del blocks.by_addr[ptr]
+                        lst = blocks.starts[ptr >> blocks.shift]
+                        if len(lst) > 1:
+                            lst.remove(ptr)
+                        else:
+                            blocks._unindex(ptr)
                         v.pos, v.clock = stream._pos, None
                         v.fresh = False
                         self._used -= b.size
