@@ -320,7 +320,7 @@ def pipeline(steps: int, rounds: int, found: Findings) -> list[dict]:
 def run(quick: bool = False) -> dict:
     """µs per launch (per step) off and on in every configuration; ``rows`` for ``streamrt
     bench``."""
-    n1, r1, n2, r2, n3, r3, steps, r4 = 5000, 9, 300, 9, 500, 9, 300, 3
+    n1, r1, n2, r2, n3, r3, steps, r4 = 5000, 9, 1000, 9, 500, 9, 300, 3
     if quick:
         n1, r1, n2, r2, n3, r3, steps, r4 = 2000, 5, 150, 3, 300, 5, 100, 2
     n1, n2, n3, steps = (smoke_size(k, 20) for k in (n1, n2, n3, steps))
