@@ -38,7 +38,7 @@ def endpoint(impl: Any, obj: Any, n: int, *, writable: bool) -> Any:
     return host_view(obj, n, writable=writable)
 
 
-def _free_marker() -> None:
+def _nothing() -> None:
     """Queue operation doing nothing: the position of a free that follows an event record (see
     after_record), or of a wait for work that has run (see wait)."""
 
@@ -116,7 +116,7 @@ class Eager:
         after the free (DESIGN.md §3, reuse by event dependency)."""
         if not s._destroyed:
             before = s._pos
-            s._submit(_free_marker, (), "free", "pool free")
+            s._submit(_nothing, (), "free", "pool free")
             _did_nothing(s, before)
 
     def malloc(self, s: Stream, pool: Any, nbytes: int) -> int:
@@ -179,7 +179,7 @@ class Eager:
             # is an operation doing nothing at its position, which counts as run at once (a later
             # free on s is reusable opportunistically without a worker pass: DESIGN.md §3 step 4)
             before = s._pos
-            s._enqueue(_free_marker, (), "wait", "wait", (), None, clock)
+            s._enqueue(_nothing, (), "wait", "wait", (), None, clock)
             _did_nothing(s, before)
             return
         s._order_after(other, pos, clock, event)

@@ -1,7 +1,8 @@
 """Streams, with the host-side ordering bookkeeping of DESIGN.md §2 (events: event.py).
 
 State and invariants (per stream S):
-- ``_pos``: operations enqueued on S; the backend queue's ``done`` counts completed ones.
+- ``_pos``: operations enqueued on S; the backend queue's ``done`` counts completed ones;
+  ``_nops``: the latest run of positions whose operations do nothing (``sync.ran``).
 - ``_clock``: vector clock, stream id -> position of that stream known to be ordered before
   S's next operation. ``record`` snapshots it (with ``[S] = _pos``); ``wait`` merges an
   event's snapshot by element-wise maximum and enqueues a real wait only when needed.
@@ -115,7 +116,7 @@ class Stream:
         self._push = self._q.ops.extend if self._inline else None  # type: ignore[attr-defined]
         self._pos = 0
         self._recorded = -1  # position of the latest event record (see free)
-        self._nops = (1, 0)  # positions of the latest run of operations doing nothing (sync.ran)
+        self._nops = (1, 0)  # (first, last): none yet
         self._clock: dict[int, int] = {}
         self._cv = 0  # the clock's version: counts changes of _clock (a copy of it stays valid)
         # (version, copy of _clock): instrumented operations share one copy while it is valid
@@ -328,17 +329,14 @@ class Stream:
             self._note_site(self._pos, 3)
 
     def _note_site(self, pos: int, depth: int = 2) -> None:
-        """Remember where the launch at ``pos`` was made (``depth`` frames up: the caller of
-        ``launch``)."""
+        """Remember where the launch at ``pos`` was made (``depth`` frames up: launch's caller)."""
         f = _getframe(depth)
         self._sites[pos & _SITE_MASK] = (pos, f.f_code, f.f_lasti)
 
     def _site_of(self, pos: int) -> str:
         """``file:line`` of the kernel launch at ``pos``, or "" (not a launch, or too long ago)."""
         e = self._sites[pos & _SITE_MASK]
-        if e is None or e[0] != pos:
-            return ""
-        return site_line(e[1], e[2])
+        return "" if e is None or e[0] != pos else site_line(e[1], e[2])
 
     def memcpy(self, dst: Any, src: Any, nbytes: int) -> None:
         """Enqueue a copy (``cudaMemcpyAsync``); each side a device pointer or a host buffer.

@@ -91,9 +91,9 @@ def proved(stream: Stream, pos: int, clock: dict[int, int]) -> None:
 
 
 def ran(stream: Stream) -> int:
-    """The position up to which ``stream``'s work has run: ``done``, or past it the run of free
-    markers (operations doing nothing, eager.after_record) that follows it, which need no worker
-    pass to count as run (``_nops``: the positions of the latest run of them, read once)."""
+    """The position up to which ``stream``'s work has run: ``done``, or past it the run of
+    operations doing nothing that follows it (a free's marker, a wait for work that had run:
+    eager.py), which need no worker pass to count as run (``_nops``: their positions, read once)."""
     done = stream._q.done
     first, last = stream._nops
     return last if first - 1 <= done < last else done

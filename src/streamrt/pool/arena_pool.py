@@ -40,7 +40,7 @@ State and invariants (all guarded by ``_lock``):
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+from bisect import bisect_left
 from typing import TYPE_CHECKING, Any
 
 from .. import instrument, legacy
@@ -55,8 +55,6 @@ from .block import Block, BlockList, coalesce, split
 from .freelist import PendingList, ReadyList
 from .mempool import MemPool
 from .registry import _busy, _owners, _pools
-
-_new = object.__new__
 
 if TYPE_CHECKING:
     from ..stream import Stream
@@ -152,28 +150,12 @@ class ArenaPool(MemPool):
                             # step 1's best fit is the newest (every binned size that fits is
                             # larger; a stale bin only hides a larger one): split it in place,
                             # the high end live (arena.landing), the rest stays the newest
-                            # (block.split, inline; the new block is the live one)
-                            b = _new(Block)
-                            v.size = rest = v.size - size
-                            b.addr = addr = v.addr + rest
-                            b.size, b.req, b.live, b.stream, b.pos = size, nbytes, True, None, 0
-                            b.clock = b.fl = None
+                            b = split(self._blocks, v, v.size - size)  # b: the high end
+                            b.live = True
+                            b.req = nbytes
+                            b.stream = None
                             b.fresh = False
-                            blocks = self._blocks
-                            nxt = b.next = v.next
-                            b.prev = v
-                            v.next = b
-                            if nxt is not None:
-                                nxt.prev = b
-                            else:
-                                blocks.last = b
-                            blocks.by_addr[addr] = b
-                            lst = blocks.starts.get(addr >> blocks.shift)
-                            if lst is None:
-                                blocks._index(addr)
-                            else:
-                                insort(lst, addr)
-                            _owners[addr] = self
+                            _owners[b.addr] = self
                             used = self._used = self._used + size
                             if used > self._used_high:
                                 self._used_high = used
@@ -341,30 +323,16 @@ class ArenaPool(MemPool):
                         return
                     fl = self._pending.get(stream.id)
                     v = fl.newest if fl is not None else None
-                    if (v is prev and (nxt is None or nxt.live or nxt.stream is not None
-                                       and nxt.stream is not stream)
-                            and ((vp := v.prev) is None or vp.live or vp.stream is not None)
-                            and not self._dirty and not instrument.listeners):
+                    if (v is not None and v is prev and not self._dirty and not instrument.listeners
+                            and (nxt is None or nxt.live or nxt.stream not in (None, stream))
+                            and ((vp := v.prev) is None or vp.live or vp.stream is not None)):
                         # the one neighbour to merge is the stream's newest pending block (a
                         # split's remainder) and it has no ready neighbour: it takes b in place
                         # and stays the newest, at b's later position (what coalesce and
                         # PendingList.add would leave)
                         del _owners[ptr]
                         b.live = False
-                        # (BlockList.absorb, inline)
-                        blocks = self._blocks
-                        v.size += b.size
-                        nxt = v.next = b.next
-                        if nxt is not None:
-                            nxt.prev = v
-                        else:
-                            blocks.last = v
-                        del blocks.by_addr[ptr]
-                        lst = blocks.starts[ptr >> blocks.shift]
-                        if len(lst) > 1:
-                            lst.remove(ptr)
-                        else:
-                            blocks._unindex(ptr)
+                        self._blocks.absorb(v, b)
                         v.pos, v.clock = stream._pos, None
                         v.fresh = False
                         self._used -= b.size
