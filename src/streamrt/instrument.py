@@ -19,7 +19,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from .errors import NotSupportedError
-from .labels import WRAPPER
+from .labels import WRAPPER, site_line
 
 _PKG = os.path.dirname(os.path.abspath(__file__))
 _seq = itertools.count(1)
@@ -187,9 +187,12 @@ def _raw_site() -> tuple[str, int] | str:
     return ""
 
 
-def format_site(raw: tuple[str, int]) -> str:
-    """``file:line`` as shown in messages (the file relative to the working directory)."""
+def format_site(raw: tuple[Any, int]) -> str:
+    """``file:line`` as shown in messages (the file relative to the working directory), from
+    ``(file, line)`` or a frame's ``(f_code, f_lasti)``."""
     name, line = raw
+    if not isinstance(name, str):
+        return site_line(name, line)
     short = _short.get(name)
     if short is None:
         try:
@@ -228,19 +231,19 @@ def wrap(stream: Any, fn: Callable[..., Any], args: tuple, kind: str, name: str,
         run_stamped, (op, stream._q, fn, args, stream))
 
 
-def launch(stream: Any, kernel: Any, ctx: Any, args: tuple) -> None:
+def launch(stream: Any, kernel: Any, ctx: Any, args: tuple, f: Any) -> None:
     """An observed launch on a non-blocking cpu stream that does not capture (Stream.launch
-    checked it): what its general path (``Eager.kernel``, ``_submit``, ``_enqueue``) does
-    there, in one step: counted, wrapped and queued under the stream's lock."""
+    checked it; ``f``: its caller's frame): what its general path (``Eager.kernel``,
+    ``_submit``, ``_enqueue``) does there, in one step: counted, wrapped and queued under the
+    stream's lock."""
     fn, a = stream._q.op_launch(kernel, ctx, args)  # (the body itself: failures name it)
     site: Any = ""
     if _sites:  # the caller of Stream.launch, unless the package called it (then: walk out)
-        f = sys._getframe(2)
         code = f.f_code
         known = _inside.get(code)
         if known is None:
             known = _inside[code] = code.co_filename.startswith(_PKG)
-        site = _raw_site() if known else (code.co_filename, f.f_lineno)
+        site = _raw_site() if known else (code, f.f_lasti)  # (its line is found when read)
     with stream._lock:
         stream._pos += 1
         stream._q.submit(*wrap(stream, fn, a, "kernel", kernel.name, (), ctx._info, site))

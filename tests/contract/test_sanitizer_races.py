@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import streamrt as srt
 from tests.contract.sanitizer_helpers import kinds, read_k, streams, write_k
@@ -157,3 +158,71 @@ def test_sanitizer_race_is_one_finding_per_allocation(dev, san):
     assert kinds(rep) == ["race", "race"] and {f.ptr for f in rep} == {p, q}
     srt.free(p)
     srt.free(q)
+
+
+# A stream's run of whole-buffer accesses takes a shortcut (generation.py's ``streak``): the
+# entries are replaced without a check. Whatever another stream does must leave it.
+@pytest.mark.parametrize("held", ["a", "b"])
+def test_an_unordered_access_after_a_streak_of_one_stream_races(dev, san, gate, held):
+    a, b = streams(dev)
+    p = srt.malloc(1024)
+    g = gate(a if held == "a" else b)
+    for _ in range(3):
+        a.launch(write_k, p, 256, 1.0)
+        a.launch(read_k, p, 256, [])
+    b.launch(read_k, p, 256, [])  # BUG: unordered with a's writes
+    first = b if held == "a" else a
+    first._q._wait(first._pos)  # (no host proof)
+    g.open()
+    dev.synchronize()
+    rep = san.report()
+    # b's read first: each of a's writes races with it; last: it races with a's last write
+    assert kinds(rep) == ["race"] * (3 if held == "a" else 1)
+    assert all(a.name in str(f) and b.name in str(f) for f in rep)
+    srt.free(p)
+
+
+def test_a_streak_ends_at_another_streams_access(dev, san, gate):
+    a, b = streams(dev)
+    p = srt.malloc(1024)
+    for _ in range(3):
+        a.launch(write_k, p, 256, 1.0)
+    b.wait(a.record())
+    b.launch(read_k, p, 256, [])  # ordered after a's writes: clean
+    b._q._wait(b._pos)  # b's read ran (no host proof)
+    a.launch(write_k, p, 256, 2.0)  # BUG: not ordered after b's read
+    dev.synchronize()
+    rep = san.report()
+    assert kinds(rep) == ["race"] and "read" in str(rep[0])
+    srt.free(p)
+
+
+def test_a_streak_ends_at_the_free(dev, san):
+    a = streams(dev, 1)[0]
+    p = a.malloc(1024)
+    for _ in range(3):
+        a.launch(write_k, p, 256, 1.0)
+    a.free(p)
+    a.launch(write_k, p, 256, 2.0)  # BUG: after the free
+    dev.synchronize()
+    assert kinds(san.report()) == ["use-after-free"]
+
+
+@srt.kernel
+def write_twice_k(ctx, p, n):
+    ctx.array(p, (n,), np.float32, readonly=True).sum()
+    ctx.array(p, (n,), np.float32)[:] = 3.0
+
+
+def test_a_streak_holds_an_operation_touching_one_buffer_twice(dev, san):
+    a, b = streams(dev)
+    p = srt.malloc(1024)
+    for _ in range(3):
+        a.launch(write_twice_k, p, 256)
+    b.wait(a.record())
+    b.launch(write_k, p, 256, 1.0)
+    a.wait(b.record())
+    a.launch(write_twice_k, p, 256)
+    dev.synchronize()
+    assert san.report() == [] and srt.read(p, (256,), np.float32)[0] == 3.0
+    srt.free(p)

@@ -37,6 +37,7 @@ __all__ = ["enable", "disable", "enabled", "report", "clear", "check_leaks", "Fi
 
 _SAN = Sanitizer()
 _access = _SAN.access
+_lock, _at_get = _SAN._lock, _SAN._at.get  # (never replaced: _restart clears them)
 _current_op = instrument._current.get
 _on = False
 
@@ -102,6 +103,21 @@ def _checked_array(ctx: Any, ptr: int, shape: Any, dtype: Any, *, readonly: bool
         view = e[3] if readonly else e[2]
         if view is not None:
             op = _current_op()
+            if op is not None and op.parent is None:
+                with _lock:  # a stream's streak of whole accesses (generation.py): replace
+                    hist = _at_get(ptr)
+                    if hist is not None:
+                        x = hist[-1]
+                        if x.streak == op.sid and x.free is None and x.hi - x.lo == view.nbytes:
+                            w, r = x.states[0]
+                            if op not in w and op not in r:  # (its second access: in full)
+                                if not readonly:
+                                    w.clear()
+                                    w.append(op)
+                                r.clear()
+                                if readonly:
+                                    r.append(op)
+                                return view
             found = _access(op, ptr, view.nbytes, not readonly)
             if found is not None:
                 _judged(ctx, op, ptr, view.nbytes, found)

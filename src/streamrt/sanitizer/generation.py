@@ -19,6 +19,12 @@ State and invariants (guarded by the checker's lock):
   reported with the one enqueued first (``_age``): the finding does not depend on the schedule.
 - Segments split where an access starts or ends inside one and merge again under a write that
   covers them (a whole-buffer write leaves one segment).
+- ``streak``: a stream id, or -1. Set (by the one-segment path) when the shadow is one segment
+  holding only operations of that stream, none a graph node, after an access the checker had
+  judged in bounds, live and with its alloc ordered before it; every later operation of that
+  stream is then ordered after all the generation holds (stream order, transitively), so its
+  next access of the whole allocation only replaces entries (``sanitizer._checked_array``). Any
+  other change of the shadow resets it.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ _PRUNE_AT = 32
 
 class _Gen:
     __slots__ = ("lo", "hi", "cap", "alloc", "free", "label", "starts", "states", "uid",
-                 "_prune_at")
+                 "_prune_at", "streak")
 
     def __init__(self, lo: int, hi: int, cap: int, alloc: _Event, label: str, uid: int) -> None:
         self.lo, self.hi, self.cap = lo, hi, max(cap, hi)
@@ -45,6 +51,7 @@ class _Gen:
         self.states: list[_State] = [([], [])]
         self.uid = uid
         self._prune_at = _PRUNE_AT  # segments past which proven entries are dropped (doubling)
+        self.streak = -1  # see the module's docstring
 
     def entries(self) -> list[OpInfo]:
         """Every remembered access's operation, once each, oldest first."""
@@ -61,6 +68,7 @@ class _Gen:
         checked was enqueued (``floor``: the oldest such operation's proofs): nothing can race
         with them. Equal neighbouring segments merge, so slices the program is done with cost
         nothing."""
+        self.streak = -1
         starts: list[int] = []
         states: list[_State] = []
         for lo, (w, r) in zip(self.starts, self.states):
@@ -94,11 +102,13 @@ class _Gen:
             r.clear()
             if not write:
                 r.append(op)
+            self.streak = sid if op is top and sid else -1
             return None
         return self._access(op, lo, hi, write, -1, -1)
 
     def _access(self, op: OpInfo, lo: int, hi: int, write: bool, i: int, j: int
                 ) -> OpInfo | None:
+        self.streak = -1
         starts, states = self.starts, self.states
         if i < 0:
             i = bisect.bisect_right(starts, lo) - 1
