@@ -409,3 +409,24 @@ class KernelContext:
 
 _NO_CONDS: frozenset = frozenset()
 _U64 = np.dtype(np.uint64)
+
+
+def launch_context(stream: Any, grid: Any, block: Any, shared_mem: Any = 0) -> KernelContext:
+    """The context of a launch of ``grid`` x ``block`` on ``stream`` (validated here), kept in
+    ``stream._ctxs`` by its shape when that is a safe key, so a repeated shape is not validated
+    again."""
+    keep = exact_ints(grid) and exact_ints(block)  # a safe key (see exact_ints)
+    if shared_mem.__class__ is int and shared_mem == 0:
+        key: tuple = (grid, block)
+        smem = 0
+    else:  # kept by (grid, block, bytes)
+        keep = keep and shared_mem.__class__ is int
+        key = (grid, block, shared_mem)
+        hit = stream._ctxs.get(key) if keep else None
+        if hit is not None:
+            return hit  # type: ignore[no-any-return]
+        smem = shared_mem_bytes(shared_mem)
+    ctx = KernelContext(dim3(grid, "grid"), dim3(block, "block"), stream.device, stream, smem)
+    if keep and len(stream._ctxs) < 256:
+        stream._ctxs[key] = ctx
+    return ctx

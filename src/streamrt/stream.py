@@ -30,7 +30,7 @@ from .eager import EAGER
 from .errors import InvalidHandleError, InvalidTypeError
 from .event import Event
 from .graph import memory as graph_memory
-from .kernel import Kernel, KernelContext, dim3, exact_ints, shared_mem_bytes
+from .kernel import Kernel, KernelContext, exact_ints, launch_context
 from .labels import site_line
 from .pool import ArenaPool, MemPool
 from .pool.registry import _owners
@@ -125,7 +125,7 @@ class Stream:
         self._host = 0
         self._destroyed = False
         self._ctxs: dict[Any, KernelContext] = {}
-        self._ctx1 = self._context(1, 1)
+        self._ctx1 = launch_context(self, 1, 1)
         # where the latest kernel launches were made, for a LaunchError: slot pos % _SITES holds
         # (pos, code, instruction offset), the line worked out only when a failure names it
         self._sites: list[tuple[int, Any, int] | None] = [None] * _SITES
@@ -259,16 +259,16 @@ class Stream:
         """Enqueue ``kernel`` (``cudaLaunchKernel``; ``shared_mem``: bytes of dynamic shared
         memory per block, its ``sharedMem``); returns at once."""
         if shared_mem is not _ZERO:  # rare: a context of its own (validated, kept by shape)
-            ctx = self._context(grid, block, shared_mem)
+            ctx = launch_context(self, grid, block, shared_mem)
         elif grid is _ONE and block is _ONE:  # the default launch shape: skip the lookup
             ctx = self._ctx1
         elif exact_ints(grid) and exact_ints(block):  # True == 1, 2.0 == 2: those never hit
             try:
                 ctx = self._ctxs[grid, block]
             except KeyError:
-                ctx = self._context(grid, block)
+                ctx = launch_context(self, grid, block)
         else:
-            ctx = self._context(grid, block)  # validates (numpy ints pass, others are refused)
+            ctx = launch_context(self, grid, block)  # validates (numpy ints pass, others are refused)
         if self._slow or _global_slow or type(kernel) is not Kernel:
             if _observed and not self._slow and self._inline and type(kernel) is Kernel:
                 kernel.check_args(args)
@@ -302,23 +302,6 @@ class Stream:
         self._pos += 1
         q.submit(fn, a)
         self._note_site(self._pos)
-
-    def _context(self, grid: Any, block: Any, shared_mem: Any = 0) -> KernelContext:
-        keep = exact_ints(grid) and exact_ints(block)  # a safe key (see exact_ints)
-        if shared_mem is _ZERO:
-            key: tuple = (grid, block)
-            smem = 0
-        else:  # kept by (grid, block, bytes): a repeated launch is not validated again
-            keep = keep and shared_mem.__class__ is int
-            key = (grid, block, shared_mem)
-            hit = self._ctxs.get(key) if keep else None
-            if hit is not None:
-                return hit
-            smem = shared_mem_bytes(shared_mem)
-        ctx = KernelContext(dim3(grid, "grid"), dim3(block, "block"), self.device, self, smem)
-        if keep and len(self._ctxs) < 256:
-            self._ctxs[key] = ctx
-        return ctx
 
     def _launch_slow(self, kernel: Any, ctx: KernelContext, args: tuple) -> None:
         if type(kernel) is not Kernel:

@@ -8,6 +8,7 @@ import pytest
 
 import streamrt as srt
 from streamrt import ops
+from streamrt import stream as stream_module
 
 
 # -- argument types: numpy scalars are ints and bools, bools are not ints ---------------------
@@ -107,8 +108,9 @@ def test_errors_launch_with_numpy_int_shapes_hits_the_launch_cache(monkeypatch):
     s = srt.Stream(non_blocking=True)
     s.launch(_noop_kernel, grid=np.int64(4), block=(np.int32(8), 2))
     made = []
-    real = srt.Stream._context
-    monkeypatch.setattr(srt.Stream, "_context", lambda self, g, b: made.append(1) or real(self, g, b))
+    real = stream_module.launch_context
+    monkeypatch.setattr(stream_module, "launch_context",
+                        lambda st, g, b, m=0: made.append(1) or real(st, g, b, m))
     for _ in range(3):
         s.launch(_noop_kernel, grid=np.int64(4), block=(np.int32(8), 2))
         s.launch(_noop_kernel, grid=4, block=(8, 2))  # the same shape
