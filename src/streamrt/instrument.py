@@ -244,8 +244,10 @@ def launch(stream: Any, kernel: Any, ctx: Any, args: tuple, f: Any) -> None:
         if known is None:
             known = _inside[code] = code.co_filename.startswith(_PKG)
         site = _raw_site() if known else (code, f.f_lasti)  # (its line is found when read)
-    with stream._lock:
-        stream._pos += 1
+    with stream._lock:  # (the launch's site kept at its own position: Stream._site_of)
+        p = stream._pos = stream._pos + 1
+        sites = stream._sites
+        sites[p & (len(sites) - 1)] = (p, f.f_code, f.f_lasti)
         stream._q.submit(*wrap(stream, fn, a, "kernel", kernel.name, (), ctx._info, site))
 
 

@@ -272,10 +272,7 @@ class Stream:
         if self._slow or _global_slow or type(kernel) is not Kernel:
             if _observed and not self._slow and self._inline and type(kernel) is Kernel:
                 kernel.check_args(args)
-                f = _getframe(1)
-                instrument.launch(self, kernel, ctx, args, f)  # the same, in fewer steps
-                p = self._pos
-                self._sites[p & _SITE_MASK] = (p, f.f_code, f.f_lasti)
+                instrument.launch(self, kernel, ctx, args, _getframe(1))  # the same, in fewer steps
                 return None
             return self._launch_slow(kernel, ctx, args)
         # the hottest path of the runtime: a non-blocking stream with no capture or hooks
