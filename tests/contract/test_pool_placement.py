@@ -3,7 +3,10 @@ coalescing, and pending frees kept through splits and merges."""
 
 from __future__ import annotations
 
-from tests.contract.pools import BLOCK, pool_with, served, stream, used_then_freed
+import pytest
+
+import streamrt as srt
+from tests.contract.pools import BLOCK, chunks, executed, pool_with, served, stream, used_then_freed
 
 
 # -- best fit, split, coalesce, rounding --------------------------------------------------------
@@ -209,3 +212,65 @@ def test_pool_free_coalesces_through_an_absorbed_ready_block(dev):
     before = pool.stats()
     assert a.malloc(BLOCK + BLOCK // 2, pool) == x + 512 - BLOCK  # the low end: the first granule
     assert served(pool, before) == ["reuse_event_dependency"]
+
+
+# -- across streams: frees that have run, memory a synchronize released ---------------------------
+@pytest.mark.parametrize("on", [True, False])
+def test_pool_free_absorbs_another_streams_neighbour_whose_free_has_run(dev, on):
+    # With opportunistic reuse on, a block freed on g whose free has run is as reusable as f's
+    # own: f's free next to it takes it (one block, pending on f), and a stream ordered after
+    # f's free reuses both in one piece. Off, it stays apart: a stream ordered after f only
+    # may not use g's part, and grows.
+    pool = pool_with(dev, reuse_allow_opportunistic=on, reuse_allow_internal_dependencies=False)
+    f, g, a = stream(dev), stream(dev), stream(dev)
+    x, y = chunks(pool, f, 2)
+    assert y == x + BLOCK
+    g.wait(f.record())
+    g.free(x)
+    executed(g)  # g's free has run; nothing synchronized it
+    f.free(y)
+    assert pool.stats()["largest_free_block"] == (2 * BLOCK if on else BLOCK)
+    a.wait(f.record())
+    before = pool.stats()
+    z = a.malloc(2 * BLOCK, pool)
+    assert (z == x) is on
+    assert served(pool, before) == (["reuse_event_dependency"] if on else ["grow_count"])
+
+
+def test_pool_free_keeps_apart_another_streams_neighbour_whose_free_has_not_run(dev, gate):
+    pool = pool_with(dev)
+    f, g = stream(dev), stream(dev)
+    x, y = chunks(pool, f, 2)
+    g.wait(f.record())
+    gate(g)  # g's free cannot have run
+    g.free(x)
+    f.free(y)
+    assert pool.stats()["largest_free_block"] == BLOCK  # two blocks, pending on g and on f
+    executed(f)
+    before = pool.stats()
+    assert stream(dev).malloc(2 * BLOCK, pool) not in (x, y)  # no run of two to take
+    assert served(pool, before) == ["grow_count"]
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_pool_released_memory_is_taken_after_every_step_on_mapped_memory(dev, on):
+    # A ready block over a granule a synchronize released fits at step 2, another stream's
+    # freed (and run) block on mapped memory at step 4: mapping the granule again is growth, so
+    # step 4's block wins while it is allowed; without it, the released granule is mapped again
+    # before the pool grows its range.
+    pool = srt.MemPool(dev, reuse_allow_opportunistic=on)  # release threshold 0
+    s, g, a = stream(dev), stream(dev), stream(dev)
+    lo, mid, hi = chunks(pool, s, 3)
+    s.free(lo)
+    s.synchronize()  # lo's granule goes back to the device; its addresses stay a ready block
+    assert pool.reserved_mem_current == 2 * BLOCK
+    g.wait(s.record())
+    g.free(hi)
+    executed(g)
+    before = pool.stats()
+    p = a.malloc(BLOCK, pool)
+    assert p == (hi if on else lo)
+    assert served(pool, before) == (["reuse_opportunistic"] if on else ["reuse_after_sync"])
+    assert pool.reserved_mem_current == (2 if on else 3) * BLOCK
+    a.free(p)
+    s.free(mid)

@@ -7,13 +7,16 @@ step counter it moved: a reused byte was freed on the allocating stream (step 1)
 a host synchronize (2), or ordered by events (3, flag on), or already executed (4, flag on),
 or the allocating stream now really waits for it (6, flag on); a grown block is fresh memory
 or extends a free block the allocating stream may use (freed on it, or proven). Memory a host
-synchronize proved free is reusable by any step: a free absorbs proven-free neighbours.
+synchronize proved free is reusable by any step: a free absorbs proven-free neighbours; with
+opportunistic reuse on, memory whose free has run is too (a free absorbs such neighbours of
+other streams).
 Placement (best fit): before each allocation the model reads the pool's block boundaries and
 vets them (live blocks are exactly the model's allocations, each free block's tag covers the
 unproven frees inside it, neighbours that may coalesce have); then the block taken must be
 reusable at the step the pool counted, no fitting block may have been reusable at an earlier
 step, and none reusable at the same step may be smaller (ties and the end of the block a piece
-is cut from are not specified by DESIGN.md, so not checked).
+is cut from are not specified by DESIGN.md, so not checked); memory a synchronize released
+(unmapped granules) is taken again only when no step has a block landing on mapped memory.
 Every owner writes its tag into its block, and the free is preceded by a check on the freeing
 stream that the block still holds that tag: a reuse that jumped the order shows up as data.
 Hand-offs (free on F, an event of F waited on by A, malloc on A) exercise event-dependency reuse,
@@ -34,6 +37,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 import streamrt as srt
 from streamrt.backends import cpu
+from streamrt.pool.arena import landing
+from streamrt.sync import ran
 from tests.conftest import no_sanitizer
 
 ALIGN = 512
@@ -120,6 +125,20 @@ class PoolMachine(RuleBasedStateMachine):
             if p > mine.get(t, 0):
                 mine[t] = p
 
+    def ran_past(self, f: int, q: int) -> bool:
+        """Whether stream ``f``'s free at ``q`` has run and the pool may reuse it without a
+        dependency (opportunistic reuse on): its memory is then as reusable as a proven free's
+        for whoever may take the block it was merged into."""
+        return bool(self.pool.reuse_allow_opportunistic) and ran(self.streams[f]) >= q
+
+    def lands_mapped(self, b: tuple, rsize: int) -> bool:
+        """Whether an allocation of ``rsize`` placed in free block ``b`` lands on mapped memory
+        (as of the last ``free_blocks``)."""
+        base, gr, mapped = self._arena
+        off = b[0] - base
+        lo, hi = landing(off, off + b[1], rsize)
+        return all(g in mapped for g in range(lo // gr * gr, hi, gr))
+
     def proved(self, i: int, p: int, clock: dict[int, int]) -> None:
         self.host[i] = max(self.host[i], p)
         for t, q in clock.items():
@@ -156,6 +175,7 @@ class PoolMachine(RuleBasedStateMachine):
             raw = [(b.addr, b.size, b.live, None if b.stream is None else index[b.stream.id],
                     b.pos) for b in pool._blocks.values()]
             mapped, base, gr = set(pool._arena.mapped), pool._arena.base, pool._arena.granule
+        self._arena = (base, gr, mapped)
         assert largest == max([_mapped_run(a - base, n, mapped, gr) for a, n, live, *_ in raw
                                if not live], default=0), (
             "largest_free_block is not the largest run of memory (mapped) in one free block, once "
@@ -165,7 +185,7 @@ class PoolMachine(RuleBasedStateMachine):
         tags = {a: None if f is None else (f, p) for a, _, live, f, p in raw if not live}
         starts = [a for a, *_ in raw]
         for lo, hi, f, q in self.freed:  # a tag must cover every unproven free inside its block
-            if self.host[f] >= q:
+            if self.host[f] >= q or self.ran_past(f, q):  # (run: any block may have taken it)
                 continue
             for a, n, *_ in raw[bisect.bisect_right(starts, lo) - 1:bisect.bisect_left(starts, hi)]:
                 tag = tags[a]
@@ -201,16 +221,26 @@ class PoolMachine(RuleBasedStateMachine):
         (``blocks``, ``clock`` and ``done`` as they were before the allocation)."""
         k = RANK[step]
         fits = [b for b in blocks if b[1] >= rsize and b[3]]
+        taken = next((b for b in blocks if b[0] <= ptr and ptr + rsize <= b[0] + b[1]), None)
+        # steps 1-4 take memory a synchronize released (mapping it again) only when none has a
+        # block landing on mapped memory; the later steps come after both
+        tier = (0 if taken is not None and self.lands_mapped(taken, rsize) else 1) if k <= 4 else 2
         for b in fits:
-            first = min(self.steps_for(i, b[2], clock, done), default=k)
-            assert first >= k, f"{step}, but {show(b)} fitted at step {first}"
+            bt = 0 if self.lands_mapped(b, rsize) else 1
+            for first in sorted(self.steps_for(i, b[2], clock, done)):
+                if first > 4:
+                    assert first >= k, f"{step}, but {show(b)} fitted at step {first}"
+                else:
+                    assert (bt, first) >= (tier, k), (
+                        f"{step}, but {show(b)} fitted at step {first}"
+                        f"{'' if bt == tier else ' on mapped memory'}")
         if k not in REUSE_STEPS:
             return
-        taken = next((b for b in blocks if b[0] <= ptr and ptr + rsize <= b[0] + b[1]), None)
         assert taken is not None, f"{step}: {hex(ptr)}+{rsize} is not inside one free block"
-        now = [t._q.done for t in self.streams]  # a later count may only add step-4 blocks
+        now = [ran(t) for t in self.streams]  # a later count may only add step-4 blocks
         assert k in self.steps_for(i, taken[2], clock, now), f"{step} may not take {show(taken)}"
-        closer = [b for b in fits if b[1] < taken[1] and k in self.steps_for(i, b[2], clock, done)]
+        closer = [b for b in fits if b[1] < taken[1] and k in self.steps_for(i, b[2], clock, done)
+                  and (k > 4 or (0 if self.lands_mapped(b, rsize) else 1) == tier)]
         assert not closer, (
             f"{step}: not best fit for {rsize}: took {show(taken)}, {show(closer[0])} fits closer")
 
@@ -244,7 +274,7 @@ class PoolMachine(RuleBasedStateMachine):
         blocks = self.free_blocks()
         clock_before = dict(self.clock[i])
         real_before = dict(s._clock)
-        done_before = [t._q.done for t in self.streams]
+        done_before = [ran(t) for t in self.streams]
         try:
             ptr = s.malloc(size, pool)
         except srt.OutOfMemoryError:
@@ -275,8 +305,8 @@ class PoolMachine(RuleBasedStateMachine):
         # fresh: a ready block no allocation ever used (the rest of a grown chunk)
         assert step != "fresh_count" or not overlap, "a fresh allocation landed on freed memory"
         for _, _, f, p in overlap:
-            if self.host[f] >= p:
-                continue  # proven free by a host synchronize: usable whatever the step
+            if self.host[f] >= p or self.ran_past(f, p):
+                continue  # proven free by a host synchronize (or run): usable whatever the step
             if step == "grow_count":
                 assert f == i, "a grown block took memory another stream may still use"
             elif step == "reuse_same_stream":
@@ -290,7 +320,7 @@ class PoolMachine(RuleBasedStateMachine):
                 assert clock_before.get(f, 0) >= p, "no event orders the free before the malloc"
             elif step == "reuse_opportunistic":
                 assert pool.reuse_allow_opportunistic
-                assert self.streams[f]._q.done >= p, "the free had not executed"
+                assert ran(self.streams[f]) >= p, "the free had not executed"
             elif step == "reuse_internal_dependency":
                 assert pool.reuse_allow_internal_dependencies
                 assert f != i
@@ -298,7 +328,7 @@ class PoolMachine(RuleBasedStateMachine):
             # one pending block, freed on one stream; it may also hold proven or fresh memory
             changed = [j for j, t in enumerate(self.streams)
                        if s._clock.get(t.id, 0) > real_before.get(t.id, 0)]
-            unproven = [r for r in overlap if self.host[r[2]] < r[3]]
+            unproven = [r for r in overlap if self.host[r[2]] < r[3] and not self.ran_past(r[2], r[3])]
             assert len(changed) <= 1 and len({r[2] for r in unproven} | set(changed)) <= 1
             owners = changed or sorted({r[2] for r in unproven})
             if owners:  # else the wait was already implied by the clock

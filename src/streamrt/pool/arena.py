@@ -109,6 +109,11 @@ class Arena:
         first = (b.addr - base) // gr * gr
         return all(g in self.mapped for g in range(first, b.addr + b.size - base, gr))
 
+    def lands_mapped(self, b: Block, size: int) -> bool:
+        """Whether an allocation of ``size`` placed in ``b`` lands on mapped memory only."""
+        off = b.addr - self.base
+        return not self.missing(*landing(off, off + b.size, size))
+
     def mappable(self, b: Block, size: int) -> bool:
         """Whether an allocation of ``size`` placed in ``b`` can map what it lands on under the
         limit (a block over unmapped granules is usable only if it can)."""

@@ -17,8 +17,10 @@ State and invariants (all guarded by ``_lock``):
   pending blocks lie on mapped granules, except that a free may absorb a ready neighbour whose
   granules went back to the device (``arena.holes``); an allocation maps what it lands on.
 - Frees coalesce (:func:`~streamrt.pool.block.coalesce`, which never loses ordering
-  knowledge), but the fast free path defers absorbing ready neighbours (``_dirty``) until a
-  decision looks at sizes (``_settle``); an exact-size reuse on the fast path takes the block
+  knowledge; with opportunistic reuse allowed, a free also takes the neighbours other streams
+  freed whose free has run, ``_takes``: else frees on several streams leave memory in pieces
+  no request fits), but the fast free path defers absorbing ready neighbours (``_dirty``)
+  until a decision looks at sizes (``_settle``); an exact-size reuse on the fast path takes the block
   as it is, and ``stats()`` counts the deferred merges without making them, so observing the
   pool never changes where a later block goes.
 - Placement: a request of at most 1 MiB takes the high end of its block, a larger one the low
@@ -46,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 from .. import instrument, legacy
 from ..device import Device
 from ..errors import InvalidAddressError, OutOfMemoryError
+from ..sync import ran
 from . import release, reuse
 from .arena import ALIGN, SMALL_REQUEST, Arena
 from .arena_stats import COUNTERS, attr_of, stats_of
@@ -293,10 +296,13 @@ class ArenaPool(MemPool):
                 b = self._by_addr.get(ptr)
                 if b is not None and b.live:
                     prev, nxt = b.prev, b.next
-                    if ((prev is None or prev.live or prev.stream is not stream)
-                            and (nxt is None or nxt.live or nxt.stream is not stream)):
-                        # fast path: no free neighbour freed on this stream. Ready neighbours are
-                        # absorbed later, by _settle: the next exact-size malloc takes b as it is
+                    if ((prev is None or prev.live or prev.stream is None
+                         or (prev.stream is not stream and not self._takes(prev)))
+                            and (nxt is None or nxt.live or nxt.stream is None
+                                 or (nxt.stream is not stream and not self._takes(nxt)))):
+                        # fast path: no free neighbour freed on this stream, or on another whose
+                        # free has run (coalesce takes those). Ready neighbours are absorbed
+                        # later, by _settle: the next exact-size malloc takes b as it is
                         if (prev is not None and not prev.live and prev.stream is None) or (
                                 nxt is not None and not nxt.live and nxt.stream is None):
                             self._dirty.add(b)
@@ -324,8 +330,10 @@ class ArenaPool(MemPool):
                     fl = self._pending.get(stream.id)
                     v = fl.newest if fl is not None else None
                     if (v is not None and v is prev and not self._dirty and not instrument.listeners
-                            and (nxt is None or nxt.live or nxt.stream not in (None, stream))
-                            and ((vp := v.prev) is None or vp.live or vp.stream is not None)):
+                            and (nxt is None or nxt.live or (
+                                nxt.stream not in (None, stream) and not self._takes(nxt)))
+                            and ((vp := v.prev) is None or vp.live or (
+                                vp.stream is not None and not self._takes(vp)))):
                         # the one neighbour to merge is the stream's newest pending block (a
                         # split's remainder) and it has no ready neighbour: it takes b in place
                         # and stays the newest, at b's later position (what coalesce and
@@ -352,7 +360,7 @@ class ArenaPool(MemPool):
                         b.pos, b.clock = stream._pos, None
                     self._used -= b.size
                     self._stats["free_count"] += 1
-                    self._insert_free(coalesce(self._blocks, b))
+                    self._insert_free(coalesce(self._blocks, b, self._ran_of()))
                     return
             finally:
                 lock.release()
@@ -391,7 +399,21 @@ class ArenaPool(MemPool):
         b.clock = clock
         self._used -= b.size
         self._stats["free_count"] += 1
-        self._insert_free(coalesce(self._blocks, b))
+        self._insert_free(coalesce(self._blocks, b, self._ran_of()))
+
+    def _takes(self, nb: Block) -> bool:
+        """Whether a free of another stream's block next to free block ``nb``, pending, would
+        absorb it (see ``coalesce``): the pool allows opportunistic reuse and its free has run."""
+        return self._opts.reuse_allow_opportunistic and ran(nb.stream) >= nb.pos  # type: ignore[arg-type]
+
+    def _ran_of(self) -> Any:
+        """What ``coalesce`` may absorb of other streams' pending blocks: those whose free has run
+        (``_takes``), when the pool allows opportunistic reuse (their memory is then reusable
+        without a dependency); else None."""
+        return self._ran if self._opts.reuse_allow_opportunistic else None
+
+    def _ran(self, nb: Block) -> bool:
+        return ran(nb.stream) >= nb.pos  # type: ignore[arg-type]
 
     # -- lookups --------------------------------------------------------------------------------
     def _usable(self, ptr: int) -> int | None:

@@ -17,7 +17,7 @@ so is every merge of free neighbours (:func:`coalesce`).
 from __future__ import annotations
 
 from bisect import bisect_right, insort
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from sortedcontainers import SortedList
@@ -183,22 +183,30 @@ def absorbs(b: Block, nb: Block) -> bool:
     return not nb.live and (nb.stream is None or nb.stream is b.stream)
 
 
-def coalesce(blocks: BlockList, b: Block) -> Block:
+def coalesce(blocks: BlockList, b: Block, ran: Callable[[Block], bool] | None = None) -> Block:
     """Merge ``b`` (free, in no free list) with the free neighbours it may absorb, each taken off
     its free list. Coalescing never loses ordering knowledge: a block freed on
     stream F takes ready neighbours and those freed on F (the whole stays pending on F at the
-    later position: other streams lose nothing they could prove); a ready block takes ready
-    neighbours. Repeated until no neighbour qualifies: a ready neighbour taken may have one
-    freed on F beyond it."""
+    later position: other streams lose nothing they could prove), and, given ``ran`` (a pool
+    that allows opportunistic reuse), those freed on another stream whose free ``ran`` says has
+    run: their memory is as reusable as F's own, for whoever may take F's (the whole takes F's
+    tag); a ready block takes ready neighbours. Repeated until no neighbour qualifies: a ready
+    neighbour taken may have one freed on F beyond it."""
     stream = b.stream
+    if stream is None:
+        ran = None  # (a ready block never takes a pending one: it would look proven)
     while True:
         nb = b.prev
-        if nb is None or nb.live or (nb.stream is not None and nb.stream is not stream):
+        if nb is None or nb.live or (nb.stream is not None and nb.stream is not stream and (
+                ran is None or not ran(nb))):
             nb = b.next
-            if nb is None or nb.live or (nb.stream is not None and nb.stream is not stream):
+            if nb is None or nb.live or (nb.stream is not None and nb.stream is not stream and (
+                    ran is None or not ran(nb))):
                 return b
         nb.fl.remove(nb)
         lo, hi = (nb, b) if nb.addr < b.addr else (b, nb)
+        if nb.stream is not None and nb.stream is not stream:  # another stream's, run: F's tag
+            nb.stream, nb.pos, nb.clock = stream, b.pos, b.clock
         # one stream: the later free's position and clock know more (ties: the lower block's)
         if lo.stream is None:
             if hi.stream is not None:

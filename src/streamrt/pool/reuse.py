@@ -8,11 +8,16 @@ pending on A, merged if it fits (``reuse_merged``); 5. growth; 6. (internal depe
 pending block, after enqueueing a wait of A on F at p; 7. ``OutOfMemoryError``. Within a step,
 best fit wins (the closest size, the oldest free block among equals); a block whose unmapped
 granules cannot be mapped under ``max_size`` is skipped. The flags switch off steps 3, 4 and 6.
+Memory a synchronize released went back to the device, and mapping it again grows what the pool
+reserves: steps 1-4 are tried first on blocks where the allocation lands on mapped memory, then
+on the rest.
 """
 
 from __future__ import annotations
 
+import functools
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import OutOfMemoryError
@@ -22,33 +27,29 @@ from .block import Block, coalesce
 
 if TYPE_CHECKING:
     from ..stream import Stream
+    from .arena import Arena
     from .arena_pool import ArenaPool
 
 
 def find(pool: ArenaPool, a: Stream, size: int, requested: int) -> tuple[Block, str]:
     """The free block ``a`` may take for ``size`` bytes (taken off its free list) and the counter
     of the step that found it, by the first step that has one; raises
-    :class:`OutOfMemoryError` when none has. Counters move only once the caller succeeded."""
+    :class:`OutOfMemoryError` when none has. Counters move only once the caller succeeded.
+
+    Memory a synchronize released went back to the device (``arena.holes``): taking it again
+    maps it, as growth does, so steps 1-4 look first at blocks where the allocation lands on
+    mapped memory, and only then at those where it would map some."""
     opts, arena = pool._opts, pool._arena
-    own = pool._pending.get(a.id)
-    ok = (lambda blk: arena.mappable(blk, size)) if arena.holes else None
-    if own is not None:
-        b = own.take(size, ok)
-        if b is not None:
-            return b, "reuse_same_stream"
-    b = pool._ready.take(size, ok)
-    if b is not None:  # (never used: not a reuse)
-        return b, "fresh_count" if b.fresh else "reuse_after_sync"
     others = [(sid, fl) for sid, fl in pool._pending.items() if sid != a.id and fl.count]
-    if others and opts.reuse_follow_event_dependencies:
-        clock = a._clock
-        b = _best_of(pool, others, size, lambda sid: clock.get(sid, 0))
-        if b is not None:
-            return b, "reuse_event_dependency"
-    if others and opts.reuse_allow_opportunistic:
-        b = _best_of(pool, others, size, lambda sid: ran(pool._pstream[sid]))
-        if b is not None:
-            return b, "reuse_opportunistic"
+    ok: Callable[[Block], bool] | None = None
+    found = None
+    if arena.holes:
+        found = _reuse(pool, a, size, others, lambda blk: arena.lands_mapped(blk, size))
+        ok = functools.partial(_mappable, arena, size)
+    if found is None:
+        found = _reuse(pool, a, size, others, ok)
+    if found is not None:
+        return found
     b = _merge_for(pool, a, size)
     if b is not None:
         return b, "reuse_merged"
@@ -56,7 +57,7 @@ def find(pool: ArenaPool, a: Stream, size: int, requested: int) -> tuple[Block, 
     if b is not None:
         return b, "grow_count"
     if others and opts.reuse_allow_internal_dependencies:
-        b = _best_of(pool, others, size, None)
+        b = _best_of(others, size, None, ok)
         if b is not None:
             f = b.stream
             assert f is not None
@@ -64,6 +65,34 @@ def find(pool: ArenaPool, a: Stream, size: int, requested: int) -> tuple[Block, 
             a._order_after(f, b.pos, b.clock or {f.id: b.pos}, "pool reuse")
             return b, "reuse_internal_dependency"
     raise oom(pool, requested, size, a)
+
+
+def _mappable(arena: Arena, size: int, blk: Block) -> bool:
+    return arena.mappable(blk, size)
+
+
+def _reuse(pool: ArenaPool, a: Stream, size: int, others: list,
+           ok: Callable[[Block], bool] | None) -> tuple[Block, str] | None:
+    """Steps 1-4 over the blocks ``ok`` accepts (None: all): the block and its counter, or None."""
+    opts = pool._opts
+    own = pool._pending.get(a.id)
+    if own is not None:
+        b = own.take(size, ok)
+        if b is not None:
+            return b, "reuse_same_stream"
+    b = pool._ready.take(size, ok)
+    if b is not None:  # (never used: not a reuse)
+        return b, "fresh_count" if b.fresh else "reuse_after_sync"
+    if others and opts.reuse_follow_event_dependencies:
+        clock = a._clock
+        b = _best_of(others, size, lambda sid: clock.get(sid, 0), ok)
+        if b is not None:
+            return b, "reuse_event_dependency"
+    if others and opts.reuse_allow_opportunistic:
+        b = _best_of(others, size, lambda sid: ran(pool._pstream[sid]), ok)
+        if b is not None:
+            return b, "reuse_opportunistic"
+    return None
 
 
 def oom(pool: ArenaPool, requested: int, size: int, a: Stream) -> OutOfMemoryError:
@@ -194,18 +223,17 @@ def _merge_for(pool: ArenaPool, a: Stream, size: int) -> Block | None:
     return lo
 
 
-def _best_of(pool: ArenaPool, others: list, size: int, limit_of: Any) -> Block | None:
-    """Best fit among other streams' pending blocks whose free is at most ``limit_of(F)`` (any,
-    for None), taken off its free list."""
-    arena = pool._arena
+def _best_of(others: list, size: int, limit_of: Any,
+             ok: Callable[[Block], bool] | None) -> Block | None:
+    """Best fit among other streams' pending blocks accepted by ``ok`` whose free is at most
+    ``limit_of(F)`` (any, for None), taken off its free list."""
     best: Block | None = None
     for sid, fl in others:
         if limit_of is None:
-            b = fl.best(size, (lambda blk: arena.mappable(blk, size)) if arena.holes else None)
+            b = fl.best(size, ok)
         else:
             lim = limit_of(sid)
-            b = fl.best(size, lambda blk, lim=lim: blk.pos <= lim and (
-                not arena.holes or arena.mappable(blk, size)))
+            b = fl.best(size, lambda blk, lim=lim: blk.pos <= lim and (ok is None or ok(blk)))
         if b is not None and (best is None or b.size < best.size):
             best = b
     if best is not None:
