@@ -42,14 +42,13 @@ State and invariants (all guarded by ``_lock``):
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from typing import TYPE_CHECKING, Any
 
 from .. import instrument, legacy
 from ..device import Device
 from ..errors import InvalidAddressError, OutOfMemoryError
 from ..sync import ran
-from . import release, reuse
+from . import fast, release, reuse
 from .arena import ALIGN, SMALL_REQUEST, Arena
 from .arena_stats import COUNTERS, attr_of, stats_of
 from .attrs import OPTIONS, MemPoolAttr
@@ -81,6 +80,7 @@ class ArenaPool(MemPool):
         self._used = self._used_high = 0
         self._stats = dict.fromkeys(COUNTERS, 0)
         self._fast_allocs = self._fast_frees = 0  # counted apart: the fast paths stay short
+        self._spare: Block | None = None  # a block the fast free absorbed, for the next split
         self._gone = 0  # live allocations forgotten by a device reset
         self.device._pools.add(self)
         _pools.add(self)
@@ -114,59 +114,10 @@ class ArenaPool(MemPool):
             return stats_of(self)
 
     # -- allocation -----------------------------------------------------------------------------
-    def _malloc(self, stream: Stream, nbytes: int) -> int:
-        if not stream._slow and not self._destroyed and stream.device is self.device:
-            # a non-blocking stream, not capturing: no legacy ordering, no capture to ask
-            size = (nbytes + ALIGN - 1) // ALIGN * ALIGN or ALIGN
-            lock = self._lock
-            lock.acquire()  # not ``with``: its enter/exit lookups double the cost of this path
-            try:
-                fl = self._pending.get(stream.id)
-                if fl is not None:  # fast path of step 1: an exact-size block freed on this stream
-                    lst = fl.bins.get(size)
-                    b = lst[0] if lst else fl.newest  # (a binned one is older than the newest)
-                    if b is not None and b.fl is fl and b.size == size and (
-                            not self._arena.holes or self._arena.fully_mapped(b)):
-                        # (with unmapped granules in the arena, a block may need mapping first;
-                        # a block left in _dirty is skipped by _settle once it is live)
-                        if b is fl.newest:
-                            fl.newest = None
-                        else:
-                            lst.popleft()  # type: ignore[union-attr]
-                        b.fl = None
-                        fl.count -= 1
-                        b.live = True
-                        b.req = nbytes
-                        b.stream = None
-                        _owners[b.addr] = self
-                        used = self._used = self._used + size
-                        if used > self._used_high:
-                            self._used_high = used
-                        self._fast_allocs += 1  # alloc_count and reuse_same_stream, see stats()
-                        return b.addr
-                    v = fl.newest
-                    if (v is not None and v.size > size and not self._arena.holes
-                            and not self._dirty and size <= SMALL_REQUEST):
-                        sizes = fl.sizes
-                        i = bisect_left(sizes, size) if sizes else 0
-                        if i == len(sizes) or sizes[i] > v.size:
-                            # step 1's best fit is the newest (every binned size that fits is
-                            # larger; a stale bin only hides a larger one): split it in place,
-                            # the high end live (arena.landing), the rest stays the newest
-                            b = split(self._blocks, v, v.size - size)  # b: the high end
-                            b.live = True
-                            b.req = nbytes
-                            b.stream = None
-                            b.fresh = False
-                            _owners[b.addr] = self
-                            used = self._used = self._used + size
-                            if used > self._used_high:
-                                self._used_high = used
-                            self._fast_allocs += 1
-                            return b.addr
-                return self._alloc(stream, size, nbytes)
-            finally:
-                lock.release()
+    _malloc = fast.malloc  # the fast paths (fast.py); the other cases:
+
+    def _malloc_rest(self, stream: Stream, nbytes: int) -> int:
+        """An allocation the fast paths do not make: capture, legacy ordering, checks."""
         self._check_alive()
         self._serves(stream)
         cap = stream._capture  # once: a capture another thread began after the fast-path test
@@ -288,82 +239,10 @@ class ArenaPool(MemPool):
                 self._insert_free(coalesce(self._blocks, b))
 
     # -- free -----------------------------------------------------------------------------------
-    def _free(self, stream: Stream, ptr: int) -> None:
-        if not stream._slow and stream.device is self.device and not self._destroyed:
-            lock = self._lock
-            lock.acquire()  # see _malloc
-            try:
-                b = self._by_addr.get(ptr)
-                if b is not None and b.live:
-                    prev, nxt = b.prev, b.next
-                    if ((prev is None or prev.live or prev.stream is None
-                         or (prev.stream is not stream and not self._takes(prev)))
-                            and (nxt is None or nxt.live or nxt.stream is None
-                                 or (nxt.stream is not stream and not self._takes(nxt)))):
-                        # fast path: no free neighbour freed on this stream, or on another whose
-                        # free has run (coalesce takes those). Ready neighbours are absorbed
-                        # later, by _settle: the next exact-size malloc takes b as it is
-                        if (prev is not None and not prev.live and prev.stream is None) or (
-                                nxt is not None and not nxt.live and nxt.stream is None):
-                            self._dirty.add(b)
-                        del _owners[ptr]
-                        b.live = False
-                        b.stream = stream
-                        b.pos = stream._pos
-                        if instrument.listeners:  # the clock's own position (see _release_block)
-                            b.clock = clock = stream._snapshot()
-                            b.pos = clock[stream.id]
-                        self._used -= b.size
-                        self._fast_frees += 1  # free_count, see stats()
-                        fl = self._pending.get(stream.id)
-                        if fl is None:
-                            self._insert_free(b)
-                        else:  # PendingList.add, inline
-                            b.fl = fl
-                            v = fl.newest
-                            if v is not None:
-                                fl._bin(v)
-                                fl.track(v)
-                            fl.newest = b
-                            fl.count += 1
-                        return
-                    fl = self._pending.get(stream.id)
-                    v = fl.newest if fl is not None else None
-                    if (v is not None and v is prev and not self._dirty and not instrument.listeners
-                            and (nxt is None or nxt.live or (
-                                nxt.stream not in (None, stream) and not self._takes(nxt)))
-                            and ((vp := v.prev) is None or vp.live or (
-                                vp.stream is not None and not self._takes(vp)))):
-                        # the one neighbour to merge is the stream's newest pending block (a
-                        # split's remainder) and it has no ready neighbour: it takes b in place
-                        # and stays the newest, at b's later position (what coalesce and
-                        # PendingList.add would leave)
-                        del _owners[ptr]
-                        b.live = False
-                        self._blocks.absorb(v, b)
-                        v.pos, v.clock = stream._pos, None
-                        v.fresh = False
-                        self._used -= b.size
-                        self._fast_frees += 1
-                        return
-                    # a neighbour freed on this stream: coalesce now (the general path;
-                    # _free_block, inline)
-                    if self._dirty:
-                        self._settle()
-                    del _owners[ptr]
-                    b.live = False
-                    b.stream = stream
-                    if instrument.listeners:
-                        b.clock = clock = stream._snapshot()
-                        b.pos = clock[stream.id]
-                    else:
-                        b.pos, b.clock = stream._pos, None
-                    self._used -= b.size
-                    self._stats["free_count"] += 1
-                    self._insert_free(coalesce(self._blocks, b, self._ran_of()))
-                    return
-            finally:
-                lock.release()
+    _free = fast.free  # the fast paths (fast.py); the other cases:
+
+    def _free_rest(self, stream: Stream, ptr: int) -> None:
+        """A free the fast paths do not make: capture, legacy ordering, checks."""
         self._frees_on(stream, ptr)
         cap = stream._capture  # once: a capture another thread began after the fast-path test
         if cap is not None:
@@ -399,18 +278,17 @@ class ArenaPool(MemPool):
         b.clock = clock
         self._used -= b.size
         self._stats["free_count"] += 1
-        self._insert_free(coalesce(self._blocks, b, self._ran_of()))
+        self._insert_free(self._coalesce(b))
 
     def _takes(self, nb: Block) -> bool:
         """Whether a free of another stream's block next to free block ``nb``, pending, would
         absorb it (see ``coalesce``): the pool allows opportunistic reuse and its free has run."""
         return self._opts.reuse_allow_opportunistic and ran(nb.stream) >= nb.pos  # type: ignore[arg-type]
 
-    def _ran_of(self) -> Any:
-        """What ``coalesce`` may absorb of other streams' pending blocks: those whose free has run
-        (``_takes``), when the pool allows opportunistic reuse (their memory is then reusable
-        without a dependency); else None."""
-        return self._ran if self._opts.reuse_allow_opportunistic else None
+    def _coalesce(self, b: Block) -> Block:
+        """``coalesce(b)``, taking other streams' neighbours whose free has run (``_takes``) when
+        the pool allows opportunistic reuse (their memory is then reusable without a dependency)."""
+        return coalesce(self._blocks, b, self._ran if self._opts.reuse_allow_opportunistic else None)
 
     def _ran(self, nb: Block) -> bool:
         return ran(nb.stream) >= nb.pos  # type: ignore[arg-type]

@@ -11,7 +11,9 @@ address without a sorted container on the hot path:
 - ``first``/``last``: the blocks at the bottom and the top of the arena.
 Every change of the list is a splice made here (:meth:`BlockList.link_after`,
 :meth:`BlockList.absorb`, :func:`split`), so that the links and the indexes never disagree, and
-so is every merge of free neighbours (:func:`coalesce`).
+so is every merge of free neighbours (:func:`coalesce`); the pool's fast paths
+(:mod:`streamrt.pool.fast`) write ``split`` and ``absorb`` out in line, and must change with
+them.
 """
 
 from __future__ import annotations
