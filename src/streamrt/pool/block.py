@@ -6,6 +6,8 @@ address without a sorted container on the hot path:
 - ``by_addr``: start address -> block (exact lookups: frees, fast paths);
 - ``starts``: granule number -> sorted start addresses of the blocks starting in that granule
   (small lists: a split or a merge is a ``bisect.insort`` or ``list.remove`` in one of them);
+  granules are counted from ``origin``, the arena's base, so they are the arena's own (an
+  arena's first chunk is one granule whatever the base's alignment);
 - ``granules``: sorted granule numbers whose ``starts`` list is not empty (it changes only when
   a granule gains its first block start or loses its last one, not on every split);
 - ``first``/``last``: the blocks at the bottom and the top of the arena.
@@ -57,13 +59,14 @@ class Block:
 class BlockList:
     """The blocks tiling one arena, linked in address order and indexed by address."""
 
-    __slots__ = ("by_addr", "starts", "granules", "shift", "first", "last")
+    __slots__ = ("by_addr", "starts", "granules", "shift", "origin", "first", "last")
 
     def __init__(self, granule: int) -> None:
         self.by_addr: dict[int, Block] = {}
         self.starts: dict[int, list[int]] = {}
         self.granules = SortedList()
         self.shift = granule.bit_length() - 1  # granule is a power of two
+        self.origin = 0  # the arena's base (set, the list empty, when the arena is reserved)
         self.first: Block | None = None
         self.last: Block | None = None
 
@@ -91,7 +94,7 @@ class BlockList:
         self.first = self.last = None
 
     def _index(self, addr: int) -> None:
-        g = addr >> self.shift
+        g = (addr - self.origin) >> self.shift
         lst = self.starts.get(g)
         if lst is None:
             self.starts[g] = [addr]
@@ -100,7 +103,7 @@ class BlockList:
             insort(lst, addr)
 
     def _unindex(self, addr: int) -> None:
-        g = addr >> self.shift
+        g = (addr - self.origin) >> self.shift
         lst = self.starts[g]
         if len(lst) == 1:
             del self.starts[g]
@@ -134,7 +137,7 @@ class BlockList:
             self.last = lo
         addr = hi.addr
         del self.by_addr[addr]
-        lst = self.starts[addr >> self.shift]
+        lst = self.starts[(addr - self.origin) >> self.shift]
         if len(lst) > 1:  # (_unindex's common case, inline)
             lst.remove(addr)
         else:
@@ -146,7 +149,7 @@ class BlockList:
         b = self.by_addr.get(ptr)
         if b is not None:
             return b
-        g = ptr >> self.shift
+        g = (ptr - self.origin) >> self.shift
         lst = self.starts.get(g)
         if lst is not None and lst[0] <= ptr:
             return self.by_addr[lst[bisect_right(lst, ptr) - 1]]
@@ -171,7 +174,7 @@ def split(blocks: BlockList, b: Block, size: int) -> Block:
     else:
         blocks.last = rest
     blocks.by_addr[addr] = rest
-    lst = blocks.starts.get(addr >> blocks.shift)
+    lst = blocks.starts.get((addr - blocks.origin) >> blocks.shift)
     if lst is None:
         blocks._index(addr)
     else:

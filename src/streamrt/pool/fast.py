@@ -99,7 +99,7 @@ def malloc(pool: ArenaPool, stream: Stream, nbytes: int) -> int:
                     else:
                         blocks.last = b
                     blocks.by_addr[addr] = b
-                    starts = blocks.starts.get(addr >> blocks.shift)
+                    starts = blocks.starts.get((addr - blocks.origin) >> blocks.shift)
                     if starts is None:
                         blocks._index(addr)
                     else:
@@ -161,7 +161,7 @@ def free(pool: ArenaPool, stream: Stream, ptr: int) -> None:
                     else:
                         blocks.last = prev
                     del blocks.by_addr[ptr]
-                    starts = blocks.starts[ptr >> blocks.shift]
+                    starts = blocks.starts[(ptr - blocks.origin) >> blocks.shift]
                     if len(starts) > 1:
                         starts.remove(ptr)
                     else:

@@ -120,6 +120,8 @@ def _grow(pool: ArenaPool, a: Stream, size: int) -> Block | None:
     arena, blocks = pool._arena, pool._blocks
     if not arena.base:
         arena.reserve(pool)
+        assert not blocks
+        blocks.origin = arena.base  # (granules counted from the base: see BlockList)
     last = blocks.last
     extend = (last is not None and not last.live and last.addr + last.size == arena.base + arena.top
               and (last.stream is None or last.stream is a))
