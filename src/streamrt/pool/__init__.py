@@ -4,7 +4,8 @@
   the kind a device calls for;
 - ``arena_pool.py``: ``ArenaPool``, the frontend's pool: blocks, frees, synchronize points;
   ``arena.py`` (its address range and mapped granules), ``block.py`` (blocks, the block list's
-  splices and index, coalescing), ``freelist.py`` (free lists: best fit, proof order),
+  splices and index, coalescing), ``fast.py`` (the malloc/free fast paths, splices in line),
+  ``freelist.py`` (free lists: best fit, proof order),
   ``reuse.py`` (the reuse steps) and ``release.py`` (synchronize, trim, destroy, reset),
   functions over its state;
 - ``native.py``: ``NativePool``, on the backend's own pools (``cudaMemPool_t``);
