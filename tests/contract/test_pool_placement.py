@@ -274,3 +274,44 @@ def test_pool_released_memory_is_taken_after_every_step_on_mapped_memory(dev, on
     assert pool.reserved_mem_current == (2 if on else 3) * BLOCK
     a.free(p)
     s.free(mid)
+
+
+def test_pool_free_next_to_a_ready_block_takes_a_run_free_beyond_it(dev, gate):
+    # q is ready (proven), r beyond it freed on g, whose free has run since; p's free on f
+    # takes q and then r, as coalescing does, even where it could leave q to be merged later:
+    # a stream ordered after f reuses the three in one piece
+    pool = pool_with(dev, reuse_allow_internal_dependencies=False)
+    f, g, h = stream(dev), stream(dev), stream(dev)
+    p, q, r, _guard = (f.malloc(4096, pool) for _ in range(4))  # from the top down: p, q, r
+    assert p - q == q - r == 4096
+    f.malloc(BLOCK - 4 * 4096, pool)  # the rest of the chunk: no other free block fits
+    f.synchronize()
+    opened = gate(g)
+    g.free(r)  # its free cannot have run
+    h.free(q)
+    h.synchronize()  # q is ready; r stays apart (its free had not run)
+    opened.open()
+    executed(g)
+    f.free(p)
+    a = stream(dev)
+    a.wait(f.record())
+    before = pool.stats()
+    assert a.malloc(3 * 4096, pool) == r
+    assert served(pool, before) == ["reuse_event_dependency"]
+
+
+def test_pool_block_freed_twice_into_its_size_bin_is_taken_once(dev):
+    # a block taken from the middle of a long bin leaves a stale entry there; when it comes back
+    # to that size as the stream's newest, the entry is valid again: an allocation taking it
+    # through the bin must not leave it the newest too (the next one would get it again)
+    pool = pool_with(dev)
+    s = stream(dev)
+    n = 20
+    trios = [(s.malloc(1024, pool), s.malloc(512, pool), s.malloc(512, pool)) for _ in range(n)]
+    for c, a, _ in trios:
+        assert a + 512 == c
+        s.free(a)  # the 512 bin: all but the last, which is the newest
+    s.free(trios[5][0])  # merges into trios[5]'s 512 block, out of the middle of the bin
+    s.malloc(1024, pool)  # splits it back to 512: its stale entry in the bin is valid again
+    got = [s.malloc(512, pool) for _ in range(n + 1)]
+    assert len(set(got)) == len(got), "one block allocated twice"

@@ -290,6 +290,13 @@ class ArenaPool(MemPool):
         the pool allows opportunistic reuse (their memory is then reusable without a dependency)."""
         return coalesce(self._blocks, b, self._ran if self._opts.reuse_allow_opportunistic else None)
 
+    def _defers_past(self, far: Block | None, stream: Stream) -> bool:
+        """Whether a fast free may leave the merge with its ready neighbour to ``_settle`` (which
+        takes only same-tag blocks), given ``far``, the block beyond that neighbour: not when
+        ``far`` is another stream's free that has run (the general path merges it too)."""
+        return (far is None or far.live or far.stream is None or far.stream is stream
+                or not self._takes(far))
+
     def _ran(self, nb: Block) -> bool:
         return ran(nb.stream) >= nb.pos  # type: ignore[arg-type]
 

@@ -51,7 +51,10 @@ def malloc(pool: ArenaPool, stream: Stream, nbytes: int) -> int:
                         not pool._arena.holes or pool._arena.fully_mapped(b)):
                     # (with unmapped granules in the arena, a block may need mapping first; a
                     # block left in _dirty is skipped by _settle once it is live)
-                    lst.popleft()
+                    if b is fl.newest:  # (a stale entry of the newest that came back valid)
+                        fl.newest = None
+                    else:
+                        lst.popleft()
                     return _take(pool, fl, b, size, nbytes)
             elif (v := fl.newest) is not None:
                 vs = v.size
@@ -173,21 +176,26 @@ def free(pool: ArenaPool, stream: Stream, ptr: int) -> None:
                     pool._used -= size
                     pool._fast_frees += 1
                     return None
-            elif ((prev is None or prev.live or prev.stream is None or not pool._takes(prev))
-                  and (nxt is None or nxt.live or nxt.stream is None or (
-                      nxt.stream is not stream and not pool._takes(nxt)))):
+            elif ((prev is None or prev.live or (
+                    pool._defers_past(prev.prev, stream) if prev.stream is None
+                    else not pool._takes(prev)))
+                  and (nxt is None or nxt.live or (
+                      pool._defers_past(nxt.next, stream) if nxt.stream is None
+                      else nxt.stream is not stream and not pool._takes(nxt)))):
                 # no free neighbour coalescing would take but ready ones, which _settle absorbs
-                # later: the next exact-size malloc takes b as it is
+                # later (and what lies beyond them freed on this stream): the next exact-size
+                # malloc takes b as it is
                 if (prev is not None and not prev.live and prev.stream is None) or (
                         nxt is not None and not nxt.live and nxt.stream is None):
                     pool._dirty.add(b)
                 del _owners[ptr]
                 b.live = False
                 b.stream = stream
-                b.pos = stream._pos
                 if instrument.listeners:  # the clock's own position (see _release_block)
                     b.clock = clock = stream._snapshot()
                     b.pos = clock[stream.id]
+                else:  # (no clock: one left from an earlier tag would claim a wrong order)
+                    b.pos, b.clock = stream._pos, None
                 pool._used -= b.size
                 pool._fast_frees += 1  # free_count, see stats()
                 fl = pool._pending.get(stream.id)
