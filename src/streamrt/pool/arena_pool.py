@@ -283,7 +283,7 @@ class ArenaPool(MemPool):
     def _takes(self, nb: Block) -> bool:
         """Whether a free of another stream's block next to free block ``nb``, pending, would
         absorb it (see ``coalesce``): the pool allows opportunistic reuse and its free has run."""
-        return self._opts.reuse_allow_opportunistic and ran(nb.stream) >= nb.pos  # type: ignore[arg-type]
+        return self._opts.reuse_allow_opportunistic and self._ran(nb)
 
     def _coalesce(self, b: Block) -> Block:
         """``coalesce(b)``, taking other streams' neighbours whose free has run (``_takes``) when
@@ -298,6 +298,7 @@ class ArenaPool(MemPool):
                 or not self._takes(far))
 
     def _ran(self, nb: Block) -> bool:
+        """Whether pending ``nb``'s free has run (``coalesce``'s test; ``_takes`` adds the flag)."""
         return ran(nb.stream) >= nb.pos  # type: ignore[arg-type]
 
     # -- lookups --------------------------------------------------------------------------------
