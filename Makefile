@@ -10,7 +10,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-$(VENV)/.installed: $(BIN)/python pyproject.toml
+$(VENV)/.installed: $(BIN)/python pyproject.toml setup.py src/streamrt/_viewcache.c
 	$(BIN)/pip install -q -e .
 	touch $@
 

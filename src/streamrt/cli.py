@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 
-from . import __version__, bench, demos, ops, sanitizer
+from . import __version__, bench, demos, ops, sanitizer, views
 from .backends import BACKENDS, get_backend
 from .backends.cpu import delay_us
 from .demos import SECTION_NAMES
@@ -69,12 +69,14 @@ def _info(args: argparse.Namespace) -> int:
         "STREAMRT_SANITIZE": "1/raise or collect: the sanitizer on from the start",
         "STREAMRT_TRACE": "path of a Chrome/Perfetto trace written at exit",
         "STREAMRT_OPS_LOG": "1: log every operator plan (logger streamrt.ops)",
+        "STREAMRT_PURE_PYTHON": "1: kernel views in Python, not the C view cache (views.py)",
     }
     for k, what in env.items():
         print(f"  {k:26s} = {os.environ.get(k, '(unset)'):10s} {what}")
 
     print(f"  in effect: launch blocking {launch_blocking()}, cpu delay {delay_us()} us, "
-          f"sanitizer {'on' if sanitizer.enabled() else 'off'}")
+          f"sanitizer {'on' if sanitizer.enabled() else 'off'}, kernel views in "
+          f"{'C' if views.compiled is not None else 'Python'}")
     return 0
 
 

@@ -19,6 +19,7 @@ from .errors import (
     KernelCompileError,
 )
 from .validate import is_int
+from .views import ViewBase
 
 if TYPE_CHECKING:
     from .device import Device
@@ -315,11 +316,11 @@ def _error_lines(source: str, name: str, log: str) -> str:
     return "".join(out)
 
 
-class KernelContext:
+class KernelContext(ViewBase):
     """What a kernel body sees: launch dimensions, device, stream, and bounds-checked memory views."""
 
-    __slots__ = ("grid", "block", "shared_mem", "device", "stream", "_view", "_last", "_runs",
-                 "_info", "_conds")
+    # (``_view`` and ``_last``, what ``array`` reads, are ViewBase's: see views.py)
+    __slots__ = ("grid", "block", "shared_mem", "device", "stream", "_runs", "_info", "_conds")
 
     def __init__(self, grid: Dim3, block: Dim3, device: Device, stream: Stream,
                  shared_mem: int = 0) -> None:
@@ -379,17 +380,8 @@ class KernelContext:
         # callable fails where the body runs, as its call there would
         return MethodType(fn, self) if callable(fn) else (lambda *args: fn(self, *args))
 
-    def _fast_array(self, ptr: int, shape: Any, dtype: Any, *, readonly: bool = False) -> np.ndarray:
-        """A numpy view of device memory; read-only views declare a read, writable ones a write."""
-        try:  # hot path: the view last made at this address by this device, if it matches
-            e = self._last[ptr]
-        except (KeyError, TypeError):  # none there, or an unhashable pointer (refused below)
-            return self._view(ptr, shape, dtype, readonly)
-        if e[0] == shape and e[1] is dtype:
-            view = e[3] if readonly else e[2]  # a read-only and a writable view kept side by side
-            if view is not None:
-                return view  # type: ignore[no-any-return]
-        return self._view(ptr, shape, dtype, readonly)
+    # a numpy view of device memory (views.py: in C where it was built)
+    _fast_array = ViewBase.array
 
     def _fast_strided(self, ptr: int, shape: tuple, dtype: Any, bstrides: tuple, extent: int,
                       readonly: bool) -> np.ndarray:

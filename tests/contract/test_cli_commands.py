@@ -220,6 +220,8 @@ SETTINGS = {  # (variable, value) -> what `streamrt info` says is in effect; Non
     ("STREAMRT_CPU_DELAY_US", " 7 "): "cpu delay 7 us",
     ("STREAMRT_SANITIZE", "2"): "sanitizer on",  # an integer: non-zero is on, as before
     ("STREAMRT_LAUNCH_BLOCKING", "2"): "launch blocking True",
+    ("STREAMRT_PURE_PYTHON", "yes"): "kernel views in Python",
+    ("STREAMRT_PURE_PYTHON", "maybe"): None,
     ("STREAMRT_SANITIZE", "loud"): None,
     ("STREAMRT_LAUNCH_BLOCKING", "maybe"): None,
     ("STREAMRT_OPS_LOG", "verbose"): None,

@@ -1,0 +1,202 @@
+/* streamrt._viewcache: the hit path of KernelContext.array in C (kernel.py).
+ *
+ * A kernel body asks for its views with ctx.array(ptr, shape, dtype, readonly=...) on every
+ * run; in CPython the call of a Python method alone costs about as much as the np.add of a
+ * tiny kernel. ViewCache is KernelContext's base: it holds the two fields the hit path reads
+ * (_last: the device's dict ptr -> (shape, dtype, writable view, read-only view) of the views
+ * made last; _view: the device's view function, the miss path) and answers a hit here. The
+ * semantics are kernel.PyViews.array's, which is the fallback for everything else: a call of
+ * another shape (keywords other than readonly, a count of positional arguments other than 3)
+ * goes to it whole, a miss to _view(ptr, shape, dtype, readonly), as there.
+ *
+ * Built by pip when a C compiler and the Python headers are there (pyproject.toml:
+ * optional); without it, kernel.py uses PyViews (the same behaviour, slower).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *last; /* dict: ptr -> (shape, dtype, writable view or None, read-only view or None) */
+    PyObject *view; /* callable(ptr, shape, dtype, readonly): makes (and caches) a view */
+} ViewCache;
+
+static PyObject *readonly_str; /* "readonly", interned */
+static PyObject *fallback;     /* kernel.PyViews.array: every call this file does not answer */
+
+static PyObject *
+call_fallback(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    if (fallback == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "streamrt._viewcache: no fallback set");
+        return NULL;
+    }
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    Py_ssize_t n = 1 + nargs + nkw;
+    PyObject *small[8];
+    PyObject **all = n <= 8 ? small : PyMem_Malloc(n * sizeof(PyObject *));
+    if (all == NULL)
+        return PyErr_NoMemory();
+    all[0] = self;
+    for (Py_ssize_t i = 0; i < nargs + nkw; i++)
+        all[i + 1] = args[i];
+    PyObject *r = PyObject_Vectorcall(fallback, all, 1 + nargs, kwnames);
+    if (all != small)
+        PyMem_Free(all);
+    return r;
+}
+
+static PyObject *
+viewcache_array(ViewCache *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *readonly = Py_False;
+    if (nargs != 3)
+        return call_fallback((PyObject *)self, args, nargs, kwnames);
+    if (kwnames != NULL) {
+        Py_ssize_t nkw = PyTuple_GET_SIZE(kwnames);
+        PyObject *k = nkw == 1 ? PyTuple_GET_ITEM(kwnames, 0) : NULL;
+        if (k == NULL || (k != readonly_str && PyUnicode_Compare(k, readonly_str) != 0)) {
+            if (PyErr_Occurred())
+                return NULL;
+            return call_fallback((PyObject *)self, args, nargs, kwnames);
+        }
+        readonly = args[3];
+    }
+    PyObject *ptr = args[0], *shape = args[1], *dtype = args[2];
+    if (self->last == NULL || self->view == NULL)
+        return call_fallback((PyObject *)self, args, nargs, kwnames);
+    /* as PyViews.array: the view last made at this address by this device, if it matches */
+    PyObject *e = PyDict_GetItemWithError(self->last, ptr);
+    if (e == NULL) {
+        if (PyErr_Occurred()) {
+            if (!PyErr_ExceptionMatches(PyExc_TypeError)) /* (KeyError, TypeError): a miss */
+                return NULL;
+            PyErr_Clear();
+        }
+    }
+    else if (PyTuple_CheckExact(e) && PyTuple_GET_SIZE(e) == 4) {
+        /* held: a shape's __eq__ may run Python code, and another thread clear the dict */
+        Py_INCREF(e);
+        /* ``e[0] == shape and e[1] is dtype`` (in that order: the comparison may raise) */
+        int eq = PyObject_RichCompareBool(PyTuple_GET_ITEM(e, 0), shape, Py_EQ);
+        if (eq > 0 && PyTuple_GET_ITEM(e, 1) == dtype) {
+            int ro = PyObject_IsTrue(readonly);
+            if (ro < 0) {
+                Py_DECREF(e);
+                return NULL;
+            }
+            PyObject *v = PyTuple_GET_ITEM(e, ro ? 3 : 2);
+            if (v != Py_None) {
+                Py_INCREF(v);
+                Py_DECREF(e);
+                return v;
+            }
+        }
+        Py_DECREF(e);
+        if (eq < 0)
+            return NULL;
+    }
+    else /* not the entry this file knows: the Python path decides */
+        return call_fallback((PyObject *)self, args, nargs, kwnames);
+    PyObject *vargs[4] = {ptr, shape, dtype, readonly};
+    return PyObject_Vectorcall(self->view, vargs, 4, NULL);
+}
+
+static PyObject *
+set_fallback(PyObject *module, PyObject *fn)
+{
+    if (!PyCallable_Check(fn)) {
+        PyErr_SetString(PyExc_TypeError, "set_fallback needs a callable");
+        return NULL;
+    }
+    Py_XSETREF(fallback, Py_NewRef(fn));
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef viewcache_methods[] = {
+    {"array", (PyCFunction)(void (*)(void))viewcache_array, METH_FASTCALL | METH_KEYWORDS,
+     "A numpy view of device memory; read-only views declare a read, writable ones a write."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef viewcache_members[] = {
+    {"_last", T_OBJECT_EX, offsetof(ViewCache, last), 0, "the device's views made last"},
+    {"_view", T_OBJECT_EX, offsetof(ViewCache, view), 0, "the device's view function"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static int
+viewcache_traverse(ViewCache *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self)); /* a heap type's instances refer to it */
+    Py_VISIT(self->last);
+    Py_VISIT(self->view);
+    return 0;
+}
+
+static int
+viewcache_clear(ViewCache *self)
+{
+    Py_CLEAR(self->last);
+    Py_CLEAR(self->view);
+    return 0;
+}
+
+static void
+viewcache_dealloc(ViewCache *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    viewcache_clear(self);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+static PyType_Slot viewcache_slots[] = {
+    {Py_tp_doc, "KernelContext's base: the fields and the hit path of its array()."},
+    {Py_tp_methods, viewcache_methods},
+    {Py_tp_members, viewcache_members},
+    {Py_tp_traverse, viewcache_traverse},
+    {Py_tp_clear, viewcache_clear},
+    {Py_tp_dealloc, viewcache_dealloc},
+    {0, NULL},
+};
+
+static PyType_Spec viewcache_spec = {
+    "streamrt._viewcache.ViewCache", sizeof(ViewCache), 0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC, viewcache_slots,
+};
+
+static PyMethodDef module_methods[] = {
+    {"set_fallback", set_fallback, METH_O, "Set the function that answers what array() does not."},
+    {NULL, NULL, 0, NULL},
+};
+
+static int
+module_exec(PyObject *m)
+{
+    if (readonly_str == NULL && (readonly_str = PyUnicode_InternFromString("readonly")) == NULL)
+        return -1;
+    PyObject *t = PyType_FromModuleAndSpec(m, &viewcache_spec, NULL);
+    if (t == NULL)
+        return -1;
+    if (PyModule_AddObject(m, "ViewCache", t) < 0) {
+        Py_DECREF(t);
+        return -1;
+    }
+    return 0;
+}
+
+static PyModuleDef_Slot module_slots[] = {{Py_mod_exec, module_exec}, {0, NULL}};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "streamrt._viewcache",
+    "KernelContext.array's hit path in C (see kernel.PyViews).", 0, module_methods, module_slots,
+};
+
+PyMODINIT_FUNC
+PyInit__viewcache(void)
+{
+    return PyModuleDef_Init(&module_def);
+}
