@@ -346,6 +346,12 @@ class KernelContext(ViewBase):
         # (a kernel node's context in a compiled graph; none for an eager launch)
         self._conds: frozenset = _NO_CONDS
 
+    def __getstate__(self) -> tuple[None, dict[str, Any]]:
+        """What a copy (or a pickle) carries: every field, ViewBase's too (the C base's fields
+        are not slots, which copy would otherwise refuse)."""
+        names = ("_view", "_last", *KernelContext.__slots__)
+        return None, {n: getattr(self, n) for n in names if hasattr(self, n)}
+
     def set_condition(self, handle: Any, value: int) -> None:
         """Set a conditional handle's value (``cudaGraphSetConditional``): only in a kernel of
         the graph that owns the handle (or of a body inside it)."""

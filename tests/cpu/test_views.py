@@ -177,3 +177,13 @@ def test_streamrt_pure_python_selects_the_python_path():
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+def test_a_copied_context_gives_the_same_views_on_either_path(mem):
+    import copy
+
+    s, p = mem
+    ctx = srt.KernelContext(srt.Dim3(2), srt.Dim3(1), s.device, s)
+    twin = copy.copy(ctx)
+    assert twin is not ctx and twin.grid == ctx.grid and twin.stream is s
+    assert twin.array(p, (16,), np.float32) is ctx.array(p, (16,), np.float32)
