@@ -37,6 +37,7 @@ def begin_capture_to_graph(self: Stream, graph: Any, deps: Any = (), mode: Any =
 
 def end_capture(self: Stream) -> Any:
     """End the capture begun on this stream and return its graph (``cudaStreamEndCapture``)."""
+    self._check_alive()
     try:
         return capture.end(self)
     finally:
@@ -46,6 +47,7 @@ def end_capture(self: Stream) -> Any:
 
 def is_capturing(self: Stream) -> bool:
     """True from ``begin_capture`` (or joining one) to ``end_capture``, invalidated or not."""
+    self._check_alive()  # (a destroyed stream's handle is refused, as by capture_info)
     return capture.is_capturing(self)
 
 
@@ -57,4 +59,5 @@ def capture_info(self: Stream) -> Any:
 
 def update_capture_dependencies(self: Stream, nodes: Any, *, replace: bool = False) -> None:
     """Add (or, with ``replace``, set) the capture dependencies of this stream."""
+    self._check_alive()
     capture.update_dependencies(self, nodes, check_bool(replace, "replace"))

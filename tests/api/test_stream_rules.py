@@ -290,6 +290,19 @@ def test_stream_destroyed_use_raises(dev):
         s.launch_host_func(lambda: None)
 
 
+@pytest.mark.parametrize("call", [
+    "is_capturing", "capture_info", "end_capture", "update_capture_dependencies", "query",
+    "synchronize", "record", "begin_capture"])
+def test_stream_destroyed_capture_queries_refuse_the_handle(dev, call):
+    # cudaStreamIsCapturing and cudaStreamEndCapture of a destroyed stream: an invalid handle,
+    # not "not capturing" (False, or IllegalStateError from end_capture)
+    s = srt.Stream(non_blocking=True)
+    s.destroy()
+    args = ([],) if call == "update_capture_dependencies" else ()
+    with pytest.raises(srt.InvalidHandleError, match="destroyed"):
+        getattr(s, call)(*args)
+
+
 def test_kernel_view_out_of_allocation_fails_launch(dev):
     s = srt.Stream()
     p = srt.malloc(16)
