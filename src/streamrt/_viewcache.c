@@ -22,8 +22,11 @@ typedef struct {
     PyObject *view; /* callable(ptr, shape, dtype, readonly): makes (and caches) a view */
 } ViewCache;
 
+/* Process-wide, not module state: the hit path reads them on every call, and a lookup of the
+ * module state from a subclass's instance would cost what this file saves. So one interpreter
+ * (no subinterpreter imports it apart; 3.11 declares nothing), and both live to the end. */
 static PyObject *readonly_str; /* "readonly", interned */
-static PyObject *fallback;     /* kernel.PyViews.array: every call this file does not answer */
+static PyObject *fallback;     /* views.PyViews.array: every call this file does not answer */
 
 static PyObject *
 call_fallback(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
@@ -41,12 +44,35 @@ call_fallback(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject 
     all[0] = self;
     for (Py_ssize_t i = 0; i < nargs + nkw; i++)
         all[i + 1] = args[i];
-    PyObject *r = PyObject_Vectorcall(fallback, all, 1 + nargs, kwnames);
+    PyObject *fn = Py_NewRef(fallback); /* held: the call may set another */
+    PyObject *r = PyObject_Vectorcall(fn, all, 1 + nargs, kwnames);
+    Py_DECREF(fn);
     if (all != small)
         PyMem_Free(all);
     return r;
 }
 
+/* ``a == b`` as Python answers it. For an exact tuple or int on both sides the identity
+ * shortcut of PyObject_RichCompareBool gives what == gives (a tuple compares its items so);
+ * any other object's __eq__ runs, even against itself. */
+static int
+python_eq(PyObject *a, PyObject *b)
+{
+    if ((PyTuple_CheckExact(a) && PyTuple_CheckExact(b)) ||
+        (PyLong_CheckExact(a) && PyLong_CheckExact(b)))
+        return PyObject_RichCompareBool(a, b, Py_EQ);
+    PyObject *r = PyObject_RichCompare(a, b, Py_EQ);
+    if (r == NULL)
+        return -1;
+    int t = PyObject_IsTrue(r);
+    Py_DECREF(r);
+    return t;
+}
+
+/* Invariant: Python code may run at every step below (a pointer's __hash__/__eq__ in the dict
+ * lookup, a shape's __eq__, a readonly's __bool__) and may change this context's fields or
+ * drop the dict and the entry; so the dict and the entry are held while used, and _view is
+ * read (and held) only when called, after all of it, as PyViews.array reads it. */
 static PyObject *
 viewcache_array(ViewCache *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
@@ -54,9 +80,10 @@ viewcache_array(ViewCache *self, PyObject *const *args, Py_ssize_t nargs, PyObje
     if (nargs != 3)
         return call_fallback((PyObject *)self, args, nargs, kwnames);
     if (kwnames != NULL) {
-        Py_ssize_t nkw = PyTuple_GET_SIZE(kwnames);
-        PyObject *k = nkw == 1 ? PyTuple_GET_ITEM(kwnames, 0) : NULL;
-        if (k == NULL || (k != readonly_str && PyUnicode_Compare(k, readonly_str) != 0)) {
+        /* only the exact keyword: anything else (a str subclass included) as Python binds it */
+        PyObject *k = PyTuple_GET_SIZE(kwnames) == 1 ? PyTuple_GET_ITEM(kwnames, 0) : NULL;
+        if (k == NULL || !PyUnicode_CheckExact(k) ||
+            (k != readonly_str && PyUnicode_Compare(k, readonly_str) != 0)) {
             if (PyErr_Occurred())
                 return NULL;
             return call_fallback((PyObject *)self, args, nargs, kwnames);
@@ -64,22 +91,26 @@ viewcache_array(ViewCache *self, PyObject *const *args, Py_ssize_t nargs, PyObje
         readonly = args[3];
     }
     PyObject *ptr = args[0], *shape = args[1], *dtype = args[2];
-    if (self->last == NULL || self->view == NULL)
+    PyObject *last = self->last;
+    /* a plain dict only: a subclass's __missing__ or another mapping is the Python path's */
+    if (last == NULL || !PyDict_CheckExact(last))
         return call_fallback((PyObject *)self, args, nargs, kwnames);
     /* as PyViews.array: the view last made at this address by this device, if it matches */
-    PyObject *e = PyDict_GetItemWithError(self->last, ptr);
+    Py_INCREF(last);
+    PyObject *e = PyDict_GetItemWithError(last, ptr);
+    Py_XINCREF(e);
+    Py_DECREF(last);
     if (e == NULL) {
-        if (PyErr_Occurred()) {
-            if (!PyErr_ExceptionMatches(PyExc_TypeError)) /* (KeyError, TypeError): a miss */
+        if (PyErr_Occurred()) { /* (KeyError, TypeError): a miss, as in PyViews.array */
+            if (!PyErr_ExceptionMatches(PyExc_KeyError) &&
+                !PyErr_ExceptionMatches(PyExc_TypeError))
                 return NULL;
             PyErr_Clear();
         }
     }
     else if (PyTuple_CheckExact(e) && PyTuple_GET_SIZE(e) == 4) {
-        /* held: a shape's __eq__ may run Python code, and another thread clear the dict */
-        Py_INCREF(e);
         /* ``e[0] == shape and e[1] is dtype`` (in that order: the comparison may raise) */
-        int eq = PyObject_RichCompareBool(PyTuple_GET_ITEM(e, 0), shape, Py_EQ);
+        int eq = python_eq(PyTuple_GET_ITEM(e, 0), shape);
         if (eq > 0 && PyTuple_GET_ITEM(e, 1) == dtype) {
             int ro = PyObject_IsTrue(readonly);
             if (ro < 0) {
@@ -97,10 +128,21 @@ viewcache_array(ViewCache *self, PyObject *const *args, Py_ssize_t nargs, PyObje
         if (eq < 0)
             return NULL;
     }
-    else /* not the entry this file knows: the Python path decides */
+    else { /* not the entry this file knows: the Python path decides */
+        Py_DECREF(e);
         return call_fallback((PyObject *)self, args, nargs, kwnames);
+    }
+    PyObject *view = self->view;
+    if (view == NULL) { /* (deleted, maybe by the code above): as the attribute read raises */
+        PyErr_Format(PyExc_AttributeError, "'%.100s' object has no attribute '_view'",
+                     Py_TYPE(self)->tp_name);
+        return NULL;
+    }
+    Py_INCREF(view); /* held: the call may replace the field */
     PyObject *vargs[4] = {ptr, shape, dtype, readonly};
-    return PyObject_Vectorcall(self->view, vargs, 4, NULL);
+    PyObject *r = PyObject_Vectorcall(view, vargs, 4, NULL);
+    Py_DECREF(view);
+    return r;
 }
 
 static PyObject *

@@ -187,3 +187,133 @@ def test_a_copied_context_gives_the_same_views_on_either_path(mem):
     twin = copy.copy(ctx)
     assert twin is not ctx and twin.grid == ctx.grid and twin.stream is s
     assert twin.array(p, (16,), np.float32) is ctx.array(p, (16,), np.float32)
+
+
+# Python code run inside the lookup (a pointer's __hash__/__eq__, a shape's __eq__, a readonly's
+# __bool__) may change the context's fields under the C path. Each case runs in a child process
+# (a crash must fail the test, not end the run) and prints what both paths gave.
+_HOSTILE = r"""
+import sys
+import numpy as np
+import streamrt as srt
+from streamrt.views import PyViews
+
+class Py(PyViews):
+    __slots__ = ()
+
+s = srt.Stream(non_blocking=True)
+p = srt.malloc(64)
+srt.write(p, np.arange(16, dtype=np.float32))
+
+def pair():
+    ctx = srt.KernelContext(srt.Dim3(1), srt.Dim3(1), s.device, s)
+    py = Py()
+    py._view, py._last = ctx._view, ctx._last
+    ctx.array(p, (16,), np.float32)  # an entry at p
+    return ctx, py
+
+def outcome(f):
+    try:
+        v = f()
+    except Exception as e:
+        return type(e).__name__
+    return ("view", v.shape, v.dtype.str, v.flags.writeable, v.tolist()) if isinstance(
+        v, np.ndarray) else repr(v)
+
+CASE
+print(repr(results))
+"""
+
+_CASES = {
+    # a shape's __eq__ drops the miss path's function (then answers False: a miss)
+    "del_view_in_shape_eq": """
+results = []
+for c in pair():
+    class Shape(tuple):
+        def __eq__(self, other, c=c):
+            del c._view
+            return False
+        __hash__ = tuple.__hash__
+    results.append(outcome(lambda: c.array(p, Shape((16,)), np.float32)))
+""",
+    # readonly's __bool__ drops it (a read-only view not cached yet: a miss)
+    "del_view_in_readonly_bool": """
+results = []
+for c in pair():
+    class Ro:
+        def __bool__(self, c=c):
+            del c._view
+            return True
+    c._last.clear(); c.array(p, (16,), np.float32)
+    results.append(outcome(lambda: c.array(p, (16,), np.float32, readonly=Ro())))
+""",
+    # a pointer's __eq__ (run by the dict lookup) replaces the dict being searched, whose
+    # last reference the context held
+    "replace_last_in_key_eq": """
+results = []
+for c in pair():
+    class Ptr(int):
+        def __eq__(self, other, c=c):
+            c._last = {}
+            return int(self) == int(other)
+        __hash__ = int.__hash__
+    c._last = dict(c._last)  # the context's own copy: its only reference
+    results.append(outcome(lambda: c.array(Ptr(p), (16,), np.float32)))
+""",
+    # a KeyError from a pointer's __hash__ is a miss, as a missing key is
+    "key_error_from_hash": """
+results = []
+for c in pair():
+    class Ptr(int):
+        def __hash__(self):
+            raise KeyError("no hashing")
+    results.append(outcome(lambda: c.array(Ptr(p), (16,), np.float32)))
+""",
+    # a dict subclass's __missing__ and a mapping that is no dict answer as in Python
+    "last_not_a_plain_dict": """
+results = []
+for c in pair():
+    e = c._last[p]
+    class D(dict):
+        def __missing__(self, key, e=e):
+            return e
+    c._last = D()
+    a = outcome(lambda: c.array(p, (16,), np.float32))
+    class M:
+        def __getitem__(self, key, e=e):
+            return e
+    c._last = M()
+    results.append((a, outcome(lambda: c.array(p, (16,), np.float32))))
+""",
+    # a cached shape unequal to itself is no hit: Python's == runs, no identity shortcut
+    "shape_unequal_to_itself": """
+results = []
+for c in pair():
+    class Never:
+        def __eq__(self, other):
+            return False
+        __hash__ = object.__hash__
+    shape, e = Never(), c._last[p]
+    c._last = {p: (shape, e[1], "cached", "cached")}
+    c._view = lambda *a: "made"
+    results.append(outcome(lambda: c.array(p, shape, e[1])))
+""",
+    # a str subclass spelling the keyword goes where Python sends it
+    "keyword_str_subclass": """
+results = []
+for c in pair():
+    class K(str):
+        pass
+    results.append(outcome(lambda: c.array(p, (16,), np.float32, **{K("readonly"): True})))
+""",
+}
+
+
+@needs_c
+@pytest.mark.parametrize("case", sorted(_CASES))
+def test_python_code_inside_the_lookup_gets_what_the_python_path_gives(case):
+    code = _HOSTILE.replace("CASE", _CASES[case])
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    c_path, py_path = eval(r.stdout.strip())  # noqa: S307 (our child's repr of two outcomes)
+    assert c_path == py_path
