@@ -52,14 +52,13 @@ call_fallback(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject 
     return r;
 }
 
-/* ``a == b`` as Python answers it. For an exact tuple or int on both sides the identity
- * shortcut of PyObject_RichCompareBool gives what == gives (a tuple compares its items so);
+/* ``a == b`` as Python answers it. PyObject_RichCompareBool is that but for its identity
+ * shortcut, which gives what == gives for an exact tuple (it compares its items so) or int;
  * any other object's __eq__ runs, even against itself. */
 static int
 python_eq(PyObject *a, PyObject *b)
 {
-    if ((PyTuple_CheckExact(a) && PyTuple_CheckExact(b)) ||
-        (PyLong_CheckExact(a) && PyLong_CheckExact(b)))
+    if (a != b || PyTuple_CheckExact(a) || PyLong_CheckExact(a))
         return PyObject_RichCompareBool(a, b, Py_EQ);
     PyObject *r = PyObject_RichCompare(a, b, Py_EQ);
     if (r == NULL)
